@@ -1,0 +1,11 @@
+"""Shared pytest setup: make `ansible_collections.sparkops.cluster` importable from a plain checkout."""
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+COLLECTIONS = ROOT / "collections"
+if str(COLLECTIONS) not in sys.path:
+    sys.path.insert(0, str(COLLECTIONS))
+
+FIXTURES = ROOT / "tests" / "fixtures"
