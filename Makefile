@@ -1,0 +1,45 @@
+# sparkops: the two commands a newcomer needs are `make sim` and `make test`.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+export PYTHONUNBUFFERED := 1
+
+.PHONY: help venv sim sim-up sim-down sim-destroy test lint unit molecule integration syntax
+
+help:
+	@echo "make sim       - build the simulated two-Spark cluster and run site.yml against it"
+	@echo "make sim-down  - remove the simulated cluster (nodes, networks, volumes)"
+	@echo "make test      - lint, unit tests, molecule on the simulated cluster, integration tests"
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -e '.[test,sim]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+sim-up: venv
+	$(PY) sim/simctl.py up
+
+sim: sim-up
+	ansible-playbook site.yml -i inventory/sim
+	@echo
+	@echo "Simulated cluster serving: see reports/spark-sim/health.md (endpoint and API key location inside)"
+
+sim-down:
+	python3 sim/simctl.py down
+
+sim-destroy:
+	python3 sim/simctl.py down --all
+
+lint: venv
+	tests/run-stages.sh lint
+
+unit: venv
+	tests/run-stages.sh unit
+
+test: venv
+	tests/run-stages.sh all

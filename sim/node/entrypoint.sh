@@ -1,0 +1,58 @@
+#!/bin/bash
+# Entrypoint of a simulated DGX Spark node (a container of the sparkops test bed).
+#
+# Docker names interfaces eth0, eth1, ... in the order networks are connected;
+# a Spark names them enP7s7 (10GbE management) and enp1s0f1np1 /
+# enP2p1s0f1np1 (the two PCIe functions, "twins", of one QSFP port). Renaming
+# here lets the roles run against the same interface names as on real hardware.
+# SIM_IFACES holds "address=name" pairs; we wait (bounded) for each address to
+# appear, since `docker network connect` happens after the container starts.
+set -u
+
+rename_ifaces() {
+    local pair addr name dev deadline
+    for pair in ${SIM_IFACES:-}; do
+        addr=${pair%%=*}
+        name=${pair##*=}
+        deadline=$((SECONDS + 60))
+        while :; do
+            dev=$(ip -o -4 addr show | awk -v a="$addr" '{split($4, p, "/"); if (p[1] == a) print $2}')
+            [ -n "$dev" ] && break
+            if [ "$SECONDS" -ge "$deadline" ]; then
+                echo "sim-node: address $addr never appeared; cannot name it $name" >&2
+                return 1
+            fi
+            sleep 0.2
+        done
+        dev=${dev%%@*}
+        if [ "$dev" != "$name" ]; then
+            ip link set dev "$dev" down
+            ip link set dev "$dev" name "$name"
+            ip link set dev "$name" up
+        fi
+    done
+    # Docker drops addresses of a renamed link's routes; make sure each is still there.
+    for pair in ${SIM_IFACES:-}; do
+        addr=${pair%%=*}
+        ip -o -4 addr show | grep -q " $addr/" || echo "sim-node: address $addr lost after rename" >&2
+    done
+}
+
+rename_ifaces || exit 1
+echo "sim-node: interfaces ready" > /run/sim-node.ready
+
+# Fresh host keys per node, kept across container restarts.
+if [ ! -s /etc/ssh/ssh_host_ed25519_key ]; then
+    ssh-keygen -A >/dev/null
+fi
+mkdir -p /root/.ssh /run/sshd
+chmod 700 /root/.ssh
+if [ -f /sim/authorized_keys ]; then
+    install -m 600 /sim/authorized_keys /root/.ssh/authorized_keys
+fi
+
+# The node's own Docker engine (Docker-in-Docker); its data lives on a volume.
+mkdir -p /var/log
+dockerd --host unix:///var/run/docker.sock >/var/log/dockerd.log 2>&1 &
+
+exec /usr/sbin/sshd -D -e

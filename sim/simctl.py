@@ -1,0 +1,507 @@
+#!/usr/bin/env python3
+"""simctl: the sparkops simulated two-Spark cluster on one machine.
+
+Two containers, spark-sim-1 (head) and spark-sim-2, that look to Ansible like two
+DGX Sparks as far as a machine without GPU or RDMA allows:
+
+* a Debian bookworm root file system made with debootstrap and `docker import`
+  (no registry needed), cached by a hash of what goes into it;
+* their own sshd (Ansible connects over SSH with a key made per cluster) and
+  their own dockerd (Docker-in-Docker with explicit capabilities, since
+  --privileged is refused on these machines);
+* a management LAN (interface enP7s7) and two point-to-point "QSFP" networks
+  with MTU 9000 (interfaces enp1s0f1np1 and enP2p1s0f1np1: the two twins of a
+  ConnectX-7 port, on different subnets as on real Sparks). All three networks
+  are --internal: the nodes have no route out;
+* a local apt repository of dummy NVIDIA packages (580.x and 590.x), Ray wheels,
+  a local git repository standing in for eugr/spark-vllm-docker, and a small
+  synthetic Hugging Face model cache on the head.
+
+Commands: ensure-host, build, up, down, status, wait-ssh. State lives in .sim/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SIM = ROOT / "sim"
+STATE = Path(os.environ.get("SPARKOPS_SIM_STATE", ROOT / ".sim"))
+PREFIX = "sparkops-sim"
+SUITE = "bookworm"
+MIRROR = os.environ.get("SPARKOPS_SIM_MIRROR", "http://deb.debian.org/debian")
+RAY_VERSION = os.environ.get("SPARKOPS_SIM_RAY_VERSION", "2.52.1")
+
+NETWORKS = {
+    # name: (subnet, mtu)
+    f"{PREFIX}-mgmt": ("192.168.213.0/24", 1500),
+    f"{PREFIX}-qsfp0": ("10.213.0.0/24", 9000),
+    f"{PREFIX}-qsfp1": ("10.213.1.0/24", 9000),
+}
+NODES = [
+    {
+        "name": "spark-sim-1",
+        "mgmt": "192.168.213.11",
+        "fast": [("10.213.0.11", "enp1s0f1np1", f"{PREFIX}-qsfp0"), ("10.213.1.11", "enP2p1s0f1np1", f"{PREFIX}-qsfp1")],
+    },
+    {
+        "name": "spark-sim-2",
+        "mgmt": "192.168.213.12",
+        "fast": [("10.213.0.12", "enp1s0f1np1", f"{PREFIX}-qsfp0"), ("10.213.1.12", "enP2p1s0f1np1", f"{PREFIX}-qsfp1")],
+    },
+]
+MGMT_IFACE = "enP7s7"
+
+# What the node root file system holds. The nodes have no route out, so all
+# the deployment needs on a node is baked in here.
+NODE_PACKAGES = [
+    "python3", "python3-apt", "python3-docker", "python3-requests", "openssh-server", "openssh-client",
+    "rsync", "git", "docker.io", "iproute2", "iputils-ping", "sudo", "iptables", "procps", "zstd",
+    "ca-certificates", "netcat-openbsd", "less", "tini", "kmod",
+]
+# The base of the stand-in serving image, loaded into each node's dockerd.
+VLLM_BASE_PACKAGES = ["python3", "python3-pip", "procps", "iproute2", "ca-certificates"]
+
+# Docker-in-Docker without --privileged (refused here: no CAP_SYS_RESOURCE).
+CAPS = ["SYS_ADMIN", "NET_ADMIN", "NET_RAW", "SYS_PTRACE", "MKNOD", "SYS_CHROOT", "SETFCAP", "AUDIT_WRITE"]
+
+
+def log(msg: str) -> None:
+    print(f"[simctl {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def run(cmd: list[str], check: bool = True, capture: bool = False, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, check=check, text=True, capture_output=capture, **kw)
+
+
+def docker_ok() -> bool:
+    return shutil.which("docker") is not None and run(["docker", "info"], check=False, capture=True).returncode == 0
+
+
+# --------------------------------------------------------------------------- host
+def ensure_host() -> None:
+    """Install what the test bed needs on this machine and start dockerd if none runs."""
+    missing = [p for p, exe in (("docker.io", "dockerd"), ("debootstrap", "debootstrap"), ("rsync", "rsync"),
+                                ("openssh-client", "ssh"), ("iproute2", "ip"), ("zstd", "zstd"))
+               if shutil.which(exe) is None]
+    if missing:
+        if os.geteuid() != 0:
+            sys.exit(f"simctl: need root to install {missing} (apt-get install {' '.join(missing)})")
+        log(f"installing {' '.join(missing)}")
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        run(["apt-get", "update", "-qq"], env=env)
+        run(["apt-get", "install", "-y", "-qq", *missing], env=env)
+    if docker_ok():
+        return
+    log("no Docker engine answers; starting dockerd")
+    logf = open("/var/log/sparkops-sim-dockerd.log", "ab")  # noqa: SIM115 - handed to the daemon
+    subprocess.Popen(["dockerd"], stdout=logf, stderr=logf, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if docker_ok():
+            return
+        time.sleep(1)
+    sys.exit("simctl: dockerd did not come up in 60 s; see /var/log/sparkops-sim-dockerd.log")
+
+
+# -------------------------------------------------------------------------- build
+def image_exists(ref: str, node: str | None = None) -> bool:
+    cmd = ["docker", "image", "inspect", ref]
+    if node:
+        cmd = ["docker", "exec", node, *cmd]
+    return run(cmd, check=False, capture=True).returncode == 0
+
+
+def spec_hash(*parts: object) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def debootstrap_image(ref: str, packages: list[str], variant: str, changes: list[str], post: str = "",
+                      files: dict[str, Path] | None = None) -> None:
+    if image_exists(ref):
+        log(f"{ref}: cached")
+        return
+    rootfs = STATE / "rootfs" / ref.replace("/", "_").replace(":", "_")
+    if rootfs.exists():
+        shutil.rmtree(rootfs)
+    rootfs.parent.mkdir(parents=True, exist_ok=True)
+    log(f"{ref}: debootstrap {SUITE} ({len(packages)} packages; about a minute)")
+    t0 = time.monotonic()
+    run(["debootstrap", f"--variant={variant}", f"--include={','.join(packages)}", SUITE, str(rootfs), MIRROR],
+        capture=True)
+    # The nodes never reach a mirror: an apt source pointing at one would only
+    # make `apt-get update` fail. The local repository is the one source.
+    (rootfs / "etc/apt/sources.list").write_text("")
+    for extra in (rootfs / "etc/apt/sources.list.d").glob("*"):
+        extra.unlink()
+    run(["chroot", str(rootfs), "apt-get", "clean"], check=False, capture=True)
+    if post:
+        run(["chroot", str(rootfs), "/bin/sh", "-c", post], capture=True)
+    for dest, src in (files or {}).items():
+        target = rootfs / dest.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, target)
+    cmd = ["docker", "import"]
+    for change in changes:
+        cmd += ["--change", change]
+    tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
+    run([*cmd, "-", ref], stdin=tar.stdout, capture=True)
+    tar.wait()
+    shutil.rmtree(rootfs)
+    log(f"{ref}: built in {time.monotonic() - t0:.0f} s")
+
+
+NODE_POST = (
+    # sshd: keys only; host keys are made per node at first start.
+    "rm -f /etc/ssh/ssh_host_* && "
+    "printf 'PermitRootLogin prohibit-password\\nPasswordAuthentication no\\nUseDNS no\\n' "
+    "> /etc/ssh/sshd_config.d/sparkops-sim.conf && "
+    "echo 'deb [trusted=yes] file:/srv/sparkops-sim/apt ./' > /etc/apt/sources.list.d/sparkops-sim.list && "
+    # Keep dockerd's iptables NAT out of the way of the node's own firewall rules.
+    "mkdir -p /etc/docker && echo '{\"storage-driver\": \"overlay2\", \"log-driver\": \"json-file\"}' "
+    "> /etc/docker/daemon.json"
+)
+
+
+def node_image_ref() -> str:
+    entry = (SIM / "node/entrypoint.sh").read_text()
+    return f"{PREFIX}/node:{spec_hash(SUITE, NODE_PACKAGES, NODE_POST, entry)}"
+
+
+def vllm_base_ref() -> str:
+    return f"{PREFIX}/vllm-base:bookworm"
+
+
+def build_images() -> None:
+    node_ref = node_image_ref()
+    debootstrap_image(
+        node_ref, NODE_PACKAGES, "minbase",
+        ['ENTRYPOINT ["/usr/bin/tini", "--", "/usr/local/sbin/sim-node-entrypoint"]'],
+        post=NODE_POST, files={"/usr/local/sbin/sim-node-entrypoint": SIM / "node/entrypoint.sh"},
+    )
+    vbase = vllm_base_ref()
+    tagged = f"{PREFIX}/vllm-base:{spec_hash(SUITE, VLLM_BASE_PACKAGES)}"
+    debootstrap_image(tagged, VLLM_BASE_PACKAGES, "minbase", ['CMD ["/bin/bash"]'])
+    run(["docker", "tag", tagged, vbase])
+
+
+def build_wheels() -> Path:
+    wheels = STATE / "wheels" / f"ray-{RAY_VERSION}-{platform.machine()}"
+    marker = wheels / ".complete"
+    if marker.exists():
+        log(f"Ray {RAY_VERSION} wheels: cached")
+        return wheels
+    wheels.mkdir(parents=True, exist_ok=True)
+    log(f"downloading Ray {RAY_VERSION} wheels for Python 3.11 / {platform.machine()}")
+    plat = {"x86_64": "manylinux2014_x86_64", "aarch64": "manylinux2014_aarch64"}[platform.machine()]
+    run([sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "--python-version", "3.11",
+         "--implementation", "cp", "--platform", plat, "--platform", plat.replace("2014", "_2_17"),
+         "--platform", plat.replace("manylinux2014", "manylinux_2_28"), "-d", str(wheels), f"ray=={RAY_VERSION}"])
+    marker.write_text("ok\n")
+    return wheels
+
+
+def git(repo: Path, *args: str, env: dict | None = None) -> str:
+    base_env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "sparkops sim", "GIT_AUTHOR_EMAIL": "sim@sparkops.invalid",
+        "GIT_COMMITTER_NAME": "sparkops sim", "GIT_COMMITTER_EMAIL": "sim@sparkops.invalid",
+        "GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z",
+    }
+    if env:
+        base_env.update(env)
+    return run(["git", "-C", str(repo), *args], capture=True, env=base_env).stdout.strip()
+
+
+def build_standin_repo() -> None:
+    """A local git repository standing in for eugr/spark-vllm-docker.
+
+    Branches: sim-v1 (the deployed version), sim-v2 (an upgrade: same double,
+    another commit), sim-broken (an image whose `vllm` exits at start: an
+    upgrade to it must be rolled back). Commits are deterministic.
+    """
+    bare = STATE / "git" / "spark-vllm-docker.git"
+    src = sorted(p for p in (SIM / "standin").iterdir() if p.is_file())
+    want = spec_hash([(p.name, p.read_bytes().hex()) for p in src])
+    stamp = STATE / "git" / ".spec"
+    if bare.exists() and stamp.exists() and stamp.read_text() == want:
+        log("stand-in spark-vllm-docker repository: cached")
+        return
+    if bare.exists():
+        shutil.rmtree(bare)
+    work = STATE / "git" / "work"
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    git(work, "init", "-q", "-b", "sim-v1")
+    for p in src:
+        shutil.copy2(p, work / p.name)
+    git(work, "add", "-A")
+    git(work, "commit", "-q", "-m", "stand-in v1")
+    git(work, "checkout", "-q", "-b", "sim-v2")
+    (work / "CHANGELOG").write_text("v2: an upgrade that changes nothing that matters\n")
+    git(work, "add", "-A")
+    git(work, "commit", "-q", "-m", "stand-in v2", env={"GIT_COMMITTER_DATE": "2026-01-02T00:00:00Z",
+                                                         "GIT_AUTHOR_DATE": "2026-01-02T00:00:00Z"})
+    git(work, "checkout", "-q", "-b", "sim-broken", "sim-v1")
+    (work / "vllm").write_text(
+        "#!/bin/sh\n# A deliberately broken build: the engine dies at start (for rollback tests).\n"
+        "echo 'RuntimeError: simulated broken image: engine failed to start' >&2\nexit 1\n"
+    )
+    git(work, "add", "-A")
+    git(work, "commit", "-q", "-m", "stand-in broken", env={"GIT_COMMITTER_DATE": "2026-01-03T00:00:00Z",
+                                                             "GIT_AUTHOR_DATE": "2026-01-03T00:00:00Z"})
+    run(["git", "clone", "-q", "--bare", str(work), str(bare)], capture=True)
+    shutil.rmtree(work)
+    stamp.write_text(want)
+    log(f"stand-in repository at {bare}: sim-v1 {git(bare, 'rev-parse', 'sim-v1')[:12]}")
+
+
+def build_apt_repo() -> None:
+    out = STATE / "apt"
+    if (out / "Release").exists():
+        log("dummy NVIDIA apt repository: cached")
+        return
+    run([sys.executable, str(SIM / "apt/make_repo.py"), str(out)])
+    log(f"dummy NVIDIA apt repository at {out}")
+
+
+def build_all() -> None:
+    STATE.mkdir(parents=True, exist_ok=True)
+    build_images()
+    wheels = build_wheels()
+    shared = STATE / "shared"
+    shared.mkdir(exist_ok=True)
+    link = shared / "wheels"
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to(wheels)
+    build_standin_repo()
+    build_apt_repo()
+
+
+# ----------------------------------------------------------------------------- up
+def ssh_key() -> Path:
+    key = STATE / "ssh" / "id_ed25519"
+    if not key.exists():
+        key.parent.mkdir(parents=True, exist_ok=True)
+        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "sparkops-sim", "-f", str(key)])
+    return key
+
+
+def container_state(name: str) -> str | None:
+    res = run(["docker", "inspect", "-f", "{{.State.Status}}", name], check=False, capture=True)
+    return res.stdout.strip() if res.returncode == 0 else None
+
+
+def ensure_networks() -> None:
+    for name, (subnet, mtu) in NETWORKS.items():
+        if run(["docker", "network", "inspect", name], check=False, capture=True).returncode == 0:
+            continue
+        run(["docker", "network", "create", "--internal", "--subnet", subnet,
+             "-o", f"com.docker.network.driver.mtu={mtu}", name], capture=True)
+
+
+def start_node(node: dict, image: str, key: Path) -> None:
+    name = node["name"]
+    state = container_state(name)
+    if state == "running":
+        return
+    if state is not None:
+        run(["docker", "start", name], capture=True)
+        return
+    ifaces = [f"{node['mgmt']}={MGMT_IFACE}"] + [f"{addr}={ifname}" for addr, ifname, _ in node["fast"]]
+    cmd = ["docker", "run", "-d", "--name", name, "--hostname", name,
+           "--network", f"{PREFIX}-mgmt", "--ip", node["mgmt"],
+           "--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined",
+           "--cgroupns", "host",
+           "--restart", "no", "--stop-timeout", "5",
+           "-v", f"{name}-docker:/var/lib/docker",
+           "-v", f"{key}.pub:/sim/authorized_keys:ro",
+           "-v", f"{STATE / 'apt'}:/srv/sparkops-sim/apt:ro",
+           "-v", f"{STATE / 'git'}:/srv/sparkops-sim/git:ro",
+           "-v", f"{(STATE / 'shared' / 'wheels').resolve()}:/srv/sparkops-sim/wheels:ro",
+           "--tmpfs", "/run", "--tmpfs", "/tmp",
+           "-e", f"SIM_IFACES={' '.join(ifaces)}",
+           "--label", "io.sparkops.sim=node"]
+    for cap in CAPS:
+        cmd += ["--cap-add", cap]
+    run([*cmd, image], capture=True)
+    for addr, _ifname, net in node["fast"]:
+        run(["docker", "network", "connect", "--ip", addr, net, name], capture=True)
+
+
+def wait_ssh(key: Path, timeout: float = 90) -> None:
+    known = STATE / "ssh" / "known_hosts"
+    lines = []
+    for node in NODES:
+        deadline = time.monotonic() + timeout
+        while True:
+            res = run(["ssh-keyscan", "-T", "2", "-t", "ed25519", node["mgmt"]], check=False, capture=True)
+            if res.returncode == 0 and res.stdout.strip():
+                lines.append(res.stdout.strip())
+                break
+            if time.monotonic() > deadline:
+                logs = run(["docker", "logs", "--tail", "30", node["name"]], check=False, capture=True)
+                sys.exit(f"simctl: sshd on {node['name']} ({node['mgmt']}) did not answer in {timeout:.0f} s\n"
+                         f"{logs.stdout}{logs.stderr}")
+            time.sleep(1)
+    known.write_text("\n".join(lines) + "\n")
+    for node in NODES:
+        run(["ssh", "-i", str(key), "-o", f"UserKnownHostsFile={known}", "-o", "BatchMode=yes",
+             "-o", "StrictHostKeyChecking=yes", f"root@{node['mgmt']}", "true"], capture=True)
+
+
+def wait_node_docker(name: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if run(["docker", "exec", name, "docker", "info"], check=False, capture=True).returncode == 0:
+            return
+        time.sleep(1)
+    sys.exit(f"simctl: dockerd inside {name} did not start in {timeout:.0f} s; "
+             f"see `docker exec {name} cat /var/log/dockerd.log`")
+
+
+def load_base_into_nodes() -> None:
+    ref = vllm_base_ref()
+    image_id = run(["docker", "image", "inspect", "-f", "{{.Id}}", ref], capture=True).stdout.strip()
+    for node in NODES:
+        name = node["name"]
+        wait_node_docker(name)
+        res = run(["docker", "exec", name, "docker", "image", "inspect", "-f", "{{.Id}}", ref],
+                  check=False, capture=True)
+        if res.returncode == 0 and res.stdout.strip() == image_id:
+            continue
+        log(f"{name}: loading {ref} into its dockerd")
+        save = subprocess.Popen(["docker", "save", ref], stdout=subprocess.PIPE)
+        run(["docker", "exec", "-i", name, "docker", "load", "-q"], stdin=save.stdout, capture=True)
+        save.wait()
+
+
+SYNTH_MODEL = r"""
+import hashlib, json, os, sys
+cache, model, revision, shards, shard_mib = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+repo = os.path.join(cache, "models--" + model.replace("/", "--"))
+snap = os.path.join(repo, "snapshots", revision)
+if os.path.exists(os.path.join(snap, "config.json")):
+    sys.exit(0)
+os.makedirs(os.path.join(repo, "blobs"), exist_ok=True)
+os.makedirs(snap, exist_ok=True)
+os.makedirs(os.path.join(repo, "refs"), exist_ok=True)
+def put(rel, data, lfs):
+    h = hashlib.sha256(data).hexdigest() if lfs else hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+    with open(os.path.join(repo, "blobs", h), "wb") as f:
+        f.write(data)
+    dst = os.path.join(snap, rel)
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    if os.path.lexists(dst):
+        os.unlink(dst)
+    os.symlink(os.path.relpath(os.path.join(repo, "blobs", h), os.path.dirname(dst)), dst)
+put("config.json", json.dumps({"architectures": ["SparkopsSimForCausalLM"], "model_type": "sparkops-sim"}).encode(), False)
+put("tokenizer_config.json", b'{"model_max_length": 4096}', False)
+index = {"weight_map": {}}
+for i in range(shards):
+    name = "model-%05d-of-%05d.safetensors" % (i + 1, shards)
+    seed = hashlib.sha256(("%s/%d" % (model, i)).encode()).digest()
+    block = (seed * 32768)[: 1 << 20]
+    put(name, block * shard_mib, True)
+    index["weight_map"]["layer.%d" % i] = name
+put("model.safetensors.index.json", json.dumps(index).encode(), False)
+with open(os.path.join(repo, "refs", "main"), "w") as f:
+    f.write(revision)
+"""
+
+
+def seed_model(model: str, revision: str, shards: int, shard_mib: int, cache: str) -> None:
+    head = NODES[0]["name"]
+    run(["docker", "exec", "-i", head, "python3", "-", cache, model, revision, str(shards), str(shard_mib)],
+        input=SYNTH_MODEL, capture=True)
+
+
+def write_inventory_facts(key: Path) -> None:
+    facts = {
+        "ssh_key": str(key),
+        "known_hosts": str(STATE / "ssh" / "known_hosts"),
+        "nodes": NODES,
+        "standin_repo": "file:///srv/sparkops-sim/git/spark-vllm-docker.git",
+    }
+    (STATE / "cluster.json").write_text(json.dumps(facts, indent=2) + "\n")
+
+
+def up(args: argparse.Namespace) -> None:
+    ensure_host()
+    build_all()
+    key = ssh_key()
+    ensure_networks()
+    image = node_image_ref()
+    for node in NODES:
+        start_node(node, image, key)
+    wait_ssh(key)
+    load_base_into_nodes()
+    seed_model(args.model, args.revision, args.shards, args.shard_mib, args.hf_cache)
+    write_inventory_facts(key)
+    log("simulated cluster is up: " + ", ".join(f"{n['name']} ({n['mgmt']})" for n in NODES))
+
+
+def down(args: argparse.Namespace) -> None:
+    if not docker_ok():
+        log("no Docker engine: nothing to remove")
+        return
+    for node in NODES:
+        run(["docker", "rm", "-f", "-v", node["name"]], check=False, capture=True)
+        if not args.keep_volumes:
+            run(["docker", "volume", "rm", "-f", f"{node['name']}-docker"], check=False, capture=True)
+    for name in NETWORKS:
+        run(["docker", "network", "rm", name], check=False, capture=True)
+    if args.all:
+        for ref in (node_image_ref(), vllm_base_ref()):
+            run(["docker", "image", "rm", "-f", ref], check=False, capture=True)
+        shutil.rmtree(STATE, ignore_errors=True)
+    log("simulated cluster removed" + (" with its images and state" if args.all else ""))
+
+
+def status(_args: argparse.Namespace) -> None:
+    for node in NODES:
+        print(f"{node['name']}: {container_state(node['name']) or 'absent'} (mgmt {node['mgmt']})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("ensure-host", help="install docker.io/debootstrap and start dockerd if needed")
+    sub.add_parser("build", help="build images, wheels, stand-in repository and apt repository (cached)")
+    p_up = sub.add_parser("up", help="build what is missing and start both nodes")
+    p_up.add_argument("--model", default="sparkops-sim/tiny-test-model")
+    p_up.add_argument("--revision", default="5be4a0d3c6d2f1e8a9b7c5d4e3f2a1b0c9d8e7f6")
+    p_up.add_argument("--shards", type=int, default=4)
+    p_up.add_argument("--shard-mib", type=int, default=8)
+    p_up.add_argument("--hf-cache", default="/var/lib/sparkops/huggingface/hub")
+    p_down = sub.add_parser("down", help="remove nodes, networks and volumes")
+    p_down.add_argument("--all", action="store_true", help="also remove cached images and .sim/")
+    p_down.add_argument("--keep-volumes", action="store_true")
+    sub.add_parser("status")
+    args = parser.parse_args()
+    if args.cmd == "ensure-host":
+        ensure_host()
+    elif args.cmd == "build":
+        ensure_host()
+        build_all()
+    elif args.cmd == "up":
+        up(args)
+    elif args.cmd == "down":
+        down(args)
+    elif args.cmd == "status":
+        status(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Runs the project's checks as named stages and prints what each one cost.
+#   tests/run-stages.sh lint | unit | all
+# `all` is what `make test` and CI run: lint, unit tests, then the simulated
+# two-node cluster with molecule (converge, idempotence, verify) and the
+# integration and fault tests on it, then the cluster is removed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export ANSIBLE_CONFIG="$PWD/ansible.cfg"
+export PATH="$PWD/.venv/bin:$PATH"
+export PYTHONUNBUFFERED=1
+export ANSIBLE_FORCE_COLOR=0
+
+what=${1:-all}
+declare -a names=() times=() results=()
+failed=0
+
+stage() {
+    local name=$1; shift
+    local t0=$SECONDS rc
+    echo
+    echo "=== stage: $name"
+    "$@"
+    rc=$?
+    names+=("$name"); times+=($((SECONDS - t0)))
+    if [ "$rc" -eq 0 ]; then results+=(ok); else results+=("FAILED rc=$rc"); failed=$((failed + 1)); fi
+    echo "=== stage: $name: rc=$rc in $((SECONDS - t0)) s"
+    return 0
+}
+
+pytest_stage() {
+    # pytest exits 5 when it collects nothing: that is a failure here, not a pass.
+    pytest "$@"
+    local rc=$?
+    [ "$rc" -eq 5 ] && echo "pytest collected no tests in $*: treating as failure"
+    return "$rc"
+}
+
+syntax_check() {
+    local rc=0 pb inv
+    for inv in inventory/sim inventory/two-sparks; do
+        for pb in site.yml playbooks/*.yml; do
+            ansible-playbook --syntax-check -i "$inv" "$pb" >/dev/null || { echo "syntax error: $pb ($inv)"; rc=1; }
+        done
+    done
+    return $rc
+}
+
+lint() {
+    stage ruff bash -c 'ruff check . && ruff format --check .'
+    stage yamllint yamllint -s .
+    stage ansible-lint ansible-lint --profile production --offline
+    stage syntax-check syntax_check
+}
+
+unit() {
+    stage pytest-unit pytest_stage -q tests/unit
+}
+
+sim() {
+    stage sim-up make -s sim-up
+    stage molecule bash -c 'cd molecule && SPARKOPS_SIM_STATE="$PWD/../.sim" molecule test -s default --destroy=never'
+    stage integration pytest_stage -q tests/integration
+    [ "${SPARKOPS_KEEP_SIM:-0}" = 1 ] || stage sim-down make -s sim-down
+}
+
+case "$what" in
+    lint) lint ;;
+    unit) unit ;;
+    sim) sim ;;
+    all) lint; unit; sim ;;
+    *) echo "usage: $0 lint|unit|sim|all" >&2; exit 2 ;;
+esac
+
+echo
+echo "Stage timings:"
+for i in "${!names[@]}"; do
+    printf '  %-14s %5d s  %s\n' "${names[$i]}" "${times[$i]}" "${results[$i]}"
+done
+echo "stages: $(( ${#names[@]} - failed )) passed, $failed failed"
+[ "$failed" -eq 0 ]
