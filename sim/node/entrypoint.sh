@@ -38,7 +38,27 @@ rename_ifaces() {
     done
 }
 
+# Without --privileged, Docker mounts the cgroup v1 hierarchies read-only and the
+# node's own dockerd cannot make cgroups for its containers. With CAP_SYS_ADMIN
+# we may mount them afresh, read-write (what Docker's own dind script does).
+remount_cgroups() {
+    local line mnt opts subsys
+    # Read the list first: /proc/mounts changes under a reader as we remount.
+    local -a lines
+    mapfile -t lines < <(awk '$3 == "cgroup" && $4 ~ /(^|,)ro(,|$)/ {print $2, $4}' /proc/mounts)
+    for line in "${lines[@]}"; do
+        mnt=${line%% *}
+        opts=${line#* }
+        subsys=$(echo "$opts" | tr ',' '\n' | grep -vxE 'ro|rw|nosuid|nodev|noexec|relatime' | paste -sd, -)
+        umount "$mnt" && mount -t cgroup -o "$subsys" cgroup "$mnt" \
+            || echo "sim-node: could not remount $mnt read-write" >&2
+    done
+}
+
 rename_ifaces || exit 1
+if [ "$(stat -fc %T /sys/fs/cgroup)" = tmpfs ]; then
+    remount_cgroups
+fi
 echo "sim-node: interfaces ready" > /run/sim-node.ready
 
 # Fresh host keys per node, kept across container restarts.
@@ -53,6 +73,9 @@ fi
 
 # The node's own Docker engine (Docker-in-Docker); its data lives on a volume.
 mkdir -p /var/log
-dockerd --host unix:///var/run/docker.sock >/var/log/dockerd.log 2>&1 &
+# A cgroup parent of its own keeps this node's containers apart from the
+# outer engine's and the other node's in the shared cgroup v1 hierarchy.
+dockerd --host unix:///var/run/docker.sock --cgroup-parent "/sparkops-sim/$(hostname)" \
+    >/var/log/dockerd.log 2>&1 &
 
 exec /usr/sbin/sshd -D -e
