@@ -481,7 +481,7 @@ def main() -> None:
     sub.add_parser("build", help="build images, wheels, stand-in repository and apt repository (cached)")
     p_up = sub.add_parser("up", help="build what is missing and start both nodes")
     p_up.add_argument("--model", default="sparkops-sim/tiny-test-model")
-    p_up.add_argument("--revision", default="5be4a0d3c6d2f1e8a9b7c5d4e3f2a1b0c9d8e7f6")
+    p_up.add_argument("--revision", default="5157000000000000000000000000000000000001")
     p_up.add_argument("--shards", type=int, default=4)
     p_up.add_argument("--shard-mib", type=int, default=8)
     p_up.add_argument("--hf-cache", default="/var/lib/sparkops/huggingface/hub")

@@ -293,6 +293,9 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def error(self, status: int, kind: str, message: str) -> None:
+        self.send(status, {"error": {"message": message, "type": kind, "code": status}})
+
     def authorized(self) -> bool:
         key = self.engine.api_key
         if key and self.path.startswith("/v1") and self.headers.get("Authorization") != f"Bearer {key}":
@@ -336,33 +339,12 @@ class Handler(BaseHTTPRequestHandler):
             req = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
             text = " ".join(str(m.get("content", "")) for m in req["messages"]) if chat else str(req["prompt"])
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            return self.send(
-                400, {"error": {"message": f"invalid request: {exc!r}", "type": "BadRequestError", "code": 400}}
-            )
+            return self.error(400, "BadRequestError", f"invalid request: {exc!r}")
         if req.get("model") not in e.names:
-            return self.send(
-                404,
-                {
-                    "error": {
-                        "message": f"The model `{req.get('model')}` does not exist.",
-                        "type": "NotFoundError",
-                        "param": "model",
-                        "code": 404,
-                    }
-                },
-            )
+            return self.error(404, "NotFoundError", f"The model `{req.get('model')}` does not exist.")
         if e.dead:
-            return self.send(
-                500,
-                {
-                    "error": {
-                        "message": f"EngineCore encountered an issue. See stack trace (above) "
-                        f"for the root cause. EngineDeadError: {e.dead}",
-                        "type": "InternalServerError",
-                        "code": 500,
-                    }
-                },
-            )
+            msg = f"EngineCore encountered an issue. See stack trace for the root cause. EngineDeadError: {e.dead}"
+            return self.error(500, "InternalServerError", msg)
         prompt = text.split()
         n = int(req.get("max_tokens") or req.get("max_completion_tokens") or 16)
         n = max(0, min(n, e.max_model_len - len(prompt)))
