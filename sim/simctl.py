@@ -51,12 +51,18 @@ NODES = [
     {
         "name": "spark-sim-1",
         "mgmt": "192.168.213.11",
-        "fast": [("10.213.0.11", "enp1s0f1np1", f"{PREFIX}-qsfp0"), ("10.213.1.11", "enP2p1s0f1np1", f"{PREFIX}-qsfp1")],
+        "fast": [
+            ("10.213.0.11", "enp1s0f1np1", f"{PREFIX}-qsfp0"),
+            ("10.213.1.11", "enP2p1s0f1np1", f"{PREFIX}-qsfp1"),
+        ],
     },
     {
         "name": "spark-sim-2",
         "mgmt": "192.168.213.12",
-        "fast": [("10.213.0.12", "enp1s0f1np1", f"{PREFIX}-qsfp0"), ("10.213.1.12", "enP2p1s0f1np1", f"{PREFIX}-qsfp1")],
+        "fast": [
+            ("10.213.0.12", "enp1s0f1np1", f"{PREFIX}-qsfp0"),
+            ("10.213.1.12", "enP2p1s0f1np1", f"{PREFIX}-qsfp1"),
+        ],
     },
 ]
 MGMT_IFACE = "enP7s7"
@@ -64,9 +70,26 @@ MGMT_IFACE = "enP7s7"
 # What the node root file system holds. The nodes have no route out, so all
 # the deployment needs on a node is baked in here.
 NODE_PACKAGES = [
-    "python3", "python3-apt", "python3-docker", "python3-requests", "openssh-server", "openssh-client",
-    "rsync", "git", "docker.io", "iproute2", "iputils-ping", "sudo", "iptables", "procps", "zstd",
-    "ca-certificates", "netcat-openbsd", "less", "tini", "kmod",
+    "python3",
+    "python3-apt",
+    "python3-docker",
+    "python3-requests",
+    "openssh-server",
+    "openssh-client",
+    "rsync",
+    "git",
+    "docker.io",
+    "iproute2",
+    "iputils-ping",
+    "sudo",
+    "iptables",
+    "procps",
+    "zstd",
+    "ca-certificates",
+    "netcat-openbsd",
+    "less",
+    "tini",
+    "kmod",
 ]
 # The base of the stand-in serving image, loaded into each node's dockerd.
 VLLM_BASE_PACKAGES = ["python3", "python3-pip", "procps", "iproute2", "ca-certificates"]
@@ -90,9 +113,18 @@ def docker_ok() -> bool:
 # --------------------------------------------------------------------------- host
 def ensure_host() -> None:
     """Install what the test bed needs on this machine and start dockerd if none runs."""
-    missing = [p for p, exe in (("docker.io", "dockerd"), ("debootstrap", "debootstrap"), ("rsync", "rsync"),
-                                ("openssh-client", "ssh"), ("iproute2", "ip"), ("zstd", "zstd"))
-               if shutil.which(exe) is None]
+    missing = [
+        p
+        for p, exe in (
+            ("docker.io", "dockerd"),
+            ("debootstrap", "debootstrap"),
+            ("rsync", "rsync"),
+            ("openssh-client", "ssh"),
+            ("iproute2", "ip"),
+            ("zstd", "zstd"),
+        )
+        if shutil.which(exe) is None
+    ]
     if missing:
         if os.geteuid() != 0:
             sys.exit(f"simctl: need root to install {missing} (apt-get install {' '.join(missing)})")
@@ -125,8 +157,14 @@ def spec_hash(*parts: object) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
-def debootstrap_image(ref: str, packages: list[str], variant: str, changes: list[str], post: str = "",
-                      files: dict[str, Path] | None = None) -> None:
+def debootstrap_image(  # noqa: PLR0917 - one call site per image, each spelling out its parts
+    ref: str,
+    packages: list[str],
+    variant: str,
+    changes: list[str],
+    post: str = "",
+    files: dict[str, Path] | None = None,
+) -> None:
     if image_exists(ref):
         log(f"{ref}: cached")
         return
@@ -136,8 +174,10 @@ def debootstrap_image(ref: str, packages: list[str], variant: str, changes: list
     rootfs.parent.mkdir(parents=True, exist_ok=True)
     log(f"{ref}: debootstrap {SUITE} ({len(packages)} packages; about a minute)")
     t0 = time.monotonic()
-    run(["debootstrap", f"--variant={variant}", f"--include={','.join(packages)}", SUITE, str(rootfs), MIRROR],
-        capture=True)
+    run(
+        ["debootstrap", f"--variant={variant}", f"--include={','.join(packages)}", SUITE, str(rootfs), MIRROR],
+        capture=True,
+    )
     # The nodes never reach a mirror: an apt source pointing at one would only
     # make `apt-get update` fail. The local repository is the one source.
     (rootfs / "etc/apt/sources.list").write_text("")
@@ -167,7 +207,7 @@ NODE_POST = (
     "> /etc/ssh/sshd_config.d/sparkops-sim.conf && "
     "echo 'deb [trusted=yes] file:/srv/sparkops-sim/apt ./' > /etc/apt/sources.list.d/sparkops-sim.list && "
     # Keep dockerd's iptables NAT out of the way of the node's own firewall rules.
-    "mkdir -p /etc/docker && echo '{\"storage-driver\": \"overlay2\", \"log-driver\": \"json-file\"}' "
+    'mkdir -p /etc/docker && echo \'{"storage-driver": "overlay2", "log-driver": "json-file"}\' '
     "> /etc/docker/daemon.json"
 )
 
@@ -184,9 +224,12 @@ def vllm_base_ref() -> str:
 def build_images() -> None:
     node_ref = node_image_ref()
     debootstrap_image(
-        node_ref, NODE_PACKAGES, "minbase",
+        node_ref,
+        NODE_PACKAGES,
+        "minbase",
         ['ENTRYPOINT ["/usr/bin/tini", "--", "/usr/local/sbin/sim-node-entrypoint"]'],
-        post=NODE_POST, files={"/usr/local/sbin/sim-node-entrypoint": SIM / "node/entrypoint.sh"},
+        post=NODE_POST,
+        files={"/usr/local/sbin/sim-node-entrypoint": SIM / "node/entrypoint.sh"},
     )
     vbase = vllm_base_ref()
     tagged = f"{PREFIX}/vllm-base:{spec_hash(SUITE, VLLM_BASE_PACKAGES)}"
@@ -203,9 +246,29 @@ def build_wheels() -> Path:
     wheels.mkdir(parents=True, exist_ok=True)
     log(f"downloading Ray {RAY_VERSION} wheels for Python 3.11 / {platform.machine()}")
     plat = {"x86_64": "manylinux2014_x86_64", "aarch64": "manylinux2014_aarch64"}[platform.machine()]
-    run([sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "--python-version", "3.11",
-         "--implementation", "cp", "--platform", plat, "--platform", plat.replace("2014", "_2_17"),
-         "--platform", plat.replace("manylinux2014", "manylinux_2_28"), "-d", str(wheels), f"ray=={RAY_VERSION}"])
+    run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--only-binary=:all:",
+            "--python-version",
+            "3.11",
+            "--implementation",
+            "cp",
+            "--platform",
+            plat,
+            "--platform",
+            plat.replace("2014", "_2_17"),
+            "--platform",
+            plat.replace("manylinux2014", "manylinux_2_28"),
+            "-d",
+            str(wheels),
+            f"ray=={RAY_VERSION}",
+        ]
+    )
     marker.write_text("ok\n")
     return wheels
 
@@ -213,9 +276,12 @@ def build_wheels() -> Path:
 def git(repo: Path, *args: str, env: dict | None = None) -> str:
     base_env = {
         **os.environ,
-        "GIT_AUTHOR_NAME": "sparkops sim", "GIT_AUTHOR_EMAIL": "sim@sparkops.invalid",
-        "GIT_COMMITTER_NAME": "sparkops sim", "GIT_COMMITTER_EMAIL": "sim@sparkops.invalid",
-        "GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z",
+        "GIT_AUTHOR_NAME": "sparkops sim",
+        "GIT_AUTHOR_EMAIL": "sim@sparkops.invalid",
+        "GIT_COMMITTER_NAME": "sparkops sim",
+        "GIT_COMMITTER_EMAIL": "sim@sparkops.invalid",
+        "GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z",
+        "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z",
     }
     if env:
         base_env.update(env)
@@ -250,16 +316,28 @@ def build_standin_repo() -> None:
     git(work, "checkout", "-q", "-b", "sim-v2")
     (work / "CHANGELOG").write_text("v2: an upgrade that changes nothing that matters\n")
     git(work, "add", "-A")
-    git(work, "commit", "-q", "-m", "stand-in v2", env={"GIT_COMMITTER_DATE": "2026-01-02T00:00:00Z",
-                                                         "GIT_AUTHOR_DATE": "2026-01-02T00:00:00Z"})
+    git(
+        work,
+        "commit",
+        "-q",
+        "-m",
+        "stand-in v2",
+        env={"GIT_COMMITTER_DATE": "2026-01-02T00:00:00Z", "GIT_AUTHOR_DATE": "2026-01-02T00:00:00Z"},
+    )
     git(work, "checkout", "-q", "-b", "sim-broken", "sim-v1")
     (work / "vllm").write_text(
         "#!/bin/sh\n# A deliberately broken build: the engine dies at start (for rollback tests).\n"
         "echo 'RuntimeError: simulated broken image: engine failed to start' >&2\nexit 1\n"
     )
     git(work, "add", "-A")
-    git(work, "commit", "-q", "-m", "stand-in broken", env={"GIT_COMMITTER_DATE": "2026-01-03T00:00:00Z",
-                                                             "GIT_AUTHOR_DATE": "2026-01-03T00:00:00Z"})
+    git(
+        work,
+        "commit",
+        "-q",
+        "-m",
+        "stand-in broken",
+        env={"GIT_COMMITTER_DATE": "2026-01-03T00:00:00Z", "GIT_AUTHOR_DATE": "2026-01-03T00:00:00Z"},
+    )
     run(["git", "clone", "-q", "--bare", str(work), str(bare)], capture=True)
     shutil.rmtree(work)
     stamp.write_text(want)
@@ -307,8 +385,20 @@ def ensure_networks() -> None:
     for name, (subnet, mtu) in NETWORKS.items():
         if run(["docker", "network", "inspect", name], check=False, capture=True).returncode == 0:
             continue
-        run(["docker", "network", "create", "--internal", "--subnet", subnet,
-             "-o", f"com.docker.network.driver.mtu={mtu}", name], capture=True)
+        run(
+            [
+                "docker",
+                "network",
+                "create",
+                "--internal",
+                "--subnet",
+                subnet,
+                "-o",
+                f"com.docker.network.driver.mtu={mtu}",
+                name,
+            ],
+            capture=True,
+        )
 
 
 def start_node(node: dict, image: str, key: Path) -> None:
@@ -320,19 +410,47 @@ def start_node(node: dict, image: str, key: Path) -> None:
         run(["docker", "start", name], capture=True)
         return
     ifaces = [f"{node['mgmt']}={MGMT_IFACE}"] + [f"{addr}={ifname}" for addr, ifname, _ in node["fast"]]
-    cmd = ["docker", "run", "-d", "--name", name, "--hostname", name,
-           "--network", f"{PREFIX}-mgmt", "--ip", node["mgmt"],
-           "--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined",
-           "--cgroupns", "host",
-           "--restart", "no", "--stop-timeout", "5",
-           "-v", f"{name}-docker:/var/lib/docker",
-           "-v", f"{key}.pub:/sim/authorized_keys:ro",
-           "-v", f"{STATE / 'apt'}:/srv/sparkops-sim/apt:ro",
-           "-v", f"{STATE / 'git'}:/srv/sparkops-sim/git:ro",
-           "-v", f"{(STATE / 'shared' / 'wheels').resolve()}:/srv/sparkops-sim/wheels:ro",
-           "--tmpfs", "/run", "--tmpfs", "/tmp",
-           "-e", f"SIM_IFACES={' '.join(ifaces)}",
-           "--label", "io.sparkops.sim=node"]
+    cmd = [
+        "docker",
+        "run",
+        "-d",
+        "--name",
+        name,
+        "--hostname",
+        name,
+        "--network",
+        f"{PREFIX}-mgmt",
+        "--ip",
+        node["mgmt"],
+        "--security-opt",
+        "seccomp=unconfined",
+        "--security-opt",
+        "apparmor=unconfined",
+        "--cgroupns",
+        "host",
+        "--restart",
+        "no",
+        "--stop-timeout",
+        "5",
+        "-v",
+        f"{name}-docker:/var/lib/docker",
+        "-v",
+        f"{key}.pub:/sim/authorized_keys:ro",
+        "-v",
+        f"{STATE / 'apt'}:/srv/sparkops-sim/apt:ro",
+        "-v",
+        f"{STATE / 'git'}:/srv/sparkops-sim/git:ro",
+        "-v",
+        f"{(STATE / 'shared' / 'wheels').resolve()}:/srv/sparkops-sim/wheels:ro",
+        "--tmpfs",
+        "/run",
+        "--tmpfs",
+        "/tmp",
+        "-e",
+        f"SIM_IFACES={' '.join(ifaces)}",
+        "--label",
+        "io.sparkops.sim=node",
+    ]
     for cap in CAPS:
         cmd += ["--cap-add", cap]
     run([*cmd, image], capture=True)
@@ -352,13 +470,29 @@ def wait_ssh(key: Path, timeout: float = 90) -> None:
                 break
             if time.monotonic() > deadline:
                 logs = run(["docker", "logs", "--tail", "30", node["name"]], check=False, capture=True)
-                sys.exit(f"simctl: sshd on {node['name']} ({node['mgmt']}) did not answer in {timeout:.0f} s\n"
-                         f"{logs.stdout}{logs.stderr}")
+                sys.exit(
+                    f"simctl: sshd on {node['name']} ({node['mgmt']}) did not answer in {timeout:.0f} s\n"
+                    f"{logs.stdout}{logs.stderr}"
+                )
             time.sleep(1)
     known.write_text("\n".join(lines) + "\n")
     for node in NODES:
-        run(["ssh", "-i", str(key), "-o", f"UserKnownHostsFile={known}", "-o", "BatchMode=yes",
-             "-o", "StrictHostKeyChecking=yes", f"root@{node['mgmt']}", "true"], capture=True)
+        run(
+            [
+                "ssh",
+                "-i",
+                str(key),
+                "-o",
+                f"UserKnownHostsFile={known}",
+                "-o",
+                "BatchMode=yes",
+                "-o",
+                "StrictHostKeyChecking=yes",
+                f"root@{node['mgmt']}",
+                "true",
+            ],
+            capture=True,
+        )
 
 
 def wait_node_docker(name: str, timeout: float = 60) -> None:
@@ -367,8 +501,10 @@ def wait_node_docker(name: str, timeout: float = 60) -> None:
         if run(["docker", "exec", name, "docker", "info"], check=False, capture=True).returncode == 0:
             return
         time.sleep(1)
-    sys.exit(f"simctl: dockerd inside {name} did not start in {timeout:.0f} s; "
-             f"see `docker exec {name} cat /var/log/dockerd.log`")
+    sys.exit(
+        f"simctl: dockerd inside {name} did not start in {timeout:.0f} s; "
+        f"see `docker exec {name} cat /var/log/dockerd.log`"
+    )
 
 
 def load_base_into_nodes() -> None:
@@ -377,8 +513,9 @@ def load_base_into_nodes() -> None:
     for node in NODES:
         name = node["name"]
         wait_node_docker(name)
-        res = run(["docker", "exec", name, "docker", "image", "inspect", "-f", "{{.Id}}", ref],
-                  check=False, capture=True)
+        res = run(
+            ["docker", "exec", name, "docker", "image", "inspect", "-f", "{{.Id}}", ref], check=False, capture=True
+        )
         if res.returncode == 0 and res.stdout.strip() == image_id:
             continue
         log(f"{name}: loading {ref} into its dockerd")
@@ -406,7 +543,8 @@ def put(rel, data, lfs):
     if os.path.lexists(dst):
         os.unlink(dst)
     os.symlink(os.path.relpath(os.path.join(repo, "blobs", h), os.path.dirname(dst)), dst)
-put("config.json", json.dumps({"architectures": ["SparkopsSimForCausalLM"], "model_type": "sparkops-sim"}).encode(), False)
+config = {"architectures": ["SparkopsSimForCausalLM"], "model_type": "sparkops-sim"}
+put("config.json", json.dumps(config).encode(), False)
 put("tokenizer_config.json", b'{"model_max_length": 4096}', False)
 index = {"weight_map": {}}
 for i in range(shards):
@@ -423,8 +561,11 @@ with open(os.path.join(repo, "refs", "main"), "w") as f:
 
 def seed_model(model: str, revision: str, shards: int, shard_mib: int, cache: str) -> None:
     head = NODES[0]["name"]
-    run(["docker", "exec", "-i", head, "python3", "-", cache, model, revision, str(shards), str(shard_mib)],
-        input=SYNTH_MODEL, capture=True)
+    run(
+        ["docker", "exec", "-i", head, "python3", "-", cache, model, revision, str(shards), str(shard_mib)],
+        input=SYNTH_MODEL,
+        capture=True,
+    )
 
 
 def write_inventory_facts(key: Path) -> None:

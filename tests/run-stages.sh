@@ -59,7 +59,7 @@ unit() {
 
 sim() {
     stage sim-up make -s sim-up
-    stage molecule bash -c 'cd molecule && SPARKOPS_SIM_STATE="$PWD/../.sim" molecule test -s default --destroy=never'
+    stage molecule molecule test -s default
     stage integration pytest_stage -q tests/integration
     [ "${SPARKOPS_KEEP_SIM:-0}" = 1 ] || stage sim-down make -s sim-down
 }

@@ -345,7 +345,10 @@ def cable_verdict(per_twin_results, threshold_gbps: float = 190.0, degraded_floo
             f"degraded_floor_gbps must be between 0 and threshold_gbps ({threshold_gbps}), got {degraded_floor_gbps!r}"
         )
     if isinstance(per_twin_results, dict):
-        items = [({"device": name} | (result or {})) for name, result in per_twin_results.items()]
+        items = [
+            dict(result or {}) | {"device": (result or {}).get("device") or name}
+            for name, result in per_twin_results.items()
+        ]
     else:
         items = [dict(result or {}) for result in per_twin_results or []]
 

@@ -216,7 +216,9 @@ iterations:
   returned: always
   type: int
 rows:
-  description: Every result row, each with msg_size_bytes, iterations, bw_peak, bw_avg, unit, bw_peak_gbps, bw_avg_gbps, msg_rate_mpps.
+  description: >-
+    Every result row, each with msg_size_bytes, iterations, bw_peak, bw_avg, unit, bw_peak_gbps,
+    bw_avg_gbps, msg_rate_mpps.
   returned: always
   type: list
   elements: dict
@@ -266,7 +268,9 @@ duration_s:
   returned: always
   type: int
 error:
-  description: Short text of the error perftest reports (e.g. "Couldn't connect to 10.0.0.2:18515"), or "timed out"; else null.
+  description: >-
+    Short text of the error perftest reports (e.g. "Couldn't connect to 10.0.0.2:18515"), or
+    "timed out after N s"; else null.
   returned: always
   type: str
 error_kind:
@@ -433,8 +437,9 @@ def main() -> None:
     if p["timeout_s"] <= 0:
         problems.append(f"timeout_s must be positive, got {p['timeout_s']}")
     if p["duration_s"] is not None and p["timeout_s"] <= p["duration_s"]:
-        problems.append(f"timeout_s ({p['timeout_s']:g}) must exceed duration_s ({p['duration_s']}), "
-                        "or every run would be killed")
+        problems.append(
+            f"timeout_s ({p['timeout_s']:g}) must exceed duration_s ({p['duration_s']}), or every run would be killed"
+        )
     if p["threshold_gbps"] is not None and p["threshold_gbps"] <= 0:
         problems.append(f"threshold_gbps must be positive, got {p['threshold_gbps']}")
     if p["role"] == "server" and p["peer"]:
@@ -507,18 +512,22 @@ def main() -> None:
         module.fail_json(msg=f"{end} did not finish within {p['timeout_s']:g} s and was killed; {hint}", **result)
     if rc != 0 or parsed["error_kind"]:
         what = parsed["error"] or "failed"
-        module.fail_json(msg=f"{end} failed (rc {rc}): {what}. Output tail: {result['stdout_tail'][-500:]}",
-                         **result)
+        module.fail_json(msg=f"{end} failed (rc {rc}): {what}. Output tail: {result['stdout_tail'][-500:]}", **result)
     avg = parsed["bw_avg_gbps"]
+    if avg is None and p["role"] == "server":
+        result["reason"] = None
+        module.exit_json(**result)
     if avg is None:
-        module.fail_json(msg=f"{end} printed no bandwidth result (rc {rc}). Output tail: "
-                         f"{result['stdout_tail'][-500:]}", **result)
+        module.fail_json(
+            msg=f"{end} printed no bandwidth result (rc {rc}). Output tail: {result['stdout_tail'][-500:]}", **result
+        )
     if threshold is not None:
         result["passed"] = avg >= threshold
         if not result["passed"] and p["fail_on_threshold"]:
             direction = "both directions" if p["bidirectional"] else "one way"
             module.fail_json(
-                msg=f"RDMA link {p['device']}" + (f" -> {p['peer']}" if p["peer"] else "")
+                msg=f"RDMA link {p['device']}"
+                + (f" -> {p['peer']}" if p["peer"] else "")
                 + f": {avg:.2f} Gb/s is below the threshold {threshold:.2f} Gb/s ({direction}, "
                 f"{parsed['qps'] or p['qps']} QPs, {parsed['msg_size_bytes']} B messages)",
                 **result,

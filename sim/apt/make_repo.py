@@ -57,8 +57,9 @@ def build_deb(workdir: Path, name: str, version: str, depends: str) -> Path:
     control.append(f"Description: dummy {name} {version} for the sparkops simulated cluster")
     (root / "DEBIAN" / "control").write_text("\n".join(control) + "\n")
     deb = workdir / f"{name}_{version}_all.deb"
-    subprocess.run(["dpkg-deb", "--root-owner-group", "-Zgzip", "--build", str(root), str(deb)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        ["dpkg-deb", "--root-owner-group", "-Zgzip", "--build", str(root), str(deb)], check=True, capture_output=True
+    )
     return deb
 
 
@@ -77,10 +78,7 @@ def main(out_dir: str) -> int:
             target = out / deb.name
             target.write_bytes(data)
             stanza = control_of(deb).rstrip("\n")
-            stanza += (
-                f"\nFilename: ./{deb.name}\nSize: {len(data)}\n"
-                f"SHA256: {hashlib.sha256(data).hexdigest()}\n"
-            )
+            stanza += f"\nFilename: ./{deb.name}\nSize: {len(data)}\nSHA256: {hashlib.sha256(data).hexdigest()}\n"
             stanzas.append(stanza)
     packages = ("\n".join(stanzas)).encode()
     (out / "Packages").write_bytes(packages)

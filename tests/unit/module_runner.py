@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import io
 import json
-from contextlib import redirect_stdout
+from contextlib import redirect_stdout, suppress
 
 from ansible.module_utils import basic
 from ansible.module_utils.common.text.converters import to_bytes
@@ -27,15 +27,10 @@ def run_module(module, args: dict, check_mode: bool = False) -> dict:
     if hasattr(basic, "_ANSIBLE_PROFILE"):
         basic._ANSIBLE_PROFILE = "legacy"
     out = io.StringIO()
-    with redirect_stdout(out):
-        try:
-            module.main()
-        except SystemExit:
-            pass
+    with redirect_stdout(out), suppress(SystemExit):
+        module.main()
     text = out.getvalue().strip()
     if not text:
         raise AssertionError("module printed nothing")
     # The JSON result is the last line printed.
     return json.loads(text.splitlines()[-1])
-
-
