@@ -238,6 +238,12 @@ class Engine:
                 self.dead = f"Ray GCS unreachable: {exc}"
             if self.dead:
                 log(f"EngineDeadError: {self.dead}", "ERROR")
+        # Like vLLM, whose API server shuts down once its engine is dead: answer
+        # 500 for a short while (so a health check can see why), then exit non-zero
+        # and leave the restart to the container's policy.
+        time.sleep(float(os.environ.get("SPARKOPS_TEST_DOUBLE_DEAD_EXIT_S", "15")))
+        log("shutting down: engine dead", "ERROR")
+        os._exit(1)
 
     def prefix(self, tokens: list[str]) -> int:
         """Count queried and hit tokens per full 16-token block, like vLLM's prefix cache."""

@@ -1,0 +1,102 @@
+"""Integration tests on the simulated two-Spark cluster (sim/simctl.py).
+
+`make test` brings the cluster up first and sets SPARKOPS_REQUIRE_SIM=1, so a
+missing cluster is a failure there; run alone without it, these tests skip and
+say why.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+SIM_STATE = ROOT / ".sim"
+NODES = ["spark-sim-1", "spark-sim-2"]
+VENV_BIN = ROOT / ".venv" / "bin"
+
+
+def _cluster_up() -> bool:
+    if not (SIM_STATE / "cluster.json").exists() or shutil.which("docker") is None:
+        return False
+    res = subprocess.run(
+        ["docker", "inspect", "-f", "{{.State.Running}}", *NODES], capture_output=True, text=True, check=False
+    )
+    return res.returncode == 0 and res.stdout.split() == ["true", "true"]
+
+
+@pytest.fixture(scope="session")
+def sim_cluster():
+    if not _cluster_up():
+        if os.environ.get("SPARKOPS_REQUIRE_SIM") == "1":
+            pytest.fail("the simulated cluster is not up (make sim-up) but SPARKOPS_REQUIRE_SIM=1")
+        pytest.skip("simulated cluster not up: run `make sim-up` (make test does)")
+    return json.loads((SIM_STATE / "cluster.json").read_text())
+
+
+def node_sh(node: str, script: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run a shell script on a simulated node (through docker exec, not Ansible)."""
+    return subprocess.run(
+        ["docker", "exec", node, "bash", "-c", script],
+        capture_output=True, text=True, check=check, timeout=timeout,
+    )
+
+
+def ansible_env(extra: dict | None = None) -> dict:
+    env = dict(os.environ)
+    env.update(
+        {
+            "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+            "ANSIBLE_FORCE_COLOR": "0",
+            "ANSIBLE_NOCOLOR": "1",
+            "SPARKOPS_SIM_STATE": str(SIM_STATE),
+            "PATH": f"{VENV_BIN}:{env.get('PATH', '')}",
+        }
+    )
+    if extra:
+        env.update(extra)
+    return env
+
+
+def run_playbook(
+    playbook: str, inventory: Path | str = ROOT / "inventory" / "sim", extra_vars: dict | None = None,
+    args: list[str] | None = None, timeout: float = 900, env: dict | None = None,
+) -> subprocess.CompletedProcess:
+    cmd = [str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), str(ROOT / playbook)]
+    if extra_vars:
+        cmd += ["-e", json.dumps(extra_vars)]
+    cmd += args or []
+    t0 = time.monotonic()
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=ansible_env(env), timeout=timeout,
+                         check=False)
+    res.elapsed = time.monotonic() - t0  # type: ignore[attr-defined]
+    return res
+
+
+def recap(output: str) -> dict[str, dict[str, int]]:
+    """PLAY RECAP lines -> {host: {ok, changed, failed, ...}} (the last recap wins)."""
+    out: dict[str, dict[str, int]] = {}
+    for line in output.splitlines():
+        if ": ok=" in line and "changed=" in line:
+            host, _, rest = line.partition(":")
+            out[host.strip()] = {k: int(v) for k, v in (kv.split("=") for kv in rest.split())}
+    return out
+
+
+def copy_inventory(tmp_path: Path, mutate=None) -> Path:
+    """A copy of inventory/sim whose hosts.yml `mutate(data)` may change."""
+    inv = tmp_path / "inventory" / "sim"
+    shutil.copytree(ROOT / "inventory" / "sim", inv)
+    hosts = inv / "hosts.yml"
+    data = yaml.safe_load(hosts.read_text())
+    if mutate:
+        mutate(data)
+    hosts.write_text(yaml.safe_dump(data))
+    return inv

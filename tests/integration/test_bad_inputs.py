@@ -1,0 +1,135 @@
+"""Bad inventories and settings are refused in preflight, before any host changes.
+
+Each case runs site.yml against the simulated cluster with one thing wrong and
+asserts (1) the run fails, (2) the output carries the message that says what
+to fix, and (3) no file under the paths sparkops writes changed on either node.
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import NODES, copy_inventory, node_sh, run_playbook
+
+WATCHED = "/etc/sparkops /etc/apt/preferences.d /etc/netplan /var/lib/sparkops /root/.ssh /etc/iptables"
+
+
+@pytest.fixture
+def unchanged_hosts(sim_cluster):
+    """Marks a moment on both nodes; afterwards asserts nothing sparkops manages was written since."""
+    for node in NODES:
+        node_sh(node, "touch /tmp/sparkops-bad-input-marker; docker ps -aq --no-trunc | sort > /tmp/containers.before")
+    yield
+    for node in NODES:
+        res = node_sh(
+            node,
+            f"find {WATCHED} -newer /tmp/sparkops-bad-input-marker 2>/dev/null | head -20; "
+            "docker ps -aq --no-trunc | sort | diff - /tmp/containers.before",
+            check=False,
+        )
+        assert res.stdout.strip() == "", f"{node} changed during a refused run:\n{res.stdout}"
+
+
+def _heads(data):
+    return data["all"]["children"]["spark_cluster"]["children"]
+
+
+def no_head(data):
+    heads = _heads(data)
+    heads["spark_workers"]["hosts"].update(heads["spark_head"]["hosts"])
+    heads["spark_head"]["hosts"] = {}
+
+
+def two_heads(data):
+    heads = _heads(data)
+    heads["spark_head"]["hosts"].update(heads["spark_workers"]["hosts"])
+
+
+def duplicate_address(data):
+    hosts = _heads(data)["spark_workers"]["hosts"]
+    hosts["spark-sim-2"]["sparkops_fast_links"][0]["address"] = "10.213.0.11/24"
+
+
+def twins_same_subnet(data):
+    links = _heads(data)["spark_head"]["hosts"]["spark-sim-1"]["sparkops_fast_links"]
+    links[1]["address"] = "10.213.0.21/24"
+
+
+def missing_interface(data):
+    _heads(data)["spark_workers"]["hosts"]["spark-sim-2"]["sparkops_fast_links"][0]["netdev"] = "enp1s0f9np9"
+
+
+def no_prefix(data):
+    _heads(data)["spark_workers"]["hosts"]["spark-sim-2"]["sparkops_fast_links"][0]["address"] = "10.213.0.12"
+
+
+def ansible_over_fast_link(data):
+    _heads(data)["spark_workers"]["hosts"]["spark-sim-2"]["ansible_host"] = "10.213.0.12"
+
+
+def _profile(**changes):
+    base = {
+        "model": "sparkops-sim/tiny-test-model", "revision": "5157000000000000000000000000000000000001",
+        "served_model_name": "bad", "model_family": "sim", "gated": False, "weights_gib": 0.05,
+        "tensor_parallel_size": 2, "pipeline_parallel_size": 1, "enable_expert_parallel": True,
+        "quantization": "gptq_marlin", "kv_cache_dtype": "fp8", "attention_backend": "TRITON_ATTN",
+        "gpu_memory_utilization": 0.87, "max_model_len": 4096, "max_num_seqs": 4, "max_num_batched_tokens": 4096,
+        "max_cudagraph_capture_size": 2048, "enable_prefix_caching": True, "env": {}, "extra_args": [],
+    }
+    base.update(changes)
+    return {"sparkops_serving_profiles_extra": {"bad": base}, "sparkops_serving_profile": "bad"}
+
+
+INVENTORY_CASES = {
+    "missing head": (no_head, "must hold exactly one host; it holds 0"),
+    "two heads": (two_heads, "must hold exactly one host; it holds 2"),
+    "duplicate fast-link address": (duplicate_address, "Fast-link addresses must be unique"),
+    "twins on one subnet": (twins_same_subnet, "two fast links are on the same subnet"),
+    "interface that does not exist": (missing_interface, "has no interface enp1s0f9np9"),
+    "address without prefix": (no_prefix, "is malformed"),
+    "Ansible over the fast link": (ansible_over_fast_link, "is a fast-link address"),
+}
+
+VARS_CASES = {
+    "MTU below 9000": ({"sparkops_fast_mtu": 1500}, "need MTU 9000"),
+    "driver branch 590": ({"sparkops_nvidia_driver_branch": "590"}, "must stay on the 580 driver branch"),
+    "driver version off branch": ({"nvidia_driver_version": "590.44.01-1"}, "outside the 580 branch"),
+    "unknown hardware kind": ({"sparkops_hardware": "dgx_station"}, "valid values: dgx_spark, simulated"),
+    "unknown profile": ({"sparkops_serving_profile": "qwen9-1t"}, "is not a known profile"),
+    "TP larger than the GPUs": (_profile(tensor_parallel_size=4), "tensor_parallel_size"),
+    "enforce-eager": (_profile(extra_args=["--enforce-eager"]), "enforce-eager"),
+    "gpu-memory-utilization 0.95": (_profile(gpu_memory_utilization=0.95), "0.9"),
+    "CUTLASS FP4": (
+        _profile(quantization="modelopt_fp4", env={"VLLM_NVFP4_GEMM_BACKEND": "cutlass"}), "CUTLASS FP4"
+    ),
+    "mxfp4 on a non-gpt-oss model": (_profile(quantization="mxfp4"), "gpt-oss"),
+    "wrong type for TP": (_profile(tensor_parallel_size="two"), "must be an integer"),
+    "model too big to fit": (_profile(weights_gib=400), "fit"),
+    "gated model without token": (
+        {**_profile(gated=True), "weight_cache_source": "hub"}, "gated model and no Hugging Face token"
+    ),
+    "not enough disk for the weights": (
+        {**_profile(weights_gib=100000), "sparkops_node_memory_gib": 10000000}, "GiB free"
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(INVENTORY_CASES))
+def test_bad_inventory_refused_before_changes(case, tmp_path, unchanged_hosts):
+    mutate, message = INVENTORY_CASES[case]
+    inv = copy_inventory(tmp_path, mutate)
+    res = run_playbook("site.yml", inventory=inv, env={"HF_TOKEN": ""}, timeout=300)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0, f"{case}: site.yml succeeded\n{out[-3000:]}"
+    assert message in " ".join(out.split()), f"{case}: expected {message!r} in output\n{out[-4000:]}"
+    assert "Preflight" in out
+
+
+@pytest.mark.parametrize("case", sorted(VARS_CASES))
+def test_bad_setting_refused_before_changes(case, unchanged_hosts):
+    extra, message = VARS_CASES[case]
+    res = run_playbook("site.yml", extra_vars=extra, env={"HF_TOKEN": ""}, timeout=300)
+    out = " ".join((res.stdout + res.stderr).split())
+    assert res.returncode != 0, f"{case}: site.yml succeeded\n{out[-3000:]}"
+    if message:
+        assert message in out, f"{case}: expected {message!r} in output\n{out[-4000:]}"
+    assert "preflight" in out.lower()
