@@ -22,6 +22,7 @@ against the CUDA version the driver reports, so an image wanting CUDA 13.1 does 
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 # CUDA major.minor -> minimum Linux x86_64/arm64-sbsa driver (GA release of that CUDA version).
@@ -72,12 +73,12 @@ def _env_map(env_list_or_labels) -> dict:
 
 
 def parse_require_cuda(text: str) -> list[list[dict]]:
-    """NVIDIA_REQUIRE_CUDA -> alternatives, each a list of {kind, op, value} (kind: cuda, driver, brand, arch, other)."""
+    """NVIDIA_REQUIRE_CUDA -> alternatives, each a list of {kind, op, value}; kind: cuda, driver, brand, arch, other."""
     alternatives = []
     for clause in (text or "").split():
         constraints = []
-        for part in clause.split(","):
-            part = part.strip()
+        for raw in clause.split(","):
+            part = raw.strip()
             if not part:
                 continue
             cm = _CUDA_CONSTRAINT_RE.match(part)
@@ -122,10 +123,8 @@ def image_cuda_requirement(env_list_or_labels) -> dict:
             if c["kind"] == "driver" and c["op"] in (">=", ">") and min_driver is None:
                 min_driver = c["value"]
     if min_cuda is None and cuda_version:
-        try:
+        with contextlib.suppress(ValueError):
             min_cuda, source = major_minor(cuda_version), "CUDA_VERSION"
-        except ValueError:
-            pass
     return {
         "cuda_version": cuda_version,
         "require_cuda": require,
@@ -163,7 +162,12 @@ def driver_supports_cuda(driver_version, cuda_version, driver_cuda_version=None)
     try:
         need = major_minor(cuda_version)
     except ValueError:
-        return {"ok": None, "status": "unknown", "min_driver": None, "reason": f"unreadable CUDA version {cuda_version!r}"}
+        return {
+            "ok": None,
+            "status": "unknown",
+            "min_driver": None,
+            "reason": f"unreadable CUDA version {cuda_version!r}",
+        }
     min_driver = MIN_DRIVER.get(need)
     if driver_cuda_version:
         try:
@@ -191,7 +195,12 @@ def driver_supports_cuda(driver_version, cuda_version, driver_cuda_version=None)
     try:
         ok = version_tuple(driver_version) >= version_tuple(min_driver)
     except ValueError:
-        return {"ok": None, "status": "unknown", "min_driver": min_driver, "reason": f"unreadable driver {driver_version!r}"}
+        return {
+            "ok": None,
+            "status": "unknown",
+            "min_driver": min_driver,
+            "reason": f"unreadable driver {driver_version!r}",
+        }
     if ok:
         reason = f"driver {driver_version} >= {min_driver}, the minimum for CUDA {need}"
     else:

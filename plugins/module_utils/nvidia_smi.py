@@ -96,10 +96,9 @@ def parse_query_csv(text: str, fields=QUERY_FIELDS) -> list[dict]:
         if tuple(header) == fields:
             continue  # `--format=csv` header line
         if len(cells) != len(fields):
-            raise NvidiaSmiError(
-                f"expected {len(fields)} comma-separated values ({', '.join(fields)}), got {len(cells)}: {line.strip()!r}"
-            )
-        rows.append({f: _value(c) for f, c in zip(fields, cells)})
+            want = f"{len(fields)} comma-separated values ({', '.join(fields)})"
+            raise NvidiaSmiError(f"expected {want}, got {len(cells)}: {line.strip()!r}")
+        rows.append({f: _value(c) for f, c in zip(fields, cells, strict=True)})
     if not rows:
         raise NvidiaSmiError("nvidia-smi printed no GPU rows")
     return rows

@@ -145,7 +145,9 @@ def check_roce_gid(device_info: dict, expected_ipv4: str, gid_index: int = 3, po
     result["found"] = found
     v2_at = sorted(i for i, g in entries.items() if g["ipv4"] == expected_ipv4 and g["type"] == "RoCE v2")
     if found and found["ipv4"] == expected_ipv4 and found["type"] == "RoCE v2":
-        result.update(ok=True, status="ok", at_index=gid_index, reason=f"{name} GID {gid_index} is RoCE v2 {expected_ipv4}")
+        result.update(
+            ok=True, status="ok", at_index=gid_index, reason=f"{name} GID {gid_index} is RoCE v2 {expected_ipv4}"
+        )
         return result
     elsewhere = [i for i in v2_at if i != gid_index]
     if found and found["ipv4"] == expected_ipv4:

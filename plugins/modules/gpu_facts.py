@@ -101,7 +101,8 @@ kernel_module_flavor:
   returned: always
   type: str
 kernel_module_matches:
-  description: Whether the loaded kernel module and the user-space driver have the same version; null when either is unknown.
+  description:
+    - Whether the loaded kernel module and the user-space driver have the same version; null when either is unknown.
   returned: always
   type: bool
 expected_branch:
@@ -109,7 +110,8 @@ expected_branch:
   returned: always
   type: str
 on_branch:
-  description: Whether every known version (driver and kernel module) is on I(expected_branch); false when none is known.
+  description:
+    - Whether every known version (driver and kernel module) is on I(expected_branch); false when none is known.
   returned: always
   type: bool
 branch_reason:
@@ -117,7 +119,8 @@ branch_reason:
   returned: always
   type: str
 cuda_driver_version:
-  description: Newest CUDA version the driver supports (C(CUDA Version) of the nvidia-smi banner); null when not obtainable.
+  description:
+    - Newest CUDA version the driver supports (C(CUDA Version) of the nvidia-smi banner); null when not obtainable.
   returned: always
   type: str
 """
@@ -207,7 +210,9 @@ def gather(p: dict) -> tuple[dict, str | None]:
             except NvidiaSmiError as exc:
                 error = f"could not read {smi} output: {exc}"
             else:
-                result.update(gpu_present=True, gpus=gpus, gpu_count=len(gpus), driver_version=gpus[0]["driver_version"])
+                result.update(
+                    gpu_present=True, gpus=gpus, gpu_count=len(gpus), driver_version=gpus[0]["driver_version"]
+                )
                 try:
                     rc2, banner, _ = _run([smi], p["timeout_s"])
                 except (SmiMissing, subprocess.TimeoutExpired):
@@ -236,7 +241,9 @@ def main():
     )
     p = module.params
     if not p["expected_branch"].isdigit():
-        module.fail_json(msg=f"expected_branch must be a driver branch number such as 580, got {p['expected_branch']!r}")
+        module.fail_json(
+            msg=f"expected_branch must be a driver branch number such as 580, got {p['expected_branch']!r}"
+        )
     if p["timeout_s"] <= 0:
         module.fail_json(msg=f"timeout_s must be positive, got {p['timeout_s']:g}")
     result, error = gather(p)

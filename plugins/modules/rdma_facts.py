@@ -27,7 +27,8 @@ options:
   expect:
     description:
       - Map of netdev to the IPv4 address it must carry as RoCE v2 GID I(gid_index), for example
-        C({enp1s0f1np1: 192.168.100.11, enP2p1s0f1np1: 192.168.101.11}) for both twins of the cabled port.
+        C(enp1s0f1np1) to C(192.168.100.11) and C(enP2p1s0f1np1) to C(192.168.101.11) for both twins of the
+        cabled port. An address written with a prefix length (C(/24)) is accepted.
     type: dict
     default: {}
   gid_index:
@@ -70,10 +71,10 @@ reason:
   type: str
 devices:
   description:
-    - RDMA devices by name, each with C(netdevs) and C(ports); a port (keyed by number, as a string) has C(state)
-      (for example C(4: ACTIVE)), C(active), C(phys_state), C(link_layer), C(rate), C(gid_table_size) and
-      C(gids), the non-empty GID entries with C(index), C(gid), C(type), C(ndev) and C(ipv4) (null unless
-      IPv4-mapped).
+    - RDMA devices by name, each with C(netdevs) and C(ports); a port (keyed by number, as a string) has C(state),
+      C(active), C(phys_state), C(link_layer), C(rate), C(gid_table_size) and C(gids), the non-empty GID entries
+      with C(index), C(gid), C(type), C(ndev) and C(ipv4) (null unless IPv4-mapped).
+    - "C(state) is the kernel's text, for example C(4: ACTIVE); C(rate) for example C(200 Gb/sec (2X NDR))."
   returned: always
   type: dict
 netdev_to_device:

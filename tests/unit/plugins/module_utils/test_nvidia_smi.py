@@ -44,7 +44,13 @@ def test_gb10_memory_is_na_unified_memory():
     fields = ["name", "driver_version", "memory.total", "memory.used", "memory.free"]
     rows = ns.parse_query_csv(fx("gb10_580.159.03_query_memory.csv"), fields)
     assert rows == [
-        {"name": "NVIDIA GB10", "driver_version": "580.159.03", "memory.total": None, "memory.used": None, "memory.free": None}
+        {
+            "name": "NVIDIA GB10",
+            "driver_version": "580.159.03",
+            "memory.total": None,
+            "memory.used": None,
+            "memory.free": None,
+        }
     ]
     gpu = ns.gpus_from_rows(rows)[0]
     assert gpu["memory_total_mib"] is None and gpu["memory_used_mib"] is None
@@ -99,7 +105,11 @@ def test_branch_and_branch_status():
     assert ns.driver_branch("580.159.04") == "580"
     assert ns.driver_branch("580.142") == "580"
     assert ns.driver_branch(None) is None and ns.driver_branch("N/A") is None
-    assert ns.branch_status("580", "580.159.04", "580.159.04") == {"on_branch": True, "branches": ["580"], "reason": None}
+    assert ns.branch_status("580", "580.159.04", "580.159.04") == {
+        "on_branch": True,
+        "branches": ["580"],
+        "reason": None,
+    }
     off = ns.branch_status("580", "590.44.01", "580.126.09")
     assert off["on_branch"] is False and off["branches"] == ["580", "590"]
     assert "590.44.01 is not on the 580 branch" in off["reason"]
