@@ -45,7 +45,10 @@ def node_sh(node: str, script: str, check: bool = True, timeout: float = 120) ->
     """Run a shell script on a simulated node (through docker exec, not Ansible)."""
     return subprocess.run(
         ["docker", "exec", node, "bash", "-c", script],
-        capture_output=True, text=True, check=check, timeout=timeout,
+        capture_output=True,
+        text=True,
+        check=check,
+        timeout=timeout,
     )
 
 
@@ -66,16 +69,22 @@ def ansible_env(extra: dict | None = None) -> dict:
 
 
 def run_playbook(
-    playbook: str, inventory: Path | str = ROOT / "inventory" / "sim", extra_vars: dict | None = None,
-    args: list[str] | None = None, timeout: float = 900, env: dict | None = None,
+    playbook: str,
+    *,
+    inventory: Path | str = ROOT / "inventory" / "sim",
+    extra_vars: dict | None = None,
+    args: list[str] | None = None,
+    timeout: float = 900,
+    env: dict | None = None,
 ) -> subprocess.CompletedProcess:
     cmd = [str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), str(ROOT / playbook)]
     if extra_vars:
         cmd += ["-e", json.dumps(extra_vars)]
     cmd += args or []
     t0 = time.monotonic()
-    res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=ansible_env(env), timeout=timeout,
-                         check=False)
+    res = subprocess.run(
+        cmd, capture_output=True, text=True, cwd=ROOT, env=ansible_env(env), timeout=timeout, check=False
+    )
     res.elapsed = time.monotonic() - t0  # type: ignore[attr-defined]
     return res
 
@@ -100,3 +109,40 @@ def copy_inventory(tmp_path: Path, mutate=None) -> Path:
         mutate(data)
     hosts.write_text(yaml.safe_dump(data))
     return inv
+
+
+def run_adhoc(host: str, module: str, args: dict, timeout: float = 300) -> dict:
+    """Run one module on one simulated node with `ansible` and return its result dict."""
+    cmd = [
+        str(VENV_BIN / "ansible"),
+        host,
+        "-i",
+        str(ROOT / "inventory" / "sim"),
+        "-b",
+        "-m",
+        module,
+        "-a",
+        json.dumps(args),
+    ]
+    env = ansible_env(
+        {
+            "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
+            "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json",
+            "ANSIBLE_CALLBACKS_ENABLED": "",
+        }
+    )
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=timeout, check=False)
+    try:
+        data = json.loads(res.stdout)
+    except json.JSONDecodeError as exc:
+        raise AssertionError(f"ansible printed no JSON: {res.stdout[-2000:]} {res.stderr[-2000:]}") from exc
+    return data["plays"][0]["tasks"][0]["hosts"][host]
+
+
+def api_key() -> str:
+    return (ROOT / "credentials" / "spark-sim" / "api_key").read_text().strip()
+
+
+HEAD_FAST = "10.213.0.11"
+WORKER_FAST = "10.213.0.12"
+ENDPOINT = f"http://{HEAD_FAST}:8000"

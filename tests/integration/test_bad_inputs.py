@@ -68,12 +68,26 @@ def ansible_over_fast_link(data):
 
 def _profile(**changes):
     base = {
-        "model": "sparkops-sim/tiny-test-model", "revision": "5157000000000000000000000000000000000001",
-        "served_model_name": "bad", "model_family": "sim", "gated": False, "weights_gib": 0.05,
-        "tensor_parallel_size": 2, "pipeline_parallel_size": 1, "enable_expert_parallel": True,
-        "quantization": "gptq_marlin", "kv_cache_dtype": "fp8", "attention_backend": "TRITON_ATTN",
-        "gpu_memory_utilization": 0.87, "max_model_len": 4096, "max_num_seqs": 4, "max_num_batched_tokens": 4096,
-        "max_cudagraph_capture_size": 2048, "enable_prefix_caching": True, "env": {}, "extra_args": [],
+        "model": "sparkops-sim/tiny-test-model",
+        "revision": "5157000000000000000000000000000000000001",
+        "served_model_name": "bad",
+        "model_family": "sim",
+        "gated": False,
+        "weights_gib": 0.05,
+        "tensor_parallel_size": 2,
+        "pipeline_parallel_size": 1,
+        "enable_expert_parallel": True,
+        "quantization": "gptq_marlin",
+        "kv_cache_dtype": "fp8",
+        "attention_backend": "TRITON_ATTN",
+        "gpu_memory_utilization": 0.87,
+        "max_model_len": 4096,
+        "max_num_seqs": 4,
+        "max_num_batched_tokens": 4096,
+        "max_cudagraph_capture_size": 2048,
+        "enable_prefix_caching": True,
+        "env": {},
+        "extra_args": [],
     }
     base.update(changes)
     return {"sparkops_serving_profiles_extra": {"bad": base}, "sparkops_serving_profile": "bad"}
@@ -98,17 +112,17 @@ VARS_CASES = {
     "TP larger than the GPUs": (_profile(tensor_parallel_size=4), "tensor_parallel_size"),
     "enforce-eager": (_profile(extra_args=["--enforce-eager"]), "enforce-eager"),
     "gpu-memory-utilization 0.95": (_profile(gpu_memory_utilization=0.95), "0.9"),
-    "CUTLASS FP4": (
-        _profile(quantization="modelopt_fp4", env={"VLLM_NVFP4_GEMM_BACKEND": "cutlass"}), "CUTLASS FP4"
-    ),
+    "CUTLASS FP4": (_profile(quantization="modelopt_fp4", env={"VLLM_NVFP4_GEMM_BACKEND": "cutlass"}), "CUTLASS FP4"),
     "mxfp4 on a non-gpt-oss model": (_profile(quantization="mxfp4"), "gpt-oss"),
     "wrong type for TP": (_profile(tensor_parallel_size="two"), "must be an integer"),
     "model too big to fit": (_profile(weights_gib=400), "fit"),
     "gated model without token": (
-        {**_profile(gated=True), "weight_cache_source": "hub"}, "gated model and no Hugging Face token"
+        {**_profile(gated=True), "weight_cache_source": "hub"},
+        "gated model and no Hugging Face token",
     ),
     "not enough disk for the weights": (
-        {**_profile(weights_gib=100000), "sparkops_node_memory_gib": 10000000}, "GiB free"
+        {**_profile(weights_gib=100000), "sparkops_node_memory_gib": 10000000},
+        "GiB free",
     ),
 }
 

@@ -1,0 +1,159 @@
+"""Faults and day-2 operations on the simulated cluster, in order.
+
+The molecule scenario has converged the cluster before these run (make test).
+Each test leaves the cluster serving again, so the order only matters for speed.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from conftest import ENDPOINT, NODES, ROOT, WORKER_FAST, api_key, node_sh, recap, run_adhoc, run_playbook
+
+pytestmark = pytest.mark.usefixtures("sim_cluster")
+
+
+def health(key: str | None = None, timeout_s: float = 20, checks=None) -> dict:
+    return run_adhoc(
+        "spark-sim-1",
+        "sparkops.cluster.vllm_health",
+        {
+            "base_url": ENDPOINT,
+            "api_key": key if key is not None else api_key(),
+            "model": "sim-tiny",
+            "timeout_s": timeout_s,
+            "checks": checks or ["health", "models", "completion"],
+        },
+    )
+
+
+def image_ids() -> dict:
+    out = {}
+    for node in NODES:
+        res = node_sh(node, "docker inspect --format '{{.Image}}' sparkops-ray", check=False)
+        out[node] = res.stdout.strip()
+    return out
+
+
+def state_file() -> dict:
+    return json.loads(node_sh("spark-sim-1", "cat /var/lib/sparkops/deployment.json").stdout)
+
+
+def test_noop_rerun_changes_nothing():
+    res = run_playbook("site.yml")
+    assert res.returncode == 0, res.stdout[-4000:]
+    counts = recap(res.stdout)
+    assert set(counts) == set(NODES)
+    assert all(c["changed"] == 0 for c in counts.values()), counts
+    print(f"\nno-op site.yml on two nodes: {res.elapsed:.1f} s")
+
+
+def test_wrong_api_key_is_reported_as_401():
+    out = health(key="not-the-key")
+    assert out.get("failed")
+    assert out["failure_kind"] == "unauthorized"
+    assert "401" in out["msg"]
+    assert "not-the-key" not in json.dumps(out)
+
+
+def test_interrupted_image_transfer_is_redone():
+    tag = state_file()["image"]
+    want = image_ids()["spark-sim-1"]
+    # A transfer cut off midway: the tag is gone and a truncated stream fails to load.
+    node_sh("spark-sim-2", f"docker image rm -f {tag} >/dev/null")
+    cut = node_sh(
+        "spark-sim-1",
+        f"set -o pipefail; docker save {tag} | head -c 20000000 | "
+        "ssh -i /root/.ssh/sparkops_fabric_ed25519 -o UserKnownHostsFile=/root/.ssh/sparkops_fabric_known_hosts "
+        f"-o BatchMode=yes root@{WORKER_FAST} docker load -q",
+        check=False,
+    )
+    assert cut.returncode != 0
+    assert node_sh("spark-sim-2", f"docker image inspect {tag}", check=False).returncode != 0
+    res = run_playbook("playbooks/image.yml")
+    assert res.returncode == 0, res.stdout[-4000:]
+    assert recap(res.stdout)["spark-sim-1"]["changed"] >= 1
+    got = node_sh("spark-sim-2", f"docker image inspect --format '{{{{.Id}}}}' {tag}").stdout.strip()
+    assert got == want
+
+
+def test_worker_down_then_back():
+    """A worker's Ray gone: the wait names it, the health check sees the dead engine, site.yml repairs."""
+    node_sh("spark-sim-2", "docker update --restart=no sparkops-ray >/dev/null && docker stop -t 2 sparkops-ray")
+    try:
+        res = run_playbook("playbooks/verify.yml", extra_vars={"ray_cluster_join_timeout_s": 60})
+        assert res.returncode != 0
+        assert WORKER_FAST in " ".join(res.stdout.split()), res.stdout[-3000:]
+        deadline = time.monotonic() + 90
+        seen = None
+        while time.monotonic() < deadline:
+            seen = health(timeout_s=5, checks=["health"])
+            if seen.get("failed") and seen.get("failure_kind") in ("server_error", "refused"):
+                break
+            time.sleep(3)
+        assert seen and seen.get("failed"), f"endpoint still healthy with a worker gone: {seen}"
+        assert seen["failure_kind"] in ("server_error", "refused"), seen
+    finally:
+        res = run_playbook("site.yml")
+    assert res.returncode == 0, res.stdout[-4000:]
+    assert not health().get("failed")
+
+
+def test_head_node_restart_brings_serving_back():
+    import subprocess
+
+    subprocess.run(["docker", "restart", "-t", "5", "spark-sim-1"], check=True, capture_output=True)
+    res = run_playbook("site.yml")
+    assert res.returncode == 0, res.stdout[-4000:]
+    assert not health().get("failed")
+
+
+def test_upgrade_to_a_new_image_commit():
+    before = state_file()
+    res = run_playbook("playbooks/upgrade.yml", extra_vars={"spark_vllm_image_ref": "sim-v2"})
+    assert res.returncode == 0, res.stdout[-5000:]
+    text = " ".join(res.stdout.split())
+    assert "downtime" in text
+    after = state_file()
+    assert after["image"] != before["image"]
+    assert after["image_ref"] == "sim-v2"
+    assert after["previous"]["image"] == before["image"]
+    # The old tag is kept on every node, for a rollback.
+    for node in NODES:
+        assert node_sh(node, f"docker image inspect {before['image']}", check=False).returncode == 0
+    assert len(set(image_ids().values())) == 1
+    assert not health().get("failed")
+
+
+def test_upgrade_to_a_broken_image_rolls_back():
+    before = state_file()
+    res = run_playbook("playbooks/upgrade.yml", extra_vars={"spark_vllm_image_ref": "sim-broken"})
+    text = " ".join(res.stdout.split())
+    assert res.returncode != 0
+    assert "was rolled back" in text, text[-4000:]
+    assert state_file() == before
+    assert not health().get("failed")
+    serving = node_sh("spark-sim-1", "docker inspect --format '{{.Config.Image}}' sparkops-vllm").stdout.strip()
+    assert serving == before["image"]
+
+
+def test_secrets_never_reach_output_or_files(tmp_path):
+    token, key = "hf_SPARKOPSsecretTOKEN0123456789", "sk-SPARKOPS-secret-api-key-0123456789"
+    res = run_playbook("site.yml", extra_vars={"sparkops_api_key": key, "sparkops_hf_token": token}, args=["-v"])
+    assert res.returncode == 0, res.stdout[-4000:]
+    out = res.stdout + res.stderr
+    assert token not in out and key not in out
+    assert not health(key=key).get("failed")
+    allowed = ROOT / "credentials"
+    for path in ROOT.rglob("*"):
+        if not path.is_file() or allowed in path.parents or ".venv" in path.parts or ".git" in path.parts:
+            continue
+        if path.stat().st_size > 50_000_000:
+            continue
+        data = path.read_bytes()
+        assert token.encode() not in data and key.encode() not in data, f"secret found in {path}"
+    # Back to the generated key for whatever runs next.
+    res = run_playbook("site.yml")
+    assert res.returncode == 0, res.stdout[-3000:]
