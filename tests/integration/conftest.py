@@ -128,7 +128,7 @@ def run_adhoc(host: str, module: str, args: dict, timeout: float = 300) -> dict:
         {
             "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
             "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json",
-            "ANSIBLE_CALLBACKS_ENABLED": "",
+            "ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.json",
         }
     )
     res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=timeout, check=False)
