@@ -401,9 +401,33 @@ def ensure_networks() -> None:
         )
 
 
+def node_config_id(node: dict, image: str, key: Path) -> str:
+    """What a node container was made from: this checkout's state dir, the image, the SSH key.
+
+    A container left by another checkout (or another CI run on a shared Docker engine) has the
+    same name but authorizes another key and mounts another state dir: it must be replaced,
+    never reused.
+    """
+    pub = Path(f"{key}.pub").read_text(encoding="utf-8")
+    blob = json.dumps([str(STATE.resolve()), image, pub, node], sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
 def start_node(node: dict, image: str, key: Path) -> None:
     name = node["name"]
+    config_id = node_config_id(node, image, key)
     state = container_state(name)
+    if state is not None:
+        res = run(
+            ["docker", "inspect", "-f", '{{index .Config.Labels "io.sparkops.sim.config"}}', name],
+            check=False,
+            capture=True,
+        )
+        if res.stdout.strip() != config_id:
+            log(f"{name}: replacing a container made by another checkout or an older image/key")
+            run(["docker", "rm", "-f", "-v", name], check=False, capture=True)
+            run(["docker", "volume", "rm", "-f", f"{name}-docker"], check=False, capture=True)
+            state = None
     if state == "running":
         return
     if state is not None:
@@ -450,6 +474,8 @@ def start_node(node: dict, image: str, key: Path) -> None:
         f"SIM_IFACES={' '.join(ifaces)}",
         "--label",
         "io.sparkops.sim=node",
+        "--label",
+        f"io.sparkops.sim.config={config_id}",
     ]
     for cap in CAPS:
         cmd += ["--cap-add", cap]
@@ -477,7 +503,7 @@ def wait_ssh(key: Path, timeout: float = 90) -> None:
             time.sleep(1)
     known.write_text("\n".join(lines) + "\n")
     for node in NODES:
-        run(
+        res = run(
             [
                 "ssh",
                 "-i",
@@ -491,8 +517,14 @@ def wait_ssh(key: Path, timeout: float = 90) -> None:
                 f"root@{node['mgmt']}",
                 "true",
             ],
+            check=False,
             capture=True,
         )
+        if res.returncode != 0:
+            sys.exit(
+                f"simctl: {node['name']} answers on port 22 but refuses this cluster's key "
+                f"({key}): {res.stderr.strip()}\nRun `make sim-down` and `make sim-up` to recreate the nodes."
+            )
 
 
 def wait_node_docker(name: str, timeout: float = 60) -> None:
