@@ -120,6 +120,7 @@ def ensure_host() -> None:
             ("debootstrap", "debootstrap"),
             ("rsync", "rsync"),
             ("openssh-client", "ssh"),
+            ("openssh-server", "sshd"),
             ("iproute2", "ip"),
             ("zstd", "zstd"),
         )

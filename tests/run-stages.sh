@@ -54,13 +54,13 @@ lint() {
 }
 
 unit() {
-    stage pytest-unit pytest_stage -q tests/unit
+    SPARKOPS_REQUIRE_SSHD=1 stage pytest-unit pytest_stage -q tests/unit
 }
 
 sim() {
     stage sim-up make -s sim-up
     stage molecule molecule test -s default
-    stage integration pytest_stage -q tests/integration
+    SPARKOPS_REQUIRE_SIM=1 stage integration pytest_stage -q tests/integration
     [ "${SPARKOPS_KEEP_SIM:-0}" = 1 ] || stage sim-down make -s sim-down
 }
 

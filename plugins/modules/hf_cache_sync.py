@@ -1,0 +1,622 @@
+#!/usr/bin/python
+# Copyright: sparkops maintainers
+# Apache-2.0
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: hf_cache_sync
+short_description: Copy one model of a Hugging Face hub cache to other nodes over the fast link
+description:
+  - Runs on the node that holds the model (the source). For each target it reads the target's
+    manifest over SSH, copies only what the target lacks or holds with the wrong size (or, with
+    I(verify=full), the wrong content), then creates the snapshot links and refs, and checks the
+    result. Nothing on a target is ever deleted.
+  - The copy runs as I(streams) parallel rsync processes (whole files, no delta: the blobs are
+    immutable and the link is fast), bound to I(source_address) so it leaves on the fast link.
+  - I(transport=ssh) encrypts with I(ssh_cipher) (AES-GCM is the cheapest on the GB10's Arm cores).
+    I(transport=rsyncd) starts, over SSH, a temporary rsync daemon on each target bound to the
+    target's fast-link address, accepting only I(source_address) with a one-time password; it
+    stops when the copy ends (or this module dies). No encryption: use it on a private cable.
+  - Before anything is copied, every target's free space is checked against what the copy needs
+    plus I(min_free_bytes_margin); the module fails naming the target and the figures.
+  - Check mode reads every manifest and returns the plan.
+version_added: "0.1.0"
+author:
+  - sparkops maintainers
+options:
+  cache_dir:
+    description: The hub cache on the source (C($HF_HOME/hub)).
+    type: path
+    required: true
+  target_cache_dir:
+    description: The hub cache on the targets. Defaults to I(cache_dir).
+    type: path
+  model:
+    description: Model id, C(org/name).
+    type: str
+    required: true
+  revision:
+    description: Commit sha or ref name (C(main)) of the snapshot to copy.
+    type: str
+    required: true
+  targets:
+    description:
+      - Fast-link addresses of the nodes to copy to (never their management addresses).
+    type: list
+    elements: str
+    required: true
+  source_address:
+    description: This node's fast-link address; SSH and rsync connect from it.
+    type: str
+    required: true
+  transport:
+    description: How the bytes travel (see the description).
+    type: str
+    choices: [ssh, rsyncd]
+    default: ssh
+  streams:
+    description: Parallel rsync processes per target; blobs are split among them by size.
+    type: int
+    default: 4
+  verify:
+    description:
+      - C(sizes) compares sizes (a blob is named by its hash and never changes).
+      - C(full) hashes every blob on the source and on each target first, re-copies the ones
+        that do not match, and hashes what was copied.
+    type: str
+    choices: [sizes, full]
+    default: sizes
+  ssh_user:
+    description: User on the targets.
+    type: str
+    default: root
+  ssh_key:
+    description: Private key for the targets (the fabric key, authorized only from the fast subnets).
+    type: path
+  ssh_cipher:
+    description: SSH cipher for I(transport=ssh) and for the control channel.
+    type: str
+    default: aes128-gcm@openssh.com
+  ssh_extra_args:
+    description: More C(ssh) arguments, for example C(-o UserKnownHostsFile=...).
+    type: list
+    elements: str
+    default: []
+  rsyncd_port:
+    description: TCP port of the temporary rsync daemon (I(transport=rsyncd)).
+    type: int
+    default: 8873
+  min_free_bytes_margin:
+    description: Bytes a target must still have free after the copy.
+    type: int
+    default: 0
+  progress_file:
+    description: A JSON file rewritten every few seconds with bytes done, total and rate.
+    type: path
+  connect_timeout_s:
+    description: SSH connect timeout.
+    type: int
+    default: 15
+  io_timeout_s:
+    description: rsync's I/O timeout (C(--timeout)); a stalled stream fails after this.
+    type: int
+    default: 300
+"""
+
+EXAMPLES = r"""
+- name: Sync the weights to the second Spark over the QSFP cable
+  sparkops.cluster.hf_cache_sync:
+    cache_dir: /var/lib/sparkops/huggingface/hub
+    model: Qwen/Qwen3-235B-A22B-GPTQ-Int4
+    revision: main
+    targets: [192.168.100.11]
+    source_address: 192.168.100.10
+    transport: rsyncd
+    streams: 8
+    ssh_key: /root/.ssh/sparkops_fabric_ed25519
+    ssh_extra_args: [-o, UserKnownHostsFile=/root/.ssh/sparkops_fabric_known_hosts]
+    min_free_bytes_margin: 21474836480
+  async: 7200
+  poll: 10
+"""
+
+RETURN = r"""
+revision:
+  description: The commit that was synced.
+  returned: always
+  type: str
+totals:
+  description: bytes_copied, files_copied, seconds (copy time) and MB_per_s (10^6 bytes/s) over all targets.
+  returned: always
+  type: dict
+targets:
+  description: Per target - address, plan (missing, mismatched, hash_failed, bytes_to_copy), what was done, rate.
+  returned: always
+  type: list
+  elements: dict
+"""
+
+import contextlib
+import inspect
+import ipaddress
+import json
+import os
+import secrets
+import select
+import shlex
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.sparkops.cluster.plugins.module_utils import hf_cache
+
+# Runs on a target: reads hf_cache's source (length-prefixed) from stdin, then its JSON arguments.
+REMOTE_BOOT = (
+    "import sys;n=int(sys.stdin.buffer.readline());src=sys.stdin.buffer.read(n);"
+    "g={'__name__':'sparkops_hf_cache_remote'};exec(compile(src,'sparkops_hf_cache.py','exec'),g);"
+    "sys.exit(g['remote_main']())"
+)
+RSYNC_USER = "sparkops"
+
+
+class SyncError(Exception):
+    """A failure with a message for the user."""
+
+
+def helper_source() -> bytes:
+    return inspect.getsource(hf_cache).encode()
+
+
+class Target:
+    def __init__(self, module: AnsibleModule, address: str):
+        self.m = module
+        self.p = module.params
+        self.address = address
+        self.repo = hf_cache.repo_dir(self.p["target_cache_dir"] or self.p["cache_dir"], self.p["model"])
+
+    def ssh_argv(self) -> list:
+        p = self.p
+        argv = [
+            "ssh",
+            "-l",
+            p["ssh_user"],
+            "-b",
+            p["source_address"],
+            "-c",
+            p["ssh_cipher"],
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            f"ConnectTimeout={p['connect_timeout_s']}",
+            "-o",
+            "ServerAliveInterval=15",
+        ]
+        if p["ssh_key"]:
+            argv += ["-i", p["ssh_key"], "-o", "IdentitiesOnly=yes"]
+        return argv + list(p["ssh_extra_args"])
+
+    def _payload(self, args: dict) -> bytes:
+        src = helper_source()
+        return b"%d\n" % len(src) + src + json.dumps(args).encode() + b"\n"
+
+    @staticmethod
+    def _result(text: str, address: str, action: str) -> dict:
+        for line in reversed(text.splitlines()):
+            if line.startswith(hf_cache.RESULT_MARK):
+                res = json.loads(line[len(hf_cache.RESULT_MARK) :])
+                if "error" in res:
+                    raise SyncError(f"{address}: {action} failed on the node: {res['error']}")
+                return res
+        return {}
+
+    def call(self, action: str, timeout: float = 3600, **args) -> dict:
+        argv = [*self.ssh_argv(), self.address, "python3 -c " + shlex.quote(REMOTE_BOOT)]
+        try:
+            proc = subprocess.run(
+                argv, input=self._payload({"action": action, **args}), capture_output=True, timeout=timeout
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise SyncError(f"{self.address}: {action} over ssh did not finish in {timeout:.0f} s") from exc
+        out = proc.stdout.decode(errors="replace")
+        res = self._result(out, self.address, action)
+        if res:
+            return res
+        err = proc.stderr.decode(errors="replace").strip()
+        raise SyncError(
+            f"ssh to {self.address} from {self.p['source_address']} failed (rc {proc.returncode}): {err[-800:]}. "
+            "Check that the fabric key is authorized on the target for the fast subnets "
+            "(role fabric_ssh), that the target's fast link is up, and that python3 is installed there."
+        )
+
+
+def local_address_ok(address: str) -> bool:
+    """Whether ``address`` is one of this node's addresses (binding to it works)."""
+    fam = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(fam, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((address, 0))
+        except OSError:
+            return False
+    return True
+
+
+class Progress:
+    """Bytes done across the copy, written to a JSON file at most every 2 s."""
+
+    def __init__(self, path: str | None, target: str, total: int):
+        self.path, self.target, self.total = path, target, total
+        self.done = 0
+        self.files = 0
+        self.start = time.monotonic()
+        self.lock = threading.Lock()
+        self.last_write = 0.0
+
+    def add(self, size: int) -> None:
+        with self.lock:
+            self.done += size
+            self.files += 1
+            now = time.monotonic()
+            if now - self.last_write >= 2.0:
+                self.last_write = now
+                self.write()
+
+    def write(self, final: bool = False) -> None:
+        if not self.path:
+            return
+        elapsed = max(time.monotonic() - self.start, 1e-6)
+        state = {
+            "target": self.target,
+            "bytes_done": self.done,
+            "bytes_total": self.total,
+            "files_done": self.files,
+            "MB_per_s": round(self.done / 1e6 / elapsed, 1),
+            "finished": final,
+            "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        with contextlib.suppress(OSError):
+            os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+            tmp = self.path + ".tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(state, f)
+            os.replace(tmp, self.path)
+
+
+def run_stream(argv: list, env: dict | None, files: list, repo: str, progress: Progress, timeout: float) -> tuple:
+    """One rsync process copying ``files`` (relative to ``repo``); returns (rc, stderr tail)."""
+    with tempfile.NamedTemporaryFile("wb", prefix="sparkops-files-", delete=False) as lst:
+        lst.write(b"\0".join(f.encode() for f in files) + b"\0")
+    try:
+        cmd = [*argv[:1], f"--files-from={lst.name}", "--from0", *argv[1:]]
+        proc = subprocess.Popen(
+            cmd, cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=False
+        )
+        errors: list = []
+
+        def drain_err() -> None:
+            errors.append(proc.stderr.read())
+
+        t = threading.Thread(target=drain_err, daemon=True)
+        t.start()
+        deadline = time.monotonic() + timeout
+        for raw in proc.stdout:  # "<name> <size>" per finished file (--out-format)
+            parts = raw.decode(errors="replace").rsplit(" ", 1)
+            # Implied parent directories are listed too ("blobs/ 4096"): count files only.
+            if len(parts) == 2 and parts[1].strip().isdigit() and not parts[0].endswith("/"):
+                progress.add(int(parts[1]))
+            if time.monotonic() > deadline:
+                proc.kill()
+        try:
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        t.join(timeout=10)
+        return proc.returncode, b"".join(e for e in errors if e).decode(errors="replace")[-800:]
+    finally:
+        os.unlink(lst.name)
+
+
+def rsync_common(p: dict) -> list:
+    return [
+        "rsync",
+        "--archive",
+        "--whole-file",  # no delta search: blobs are immutable, the link is faster than the CPU
+        "--ignore-times",  # copy exactly the list (a same-size corrupt blob is on it)
+        "--numeric-ids",
+        f"--timeout={p['io_timeout_s']}",
+        "--out-format=%n %l",
+    ]
+
+
+class Rsyncd:
+    """A temporary rsync daemon on a target, alive while our ssh channel is open."""
+
+    def __init__(self, target: Target, module: AnsibleModule):
+        self.t, self.m, self.p = target, module, module.params
+        self.secret = secrets.token_hex(24)
+        self.proc = None
+
+    def __enter__(self):
+        t, p = self.t, self.p
+        args = {
+            "action": "rsyncd",
+            "address": t.address,
+            "port": p["rsyncd_port"],
+            "path": p["target_cache_dir"] or p["cache_dir"],
+            "allow": p["source_address"],
+            "user": RSYNC_USER,
+            "secret": self.secret,
+            "timeout": p["io_timeout_s"],
+        }
+        argv = [*t.ssh_argv(), t.address, "python3 -c " + shlex.quote(REMOTE_BOOT)]
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.proc.stdin.write(t._payload(args))
+        self.proc.stdin.flush()
+        buf = b""
+        deadline = time.monotonic() + p["connect_timeout_s"] + 20
+        fd = self.proc.stdout.fileno()
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([fd], [], [], 0.5)
+            if ready:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    break
+                buf += chunk
+                text = buf.decode(errors="replace")
+                if hf_cache.READY_MARK in text:
+                    return self
+                if hf_cache.RESULT_MARK in text:
+                    break
+        self._close()
+        err = self.proc.stderr.read().decode(errors="replace").strip() if self.proc.stderr else ""
+        res = {}
+        with contextlib.suppress(SyncError):
+            res = Target._result(buf.decode(errors="replace"), t.address, "rsyncd")
+        raise SyncError(
+            f"{t.address}: the temporary rsync daemon did not start on port {p['rsyncd_port']}: "
+            f"{res.get('error') or buf.decode(errors='replace').strip()[-400:] or err[-400:]}. "
+            "Is the port free (rsyncd_port)? Or use transport: ssh."
+        )
+
+    def _close(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self.proc.stdin.close()  # EOF on the channel stops the daemon
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def __exit__(self, *exc):
+        self._close()
+        return False
+
+    def argv_env(self, repo_rel: str) -> tuple:
+        p = self.p
+        url = f"rsync://{RSYNC_USER}@{self.t.address}:{p['rsyncd_port']}/hf/{repo_rel}/"
+        env = dict(os.environ, RSYNC_PASSWORD=self.secret)
+        return [*rsync_common(p), f"--address={p['source_address']}", "./", url], env
+
+
+def plan_for(target: Target, src_manifest: dict, verify: str) -> dict:
+    probe = target.call(
+        "manifest",
+        timeout=7200,
+        repo=target.repo,
+        revision=src_manifest["revision"],
+        all_blobs=True,  # a blob no link points at yet (an interrupted run) still counts
+        hash=src_manifest["blobs"] if verify == "full" else {},
+    )
+    if not probe.get("rsync"):
+        raise SyncError(f"{target.address}: rsync is not installed on the target (apt-get install rsync)")
+    dst = probe["manifest"]
+    diff = hf_cache.diff_manifests(src_manifest, dst)
+    for name in probe.get("hash_failed", []):
+        if f"blobs/{name}" not in diff["copy"]:
+            diff["copy"][f"blobs/{name}"] = src_manifest["blobs"][name]
+            diff["bytes_to_copy"] += src_manifest["blobs"][name]
+            diff["in_sync"] = False
+    return {
+        "address": target.address,
+        "repo_path": probe["repo_path"],
+        "free_bytes": probe["free_bytes"],
+        "free_path": probe["free_path"],
+        "missing": diff["missing"],
+        "mismatched": diff["mismatched"],
+        "hash_failed": probe.get("hash_failed", []),
+        "copy": diff["copy"],
+        "links": {**diff["links_create"], **diff["links_fix"]},
+        "refs": diff["refs_update"],
+        "bytes_to_copy": diff["bytes_to_copy"],
+        "bytes_needed": diff["bytes_needed"],
+        "in_sync": diff["in_sync"],
+    }
+
+
+def gib(n: int) -> str:
+    return f"{n / 1073741824:.1f} GiB"
+
+
+def sync_target(module: AnsibleModule, target: Target, plan: dict, src_repo: str) -> dict:
+    p = module.params
+    done = {"stale_temp_removed": [], "bytes_copied": 0, "files_copied": 0, "seconds": 0.0, "MB_per_s": None}
+    mk = target.call("mkdirs", repo=target.repo)
+    done["stale_temp_removed"] = mk.get("stale_temp_removed", [])
+    if plan["copy"]:
+        progress = Progress(p["progress_file"], target.address, plan["bytes_to_copy"])
+        lists = hf_cache.plan_streams(plan["copy"], p["streams"])
+        repo_rel = os.path.basename(target.repo)
+        start = time.monotonic()
+        with contextlib.ExitStack() as stack:
+            if p["transport"] == "rsyncd":
+                daemon = stack.enter_context(Rsyncd(target, module))
+                argv, env = daemon.argv_env(repo_rel)
+            else:
+                argv = [*rsync_common(p), "-e", shlex.join(target.ssh_argv()), "./", f"{target.address}:{target.repo}/"]
+                env = None
+            with ThreadPoolExecutor(max_workers=len(lists)) as pool:
+                futures = [
+                    pool.submit(run_stream, argv, env, files, src_repo, progress, 4 * 3600) for files in lists
+                ]
+                results = [f.result() for f in futures]
+        elapsed = time.monotonic() - start
+        progress.write(final=True)
+        failed = [(rc, err) for rc, err in results if rc != 0]
+        if failed:
+            rc, err = failed[0]
+            raise SyncError(
+                f"{target.address}: rsync failed (rc {rc}) in {len(failed)} of {len(lists)} stream(s): {err.strip()}. "
+                "What was copied stays; run again to copy the rest."
+            )
+        done.update(
+            bytes_copied=plan["bytes_to_copy"],
+            files_copied=len(plan["copy"]),
+            seconds=round(elapsed, 2),
+            MB_per_s=round(plan["bytes_to_copy"] / 1e6 / max(elapsed, 1e-6), 1),
+        )
+    if plan["links"] or plan["refs"]:
+        done.update(target.call("links", repo=target.repo, links=plan["links"], refs=plan["refs"]))
+    return done
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "cache_dir": {"type": "path", "required": True},
+            "target_cache_dir": {"type": "path"},
+            "model": {"type": "str", "required": True},
+            "revision": {"type": "str", "required": True},
+            "targets": {"type": "list", "elements": "str", "required": True},
+            "source_address": {"type": "str", "required": True},
+            "transport": {"type": "str", "choices": ["ssh", "rsyncd"], "default": "ssh"},
+            "streams": {"type": "int", "default": 4},
+            "verify": {"type": "str", "choices": ["sizes", "full"], "default": "sizes"},
+            "ssh_user": {"type": "str", "default": "root"},
+            "ssh_key": {"type": "path"},
+            "ssh_cipher": {"type": "str", "default": "aes128-gcm@openssh.com"},
+            "ssh_extra_args": {"type": "list", "elements": "str", "default": []},
+            "rsyncd_port": {"type": "int", "default": 8873},
+            "min_free_bytes_margin": {"type": "int", "default": 0},
+            "progress_file": {"type": "path"},
+            "connect_timeout_s": {"type": "int", "default": 15},
+            "io_timeout_s": {"type": "int", "default": 300},
+        },
+        supports_check_mode=True,
+    )
+    p = module.params
+    result = {"changed": False, "revision": None, "targets": [], "totals": {}}
+
+    def fail(msg: str) -> None:
+        module.fail_json(msg=msg, **result)
+
+    # ---- arguments
+    if not 1 <= p["streams"] <= 64:
+        fail(f"streams={p['streams']}: use 1 to 64 parallel rsync processes")
+    if not 1 <= p["rsyncd_port"] <= 65535:
+        fail(f"rsyncd_port={p['rsyncd_port']} is not a TCP port")
+    if p["min_free_bytes_margin"] < 0:
+        fail("min_free_bytes_margin must be >= 0")
+    for addr in [p["source_address"], *p["targets"]]:
+        try:
+            ipaddress.ip_address(addr)
+        except ValueError:
+            fail(f"{addr!r} is not an IP address: give the nodes' fast-link addresses (sparkops_fast_links)")
+    if p["source_address"] in p["targets"]:
+        fail(f"the source {p['source_address']} is among the targets: list only the other nodes")
+    if len(set(p["targets"])) != len(p["targets"]):
+        fail(f"targets has duplicates: {p['targets']}")
+    if not local_address_ok(p["source_address"]):
+        fail(
+            f"source_address {p['source_address']} is not an address of this node: the sync must leave on "
+            "this node's fast link. Check sparkops_fast_links and that the link is configured (roce_network)."
+        )
+    if p["ssh_key"] and not os.path.isfile(p["ssh_key"]):
+        fail(f"ssh_key {p['ssh_key']} does not exist on this node (run the fabric_ssh role first)")
+    try:
+        src_repo = hf_cache.repo_dir(p["cache_dir"], p["model"])
+        targets = [Target(module, a) for a in p["targets"]]
+    except ValueError as exc:
+        fail(str(exc))
+
+    # ---- the source must be complete (and, with verify=full, correct)
+    src = hf_cache.build_manifest(src_repo, p["revision"])
+    result["revision"] = src["revision"]
+    if not src["revision_found"]:
+        fail(f"{p['model']}@{p['revision']} is not in {p['cache_dir']} on this node: download it first")
+    if src["missing_blobs"]:
+        fail(
+            f"{p['model']}@{p['revision']} is incomplete on the source: {len(src['missing_blobs'])} blob(s) missing "
+            f"({', '.join(src['missing_blobs'][:3])}). Download it again before syncing."
+        )
+    if p["verify"] == "full":
+        bad = hf_cache.failing_blobs(os.path.join(src_repo, "blobs"), list(src["blobs"]))
+        if bad:
+            fail(
+                f"{len(bad)} blob(s) on the source do not match their hash ({', '.join(bad[:3])}): "
+                "delete them and download again; nothing was copied"
+            )
+
+    # ---- plan every target, check space everywhere before copying anywhere
+    try:
+        plans = [plan_for(t, src, p["verify"]) for t in targets]
+    except SyncError as exc:
+        fail(str(exc))
+    short = []
+    for plan in plans:
+        if plan["free_bytes"] - plan["bytes_needed"] < p["min_free_bytes_margin"]:
+            short.append(
+                f"{plan['address']} needs {gib(plan['bytes_needed'])} for the copy plus "
+                f"{gib(p['min_free_bytes_margin'])} margin but has {gib(plan['free_bytes'])} free on {plan['free_path']}"
+            )
+    result["targets"] = [
+        {k: v for k, v in plan.items() if k not in ("copy", "links")}
+        | {"files_to_copy": len(plan["copy"]), "links_to_write": len(plan["links"])}
+        for plan in plans
+    ]
+    if short:
+        fail("not enough space, nothing was copied: " + "; ".join(short) + ". Free space or lower weight_cache_min_free_gib.")
+    result["changed"] = not all(plan["in_sync"] for plan in plans)
+    total_bytes = sum(plan["bytes_to_copy"] for plan in plans)
+    result["totals"] = {"bytes_to_copy": total_bytes, "bytes_copied": 0, "files_copied": 0, "seconds": 0.0}
+    if module.check_mode or not result["changed"]:
+        module.exit_json(**result)
+
+    # ---- copy
+    copy_seconds = 0.0
+    for plan, target, summary in zip(plans, targets, result["targets"], strict=True):
+        if plan["in_sync"]:
+            continue
+        try:
+            done = sync_target(module, target, plan, src_repo)
+        except SyncError as exc:
+            fail(str(exc))
+        summary.update(done)
+        copy_seconds += done["seconds"]
+        result["totals"]["bytes_copied"] += done["bytes_copied"]
+        result["totals"]["files_copied"] += done["files_copied"]
+        # ---- check what is there now
+        try:
+            after = plan_for(target, src, "full" if p["verify"] == "full" else "sizes")
+        except SyncError as exc:
+            fail(str(exc))
+        if not after["in_sync"]:
+            fail(
+                f"{target.address}: after the copy the target still differs from the source "
+                f"(missing {after['missing'][:3]}, wrong size {after['mismatched'][:3]}, "
+                f"wrong hash {after['hash_failed'][:3]}). Check the target's disk and run again."
+            )
+    result["totals"]["seconds"] = round(copy_seconds, 2)
+    result["totals"]["MB_per_s"] = (
+        round(result["totals"]["bytes_copied"] / 1e6 / copy_seconds, 1) if copy_seconds > 0 else None
+    )
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,183 @@
+"""hf_cache_manifest and hf_cache_sync against a real sshd and real rsync on loopback.
+
+The target is 127.0.0.2 (sshd bound there, key authorized ``from="127.0.0.1"`` only, like the fabric
+key on the fast subnets); the source binds 127.0.0.1. Nothing leaves loopback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+from hf_cache_helpers import MODEL, REVISION, LoopbackSshd, make_model, sshd_available
+from module_runner import run_module
+
+from ansible_collections.sparkops.cluster.plugins.modules import hf_cache_manifest, hf_cache_sync
+
+REASON = sshd_available()
+
+
+@pytest.fixture
+def sshd(tmp_path):
+    if REASON:
+        if os.environ.get("SPARKOPS_REQUIRE_SSHD") == "1":
+            pytest.fail(f"SPARKOPS_REQUIRE_SSHD=1 but {REASON}")
+        pytest.skip(REASON)
+    (tmp_path / "ssh").mkdir()
+    server = LoopbackSshd(tmp_path / "ssh").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def caches(tmp_path):
+    src = tmp_path / "src-hub"
+    dst = tmp_path / "dst-hub"
+    model = make_model(src, shards=4, shard_bytes=512 * 1024)
+    dst.mkdir()
+    return {"src": src, "dst": dst, "names": model["names"]}
+
+
+def sync_args(sshd, caches, **kw):
+    args = {
+        "cache_dir": str(caches["src"]),
+        "target_cache_dir": str(caches["dst"]),
+        "model": MODEL,
+        "revision": "main",
+        "streams": 3,
+        **sshd.module_args(),
+    }
+    args.update(kw)
+    return args
+
+
+def target_manifest(caches, verify="sizes"):
+    return run_module(
+        hf_cache_manifest,
+        {"cache_dir": str(caches["dst"]), "model": MODEL, "revision": REVISION, "verify": verify},
+    )
+
+
+def test_manifest_module_reports_complete_and_fails_when_required(caches):
+    res = run_module(hf_cache_manifest, {"cache_dir": str(caches["src"]), "model": MODEL, "revision": "main"})
+    assert not res.get("failed") and not res["changed"]
+    assert res["present"] and res["complete"] and res["revision"] == REVISION
+    assert len(res["manifest"]["blobs"]) == 5
+    res = run_module(
+        hf_cache_manifest,
+        {"cache_dir": str(caches["dst"]), "model": MODEL, "revision": REVISION, "require_complete": True},
+    )
+    assert res["failed"] and "is not in" in res["msg"] and "Download the model again" in res["msg"]
+    res = run_module(hf_cache_manifest, {"cache_dir": str(caches["src"]), "model": "../etc", "revision": "main"})
+    assert res["failed"] and "not a Hugging Face model id" in res["msg"]
+
+
+def test_sync_copies_everything_then_nothing(sshd, caches, tmp_path):
+    progress = tmp_path / "progress.json"
+    check = run_module(hf_cache_sync, sync_args(sshd, caches), check_mode=True)
+    assert check["changed"] and check["totals"]["bytes_to_copy"] > 2 * 1024 * 1024
+    assert not (caches["dst"] / f"models--{MODEL.replace('/', '--')}").exists(), "check mode wrote on the target"
+
+    res = run_module(hf_cache_sync, sync_args(sshd, caches, progress_file=str(progress)))
+    assert not res.get("failed"), res.get("msg")
+    assert res["changed"]
+    assert res["totals"]["files_copied"] == 5
+    assert res["totals"]["bytes_copied"] == check["totals"]["bytes_to_copy"]
+    assert res["totals"]["MB_per_s"] > 0
+    assert json.loads(progress.read_text())["bytes_done"] == res["totals"]["bytes_copied"]
+    m = target_manifest(caches, verify="full")
+    assert m["complete"], m
+    # Links are relative, as huggingface_hub writes them, so the cache can be mounted anywhere.
+    link = caches["dst"] / f"models--{MODEL.replace('/', '--')}" / "snapshots" / REVISION / "config.json"
+    assert os.readlink(link).startswith("../../blobs/")
+    again = run_module(hf_cache_sync, sync_args(sshd, caches))
+    assert not again.get("failed") and not again["changed"]
+    assert again["totals"]["bytes_copied"] == 0
+
+
+def test_interrupted_sync_copies_only_what_is_missing(sshd, caches):
+    assert not run_module(hf_cache_sync, sync_args(sshd, caches)).get("failed")
+    repo = caches["dst"] / f"models--{MODEL.replace('/', '--')}"
+    names = caches["names"]
+    # As a killed copy leaves it: one blob absent, one cut short, an rsync temp file.
+    (repo / "blobs" / names["model-00001-of-00004.safetensors"]).unlink()
+    cut = repo / "blobs" / names["model-00002-of-00004.safetensors"]
+    cut.write_bytes(cut.read_bytes()[:4096])
+    temp = repo / "blobs" / ("." + names["model-00001-of-00004.safetensors"] + ".aB3dE9")
+    temp.write_bytes(b"partial")
+    untouched = repo / "blobs" / names["model-00003-of-00004.safetensors"]
+    before = untouched.stat().st_ino, untouched.stat().st_mtime_ns
+    res = run_module(hf_cache_sync, sync_args(sshd, caches))
+    assert not res.get("failed"), res.get("msg")
+    assert res["totals"]["files_copied"] == 2
+    assert res["totals"]["bytes_copied"] == 2 * 512 * 1024
+    assert res["targets"][0]["stale_temp_removed"] == [temp.name]
+    assert (untouched.stat().st_ino, untouched.stat().st_mtime_ns) == before, "a complete blob was copied again"
+    assert target_manifest(caches, verify="full")["complete"]
+
+
+def test_corrupt_blob_is_found_and_recopied_only_with_full_verify(sshd, caches):
+    assert not run_module(hf_cache_sync, sync_args(sshd, caches)).get("failed")
+    repo = caches["dst"] / f"models--{MODEL.replace('/', '--')}"
+    bad = repo / "blobs" / caches["names"]["model-00004-of-00004.safetensors"]
+    data = bytearray(bad.read_bytes())
+    data[12345] ^= 0x01
+    bad.write_bytes(bytes(data))
+    sizes_only = run_module(hf_cache_sync, sync_args(sshd, caches))
+    assert not sizes_only["changed"], "a same-size corruption cannot be seen by sizes"
+    res = run_module(hf_cache_sync, sync_args(sshd, caches, verify="full"))
+    assert not res.get("failed"), res.get("msg")
+    assert res["changed"] and res["targets"][0]["hash_failed"] == [bad.name]
+    assert res["totals"]["files_copied"] == 1
+    assert target_manifest(caches, verify="full")["complete"]
+
+
+def test_not_enough_space_is_refused_with_figures_and_copies_nothing(sshd, caches):
+    res = run_module(hf_cache_sync, sync_args(sshd, caches, min_free_bytes_margin=1 << 60))
+    assert res["failed"]
+    assert "not enough space, nothing was copied" in res["msg"]
+    assert "127.0.0.2 needs 0.0 GiB for the copy" in res["msg"] and "free on" in res["msg"]
+    assert not (caches["dst"] / f"models--{MODEL.replace('/', '--')}" / "blobs").exists()
+
+
+def test_rsyncd_transport_copies_and_stops_its_daemon(sshd, caches):
+    from hf_cache_helpers import free_port
+
+    port = free_port()
+    res = run_module(hf_cache_sync, sync_args(sshd, caches, transport="rsyncd", rsyncd_port=port))
+    assert not res.get("failed"), res.get("msg")
+    assert res["totals"]["files_copied"] == 5
+    assert target_manifest(caches, verify="full")["complete"]
+    # The daemon is gone once the module returns: nothing listens on its port any more.
+    import socket
+
+    with socket.socket() as s, pytest.raises(OSError):
+        s.settimeout(1)
+        s.connect(("127.0.0.2", port))
+
+
+def test_source_address_must_be_local_and_targets_valid(sshd, caches):
+    res = run_module(hf_cache_sync, sync_args(sshd, caches, source_address="10.255.255.1"))
+    assert res["failed"] and "is not an address of this node" in res["msg"]
+    res = run_module(hf_cache_sync, sync_args(sshd, caches, targets=["spark-2"]))
+    assert res["failed"] and "is not an IP address" in res["msg"]
+    res = run_module(hf_cache_sync, sync_args(sshd, caches, streams=0))
+    assert res["failed"] and "1 to 64" in res["msg"]
+
+
+def test_key_not_authorized_from_another_address_fails_clearly(sshd, caches):
+    # The key is authorized from 127.0.0.1 only: connecting from 127.0.0.3 (a "management LAN")
+    # must be refused, as the fabric key refuses anything but the fast subnets.
+    res = run_module(hf_cache_sync, sync_args(sshd, caches, source_address="127.0.0.3"))
+    assert res["failed"]
+    assert "ssh to 127.0.0.2 from 127.0.0.3 failed" in res["msg"]
+    assert not (caches["dst"] / f"models--{MODEL.replace('/', '--')}").exists()
+
+
+def test_incomplete_source_is_refused(sshd, caches):
+    repo = caches["src"] / f"models--{MODEL.replace('/', '--')}"
+    shutil.move(repo / "blobs" / caches["names"]["config.json"], caches["src"] / "moved")
+    res = run_module(hf_cache_sync, sync_args(sshd, caches))
+    assert res["failed"] and "incomplete on the source" in res["msg"]
