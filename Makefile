@@ -6,7 +6,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export PYTHONUNBUFFERED := 1
 
-.PHONY: help venv sim sim-up sim-down sim-destroy test lint unit molecule integration syntax
+.PHONY: help venv sim sim-up sim-down sim-destroy test lint unit molecule integration syntax bench-weights
 
 help:
 	@echo "make sim       - build the simulated two-Spark cluster and run site.yml against it"
@@ -43,3 +43,7 @@ unit: venv
 
 test: venv
 	tests/run-stages.sh all
+
+# Not part of `make test`: a benchmark prints ratios measured in one run; it never gates CI.
+bench-weights: venv
+	$(PY) benchmarks/weight_sync.py --gib 2
