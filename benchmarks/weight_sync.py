@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
 """Weight-sync benchmark: hf_cache_sync against the community's single `rsync -a` over ssh, in one run.
 
-Both copy the same synthetic Hugging Face cache (``--gib``, in ``--shards`` blobs) from 127.0.0.1 to a
-throw-away sshd on 127.0.0.2 (loopback only: nothing leaves this machine), into a fresh target each
-time, and the script prints MB/s for each and the ratio to the baseline, with the core count, since on
-loopback the CPU (ssh encryption, rsync's checksums) is the limit, as it is on a Spark's 200 Gb/s link.
+Each variant copies the same synthetic Hugging Face cache (``--gib`` in ``--shards`` blobs) into a
+fresh target, and the script prints MB/s for each, the ratio to the baseline and the core count.
 
-    .venv/bin/python benchmarks/weight_sync.py --gib 2 --streams 4
+``--where sim`` (the default when the simulated cluster is up and deployed): from spark-sim-1 to
+spark-sim-2 over the simulated QSFP network (10.213.0.0/24) with the fabric key, the module run by
+`ansible` exactly as the weight_cache role runs it. ``--where loopback``: 127.0.0.1 to a throw-away
+sshd on 127.0.0.2 on this machine. Nothing leaves this machine either way.
 
-Needs root (the sshd), ssh, sshd and rsync. Bounded: one pass per variant, each under --timeout-s.
+    .venv/bin/python benchmarks/weight_sync.py --gib 1 --streams 4
+
+On these test machines both ends share the same few cores, so the CPU cost of ssh encryption and of
+rsync is the limit, as it is on a Spark's 200 Gb/s link. Bounded: one pass per variant.
 """
 
 from __future__ import annotations
@@ -27,10 +31,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "collections"))
 sys.path.insert(0, str(ROOT / "tests" / "unit"))
 
+from ansible_collections.sparkops.cluster.plugins.modules import hf_cache_sync  # noqa: E402
 from hf_cache_helpers import MODEL, LoopbackSshd, free_port, make_model, sshd_available  # noqa: E402
 from module_runner import run_module  # noqa: E402
-
-from ansible_collections.sparkops.cluster.plugins.modules import hf_cache_sync  # noqa: E402
 
 
 def baseline(sshd: LoopbackSshd, src: Path, dst: Path, timeout: float) -> float:
@@ -41,9 +44,7 @@ def baseline(sshd: LoopbackSshd, src: Path, dst: Path, timeout: float) -> float:
         f"-o UserKnownHostsFile={sshd.known_hosts} -o StrictHostKeyChecking=yes"
     )
     t0 = time.monotonic()
-    subprocess.run(
-        ["rsync", "-a", "-e", ssh, f"{src}/", f"root@{sshd.address}:{dst}/"], check=True, timeout=timeout
-    )
+    subprocess.run(["rsync", "-a", "-e", ssh, f"{src}/", f"root@{sshd.address}:{dst}/"], check=True, timeout=timeout)
     return time.monotonic() - t0
 
 
@@ -67,14 +68,121 @@ def ours(sshd: LoopbackSshd, src: Path, dst: Path, transport: str, streams: int)
     return elapsed, res["totals"]["bytes_copied"]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--gib", type=float, default=1.0, help="size of the synthetic model (GiB)")
-    ap.add_argument("--shards", type=int, default=8)
-    ap.add_argument("--streams", type=int, default=min(8, os.cpu_count() or 1))
-    ap.add_argument("--timeout-s", type=float, default=600)
-    ap.add_argument("--json", type=Path, help="also write the figures here")
-    args = ap.parse_args()
+SIM_SOURCE, SIM_TARGET = "spark-sim-1", "spark-sim-2"
+SIM_SOURCE_FAST, SIM_TARGET_FAST = "10.213.0.11", "10.213.0.12"
+SIM_DIR = "/var/tmp/sparkops-bench"
+FABRIC_SSH = (
+    "ssh -i /root/.ssh/sparkops_fabric_ed25519 -o UserKnownHostsFile=/root/.ssh/sparkops_fabric_known_hosts "
+    f"-o BatchMode=yes -b {SIM_SOURCE_FAST}"
+)
+SIM_SEED = r"""
+import hashlib, os, sys
+repo, shards, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+rev = "3" * 40
+snap = os.path.join(repo, "snapshots", rev)
+for d in ("blobs", "refs", snap):
+    os.makedirs(os.path.join(repo, d), exist_ok=True)
+for i in range(shards):
+    data = (hashlib.sha256(b"bench%d" % i).digest() * (size // 32 + 1))[:size]
+    name = hashlib.sha256(data).hexdigest()
+    open(os.path.join(repo, "blobs", name), "wb").write(data)
+    os.symlink("../../blobs/" + name, os.path.join(snap, "model-%05d.safetensors" % i))
+open(os.path.join(repo, "refs", "main"), "w").write(rev)
+"""
+
+
+def docker_exec(node: str, script: str, timeout: float, stdin: str | None = None) -> str:
+    res = subprocess.run(
+        ["docker", "exec", "-i", node, "bash", "-c", script],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if res.returncode != 0:
+        raise SystemExit(f"{node}: {script[:80]}... failed: {res.stderr.strip()[-500:]}")
+    return res.stdout
+
+
+def sim_ready() -> str | None:
+    if shutil.which("docker") is None:
+        return "docker is not installed"
+    res = subprocess.run(
+        ["docker", "exec", SIM_SOURCE, "test", "-f", "/root/.ssh/sparkops_fabric_ed25519"],
+        capture_output=True,
+        check=False,
+    )
+    return None if res.returncode == 0 else "the simulated cluster is not up and deployed (make sim)"
+
+
+def sim_module(args: dict, timeout: float) -> dict:
+    env = dict(
+        os.environ,
+        ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
+        ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
+        ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
+        SPARKOPS_SIM_STATE=str(ROOT / ".sim"),
+    )
+    cmd = [str(ROOT / ".venv" / "bin" / "ansible"), SIM_SOURCE, "-i", str(ROOT / "inventory" / "sim")]
+    cmd += ["-m", "sparkops.cluster.hf_cache_sync", "-a", json.dumps(args)]
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=timeout, check=False)
+    out = json.loads(res.stdout)["plays"][0]["tasks"][0]["hosts"][SIM_SOURCE]
+    if out.get("failed"):
+        raise SystemExit(f"hf_cache_sync failed: {out.get('msg')}")
+    return out
+
+
+def run_sim(args) -> tuple:
+    """(rows, total bytes, where) measured between the two simulated nodes."""
+    shard_bytes = int(args.gib * (1 << 30) / args.shards)
+    repo = f"{SIM_DIR}/src/models--sparkops-bench--synthetic"
+    for node in (SIM_SOURCE, SIM_TARGET):
+        docker_exec(node, f"rm -rf {SIM_DIR}", 120)
+    docker_exec(SIM_SOURCE, f"python3 - {repo} {args.shards} {shard_bytes}", 600, stdin=SIM_SEED)
+    total = shard_bytes * args.shards
+    rows = []
+    try:
+        t0 = time.monotonic()
+        docker_exec(
+            SIM_SOURCE,
+            f"rsync -a -e '{FABRIC_SSH}' {SIM_DIR}/src/ root@{SIM_TARGET_FAST}:{SIM_DIR}/dst-baseline/",
+            args.timeout_s,
+        )
+        rows.append(("rsync -a over ssh, 1 stream (community baseline)", time.monotonic() - t0, total))
+        docker_exec(SIM_TARGET, f"rm -rf {SIM_DIR}/dst-baseline", 120)
+        for transport in ("ssh", "rsyncd"):
+            out = sim_module(
+                {
+                    "cache_dir": f"{SIM_DIR}/src",
+                    "target_cache_dir": f"{SIM_DIR}/dst-{transport}",
+                    "model": "sparkops-bench/synthetic",
+                    "revision": "main",
+                    "targets": [SIM_TARGET_FAST],
+                    "source_address": SIM_SOURCE_FAST,
+                    "transport": transport,
+                    "streams": args.streams,
+                    "ssh_key": "/root/.ssh/sparkops_fabric_ed25519",
+                    "ssh_extra_args": ["-o", "UserKnownHostsFile=/root/.ssh/sparkops_fabric_known_hosts"],
+                },
+                args.timeout_s,
+            )
+            # The module's own wall time (plan, copy, links, check), not Ansible's start-up.
+            rows.append(
+                (
+                    f"hf_cache_sync transport={transport}, {args.streams} streams",
+                    out["elapsed_s"],
+                    out["totals"]["bytes_copied"],
+                )
+            )
+            docker_exec(SIM_TARGET, f"rm -rf {SIM_DIR}/dst-{transport}", 120)
+    finally:
+        for node in (SIM_SOURCE, SIM_TARGET):
+            subprocess.run(["docker", "exec", node, "rm", "-rf", SIM_DIR], capture_output=True, check=False)
+    return rows, total, "spark-sim-1 -> spark-sim-2 over the simulated QSFP network"
+
+
+def run_loopback(args) -> tuple:
     reason = sshd_available()
     if reason:
         raise SystemExit(f"weight_sync benchmark: {reason}")
@@ -97,16 +205,43 @@ def main() -> None:
                 shutil.rmtree(dst)
         finally:
             sshd.stop()
+    return rows, total, "loopback (127.0.0.1 -> 127.0.0.2)"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gib", type=float, default=1.0, help="size of the synthetic model (GiB)")
+    ap.add_argument("--shards", type=int, default=8)
+    ap.add_argument("--streams", type=int, default=min(8, os.cpu_count() or 1))
+    ap.add_argument("--timeout-s", type=float, default=600)
+    ap.add_argument("--json", type=Path, help="also write the figures here")
+    ap.add_argument("--where", choices=["auto", "sim", "loopback"], default="auto")
+    args = ap.parse_args()
+    where = args.where
+    if where == "auto":
+        where = "sim" if sim_ready() is None else "loopback"
+    elif where == "sim" and sim_ready():
+        raise SystemExit(f"weight_sync benchmark: {sim_ready()}")
+    rows, total, where_text = run_sim(args) if where == "sim" else run_loopback(args)
     base_rate = rows[0][2] / rows[0][1]
-    print(f"weight sync, {total / 1e9:.2f} GB in {args.shards} blobs, loopback, {os.cpu_count()} cores")
+    print(f"weight sync, {total / 1e9:.2f} GB in {args.shards} blobs, {where_text}, {os.cpu_count()} cores here")
     out = []
     for name, secs, nbytes in rows:
         rate = nbytes / secs
         print(f"  {name:<55} {secs:7.2f} s  {rate / 1e6:8.1f} MB/s  x{rate / base_rate:.2f}")
-        out.append({"variant": name, "seconds": round(secs, 3), "bytes": nbytes, "MB_per_s": round(rate / 1e6, 1),
-                    "ratio_to_baseline": round(rate / base_rate, 2)})
+        out.append(
+            {
+                "variant": name,
+                "seconds": round(secs, 3),
+                "bytes": nbytes,
+                "MB_per_s": round(rate / 1e6, 1),
+                "ratio_to_baseline": round(rate / base_rate, 2),
+            }
+        )
     if args.json:
-        args.json.write_text(json.dumps({"cores": os.cpu_count(), "bytes": total, "rows": out}, indent=2) + "\n")
+        args.json.write_text(
+            json.dumps({"cores": os.cpu_count(), "where": where_text, "bytes": total, "rows": out}, indent=2) + "\n"
+        )
 
 
 if __name__ == "__main__":

@@ -49,6 +49,9 @@ syntax_check() {
 lint() {
     stage ruff bash -c 'ruff check . && ruff format --check .'
     stage yamllint yamllint -s .
+    # ansible-lint installs this collection into ~/.ansible once and does not refresh that
+    # copy: a stale one (an older checkout on the same machine) hides new modules from it.
+    rm -rf "${HOME}/.ansible/collections/ansible_collections/sparkops"
     stage ansible-lint ansible-lint --profile production --offline
     stage syntax-check syntax_check
 }

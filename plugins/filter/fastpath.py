@@ -30,8 +30,13 @@ def image_cuda_check(image_env, driver_version, driver_cuda_version=None, image=
         message = f"{what}needs CUDA {need}; driver {driver_version} provides it"
     else:
         message = f"{what}: {res.get('reason')}"
-    return {"status": res.get("status"), "ok": res.get("ok"), "need_cuda": need, "message": message,
-            "min_driver": res.get("min_driver")}
+    return {
+        "status": res.get("status"),
+        "ok": res.get("ok"),
+        "need_cuda": need,
+        "message": message,
+        "min_driver": res.get("min_driver"),
+    }
 
 
 def same_across_nodes(mapping):

@@ -9,8 +9,11 @@ from ansible_collections.sparkops.cluster.plugins.module_utils.perftest import c
 def cable_verdict(per_twin_results, threshold_gbps=190.0, degraded_floor_gbps=None):
     """healthy / degraded / failed for one cable from its twins' bidirectional ib_write_bw results."""
     try:
-        return _cable_verdict(per_twin_results, float(threshold_gbps),
-                              None if degraded_floor_gbps in (None, "") else float(degraded_floor_gbps))
+        return _cable_verdict(
+            per_twin_results,
+            float(threshold_gbps),
+            None if degraded_floor_gbps in (None, "") else float(degraded_floor_gbps),
+        )
     except ValueError as exc:
         raise AnsibleFilterError(f"cable_verdict: {exc}") from exc
 

@@ -9,7 +9,7 @@ module: hf_cache_manifest
 short_description: Describe one model in a Hugging Face hub cache (blobs, snapshot links, free space)
 description:
   - Reads C(<cache_dir>/models--<org>--<name>) and returns what one revision of the model holds
-    there: the blobs its snapshot links point at with their sizes, the links, the refs, blobs that
+    there - the blobs its snapshot links point at with their sizes, the links, the refs, blobs that
     are referenced but absent, and the free space of the filesystem.
   - With I(verify=full) every blob the revision references is hashed (sha256 for LFS blobs, git's
     sha1 for small files) and the ones whose content does not match their name are listed.
@@ -99,7 +99,6 @@ manifest:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-
 from ansible_collections.sparkops.cluster.plugins.module_utils import hf_cache
 
 

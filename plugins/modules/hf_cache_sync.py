@@ -12,12 +12,12 @@ description:
     manifest over SSH, copies only what the target lacks or holds with the wrong size (or, with
     I(verify=full), the wrong content), then creates the snapshot links and refs, and checks the
     result. Nothing on a target is ever deleted.
-  - The copy runs as I(streams) parallel rsync processes (whole files, no delta: the blobs are
+  - The copy runs as I(streams) parallel rsync processes (whole files, no delta - the blobs are
     immutable and the link is fast), bound to I(source_address) so it leaves on the fast link.
   - I(transport=ssh) encrypts with I(ssh_cipher) (AES-GCM is the cheapest on the GB10's Arm cores).
     I(transport=rsyncd) starts, over SSH, a temporary rsync daemon on each target bound to the
     target's fast-link address, accepting only I(source_address) with a one-time password; it
-    stops when the copy ends (or this module dies). No encryption: use it on a private cable.
+    stops when the copy ends (or this module dies). No encryption, so use it on a private cable only.
   - Before anything is copied, every target's free space is checked against what the copy needs
     plus I(min_free_bytes_margin); the module fails naming the target and the figures.
   - Check mode reads every manifest and returns the plan.
@@ -135,6 +135,10 @@ targets:
   returned: always
   type: list
   elements: dict
+elapsed_s:
+  description: Wall time of the whole module run (manifests, copy, links, checks).
+  returned: success
+  type: float
 """
 
 import contextlib
@@ -153,7 +157,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from ansible.module_utils.basic import AnsibleModule
-
 from ansible_collections.sparkops.cluster.plugins.module_utils import hf_cache
 
 # Runs on a target: reads hf_cache's source (length-prefixed) from stdin, then its JSON arguments.
@@ -219,7 +222,11 @@ class Target:
         argv = [*self.ssh_argv(), self.address, "python3 -c " + shlex.quote(REMOTE_BOOT)]
         try:
             proc = subprocess.run(
-                argv, input=self._payload({"action": action, **args}), capture_output=True, timeout=timeout
+                argv,
+                input=self._payload({"action": action, **args}),
+                capture_output=True,
+                timeout=timeout,
+                check=False,
             )
         except subprocess.TimeoutExpired as exc:
             raise SyncError(f"{self.address}: {action} over ssh did not finish in {timeout:.0f} s") from exc
@@ -287,7 +294,7 @@ class Progress:
             os.replace(tmp, self.path)
 
 
-def run_stream(argv: list, env: dict | None, files: list, repo: str, progress: Progress, timeout: float) -> tuple:
+def run_stream(argv: list, env: dict | None, files: list, repo: str, progress: Progress, *, timeout: float) -> tuple:
     """One rsync process copying ``files`` (relative to ``repo``); returns (rc, stderr tail)."""
     with tempfile.NamedTemporaryFile("wb", prefix="sparkops-files-", delete=False) as lst:
         lst.write(b"\0".join(f.encode() for f in files) + b"\0")
@@ -440,7 +447,8 @@ def plan_for(target: Target, src_manifest: dict, verify: str) -> dict:
 
 
 def gib(n: int) -> str:
-    return f"{n / 1073741824:.1f} GiB"
+    """Bytes for a message: GiB, or MiB below one GiB (so a small copy does not read as 0.0)."""
+    return f"{n / 1073741824:.1f} GiB" if n >= 1073741824 else f"{n / 1048576:.1f} MiB"
 
 
 def sync_target(module: AnsibleModule, target: Target, plan: dict, src_repo: str) -> dict:
@@ -462,7 +470,7 @@ def sync_target(module: AnsibleModule, target: Target, plan: dict, src_repo: str
                 env = None
             with ThreadPoolExecutor(max_workers=len(lists)) as pool:
                 futures = [
-                    pool.submit(run_stream, argv, env, files, src_repo, progress, 4 * 3600) for files in lists
+                    pool.submit(run_stream, argv, env, files, src_repo, progress, timeout=4 * 3600) for files in lists
                 ]
                 results = [f.result() for f in futures]
         elapsed = time.monotonic() - start
@@ -510,6 +518,7 @@ def main() -> None:
         supports_check_mode=True,
     )
     p = module.params
+    started = time.monotonic()
     result = {"changed": False, "revision": None, "targets": [], "totals": {}}
 
     def fail(msg: str) -> None:
@@ -569,10 +578,12 @@ def main() -> None:
         fail(str(exc))
     short = []
     for plan in plans:
-        if plan["free_bytes"] - plan["bytes_needed"] < p["min_free_bytes_margin"]:
+        # A target with nothing to copy is not refused for a disk that filled up since.
+        if plan["bytes_needed"] > 0 and plan["free_bytes"] - plan["bytes_needed"] < p["min_free_bytes_margin"]:
             short.append(
                 f"{plan['address']} needs {gib(plan['bytes_needed'])} for the copy plus "
-                f"{gib(p['min_free_bytes_margin'])} margin but has {gib(plan['free_bytes'])} free on {plan['free_path']}"
+                f"{gib(p['min_free_bytes_margin'])} margin but has {gib(plan['free_bytes'])} free "
+                f"on {plan['free_path']}"
             )
     result["targets"] = [
         {k: v for k, v in plan.items() if k not in ("copy", "links")}
@@ -580,11 +591,16 @@ def main() -> None:
         for plan in plans
     ]
     if short:
-        fail("not enough space, nothing was copied: " + "; ".join(short) + ". Free space or lower weight_cache_min_free_gib.")
+        fail(
+            "not enough space, nothing was copied: "
+            + "; ".join(short)
+            + ". Free space or lower weight_cache_min_free_gib."
+        )
     result["changed"] = not all(plan["in_sync"] for plan in plans)
     total_bytes = sum(plan["bytes_to_copy"] for plan in plans)
     result["totals"] = {"bytes_to_copy": total_bytes, "bytes_copied": 0, "files_copied": 0, "seconds": 0.0}
     if module.check_mode or not result["changed"]:
+        result["elapsed_s"] = round(time.monotonic() - started, 2)
         module.exit_json(**result)
 
     # ---- copy
@@ -615,6 +631,7 @@ def main() -> None:
     result["totals"]["MB_per_s"] = (
         round(result["totals"]["bytes_copied"] / 1e6 / copy_seconds, 1) if copy_seconds > 0 else None
     )
+    result["elapsed_s"] = round(time.monotonic() - started, 2)
     module.exit_json(**result)
 
 

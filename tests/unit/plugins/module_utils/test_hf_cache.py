@@ -7,9 +7,8 @@ import json
 import os
 
 import pytest
-from hf_cache_helpers import MODEL, REVISION, make_model
-
 from ansible_collections.sparkops.cluster.plugins.module_utils import hf_cache
+from hf_cache_helpers import MODEL, REVISION, make_model
 
 
 def test_repo_dir_refuses_unsafe_ids(tmp_path):
@@ -120,7 +119,9 @@ def test_node_links_writes_relative_links_and_refuses_escapes(tmp_path):
     )
     assert done == {"links_created": 1, "links_fixed": 0, "refs_written": 1}
     assert os.readlink(repo / "snapshots" / REVISION / "a.json") == "../../blobs/" + "a" * 40
-    again = hf_cache.node_links({"repo": str(repo), "links": {f"snapshots/{REVISION}/a.json": "../../blobs/" + "a" * 40}})
+    again = hf_cache.node_links(
+        {"repo": str(repo), "links": {f"snapshots/{REVISION}/a.json": "../../blobs/" + "a" * 40}}
+    )
     assert again["links_created"] == 0 and again["links_fixed"] == 0
     with pytest.raises(ValueError, match="leaves the model"):
         hf_cache.node_links({"repo": str(repo), "links": {f"snapshots/{REVISION}/x": "../../../../etc/passwd"}})

@@ -11,10 +11,9 @@ import os
 import shutil
 
 import pytest
+from ansible_collections.sparkops.cluster.plugins.modules import hf_cache_manifest, hf_cache_sync
 from hf_cache_helpers import MODEL, REVISION, LoopbackSshd, make_model, sshd_available
 from module_runner import run_module
-
-from ansible_collections.sparkops.cluster.plugins.modules import hf_cache_manifest, hf_cache_sync
 
 REASON = sshd_available()
 
@@ -138,7 +137,7 @@ def test_not_enough_space_is_refused_with_figures_and_copies_nothing(sshd, cache
     res = run_module(hf_cache_sync, sync_args(sshd, caches, min_free_bytes_margin=1 << 60))
     assert res["failed"]
     assert "not enough space, nothing was copied" in res["msg"]
-    assert "127.0.0.2 needs 0.0 GiB for the copy" in res["msg"] and "free on" in res["msg"]
+    assert "127.0.0.2 needs 2.0 MiB for the copy" in res["msg"] and "free on" in res["msg"]
     assert not (caches["dst"] / f"models--{MODEL.replace('/', '--')}" / "blobs").exists()
 
 

@@ -1,0 +1,176 @@
+"""Weight sync faults on the simulated cluster: a real interruption, a corrupted blob, a full disk.
+
+The sync runs the way the weight_cache role runs it: hf_cache_sync on spark-sim-1, over the fast link
+(10.213.0.0/24) with the fabric key, to spark-sim-2. A separate model (``BENCH``) in a separate cache
+is used for the interruption so the deployed model stays intact.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import pytest
+from conftest import NODES, ROOT, ansible_env, node_sh, run_adhoc, run_playbook
+
+pytestmark = pytest.mark.usefixtures("sim_cluster")
+
+SOURCE, TARGET = NODES
+SOURCE_FAST, TARGET_FAST = "10.213.0.11", "10.213.0.12"
+HUB = "/var/lib/sparkops/huggingface/hub"
+MODEL = "sparkops-sim/tiny-test-model"
+REVISION = "5157000000000000000000000000000000000001"
+REPO = f"{HUB}/models--sparkops-sim--tiny-test-model"
+FAULT_HUB = "/var/tmp/sparkops-fault-hub"
+FAULT_MODEL = "sparkops-test/interrupt"
+FAULT_REPO = f"{FAULT_HUB}/models--sparkops-test--interrupt"
+FAULT_SHARDS, FAULT_SHARD_MIB = 24, 16
+
+SEED = r"""
+import hashlib, os, sys
+repo, shards, mib = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+rev = "2" * 40
+snap = os.path.join(repo, "snapshots", rev)
+os.makedirs(os.path.join(repo, "blobs"), exist_ok=True)
+os.makedirs(snap, exist_ok=True)
+os.makedirs(os.path.join(repo, "refs"), exist_ok=True)
+for i in range(shards):
+    block = hashlib.sha256(b"%d" % i).digest() * 32768
+    data = block * mib
+    name = hashlib.sha256(data).hexdigest()
+    with open(os.path.join(repo, "blobs", name), "wb") as f:
+        f.write(data)
+    link = os.path.join(snap, "model-%05d.safetensors" % i)
+    if not os.path.lexists(link):
+        os.symlink("../../blobs/" + name, link)
+with open(os.path.join(repo, "refs", "main"), "w") as f:
+    f.write(rev)
+"""
+
+
+def sync_args(**kw) -> dict:
+    args = {
+        "cache_dir": HUB,
+        "model": MODEL,
+        "revision": REVISION,
+        "targets": [TARGET_FAST],
+        "source_address": SOURCE_FAST,
+        "ssh_key": "/root/.ssh/sparkops_fabric_ed25519",
+        "ssh_extra_args": ["-o", "UserKnownHostsFile=/root/.ssh/sparkops_fabric_known_hosts"],
+        "streams": 2,
+    }
+    args.update(kw)
+    return args
+
+
+def blobs(node: str, repo: str) -> dict:
+    """name -> (inode, size) of complete blobs (rsync's hidden temp files excluded)."""
+    out = node_sh(node, f"cd {repo}/blobs 2>/dev/null && stat -c '%n %i %s' [0-9a-f]* || true").stdout
+    return {n: (int(i), int(s)) for n, i, s in (line.split() for line in out.splitlines() if line.strip())}
+
+
+@pytest.fixture
+def fault_model():
+    node_sh(TARGET, f"rm -rf {FAULT_HUB}")
+    node_sh(SOURCE, f"rm -rf {FAULT_HUB}")
+    subprocess.run(
+        ["docker", "exec", "-i", SOURCE, "python3", "-", FAULT_REPO, str(FAULT_SHARDS), str(FAULT_SHARD_MIB)],
+        input=SEED,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    yield
+    node_sh(TARGET, f"rm -rf {FAULT_HUB}", check=False)
+    node_sh(SOURCE, f"rm -rf {FAULT_HUB}", check=False)
+
+
+def test_deployed_model_is_the_same_on_both_nodes():
+    assert run_playbook("playbooks/weights.yml").returncode == 0
+    src, dst = blobs(SOURCE, REPO), blobs(TARGET, REPO)
+    assert src and {n: s for n, (_, s) in src.items()} == {n: s for n, (_, s) in dst.items()}
+    # Every snapshot link on the target resolves (the layout, not only the bytes).
+    res = node_sh(TARGET, f"find {REPO}/snapshots -type l ! -exec test -e {{}} \\; -print")
+    assert res.stdout.strip() == ""
+
+
+def test_interrupted_sync_resumes_with_only_what_is_missing(fault_model):
+    args = sync_args(cache_dir=FAULT_HUB, model=FAULT_MODEL, revision="main", streams=1)
+    cmd = [
+        str(ROOT / ".venv" / "bin" / "ansible"),
+        SOURCE,
+        "-i",
+        str(ROOT / "inventory" / "sim"),
+        "-m",
+        "sparkops.cluster.hf_cache_sync",
+        "-a",
+        json.dumps(args),
+    ]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=ansible_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    # Wait (bounded) until a few blobs are complete on the target, then kill the receiving rsync.
+    deadline = time.monotonic() + 120
+    done_before = {}
+    while time.monotonic() < deadline and proc.poll() is None:
+        done_before = blobs(TARGET, FAULT_REPO)
+        if len(done_before) >= 3:
+            node_sh(TARGET, "pkill -KILL -x rsync || true")
+            break
+        time.sleep(0.05)
+    out = proc.communicate(timeout=120)[0].decode(errors="replace")
+    if len(done_before) < 3 or len(done_before) >= FAULT_SHARDS:
+        pytest.fail(f"could not interrupt the copy midway (complete blobs seen: {len(done_before)}): {out[-1500:]}")
+    assert proc.returncode != 0, "the killed copy must fail"
+    assert "rsync failed" in out and "run again" in out
+    complete = blobs(TARGET, FAULT_REPO)
+    assert 3 <= len(complete) < FAULT_SHARDS
+
+    res = run_adhoc(SOURCE, "sparkops.cluster.hf_cache_sync", args)
+    assert not res.get("failed"), res.get("msg")
+    shard = FAULT_SHARD_MIB << 20
+    # Only what was missing (the blob being written when rsync died included) travels again.
+    assert res["totals"]["files_copied"] == FAULT_SHARDS - len(complete)
+    assert res["totals"]["bytes_copied"] == (FAULT_SHARDS - len(complete)) * shard
+    after = blobs(TARGET, FAULT_REPO)
+    assert len(after) == FAULT_SHARDS
+    for name, (inode, _size) in complete.items():
+        assert after[name][0] == inode, f"{name} was complete and was copied again"
+    again = run_adhoc(SOURCE, "sparkops.cluster.hf_cache_sync", args)
+    assert not again["changed"] and again["totals"]["bytes_copied"] == 0
+
+
+def test_corrupt_blob_on_target_is_found_and_only_it_is_resynced():
+    shard = sorted(n for n, (_, size) in blobs(TARGET, REPO).items() if size > 1 << 20)[0]
+    others = {n: v for n, v in blobs(TARGET, REPO).items() if n != shard}
+    # Flip one byte in the middle: same size, so only a hash can see it.
+    node_sh(TARGET, f"printf '\\x00' | dd of={REPO}/blobs/{shard} bs=1 seek=4194304 count=1 conv=notrunc 2>/dev/null")
+    assert node_sh(TARGET, f"sha256sum {REPO}/blobs/{shard}").stdout.split()[0] != shard
+    res = run_playbook("playbooks/weights.yml", extra_vars={"weight_cache_verify": "full"})
+    assert res.returncode == 0, res.stdout[-3000:]
+    assert "copied 8388608 bytes in 1 files" in res.stdout
+    assert node_sh(TARGET, f"sha256sum {REPO}/blobs/{shard}").stdout.split()[0] == shard
+    assert {n: v for n, v in blobs(TARGET, REPO).items() if n != shard} == others
+
+
+def test_target_disk_too_small_is_refused_before_copying():
+    shard = sorted(n for n, (_, size) in blobs(TARGET, REPO).items() if size > 1 << 20)[0]
+    node_sh(TARGET, f"rm -f {REPO}/blobs/{shard}")
+    try:
+        res = run_playbook("playbooks/weights.yml", extra_vars={"weight_cache_min_free_gib": 1000000})
+        assert res.returncode != 0
+        assert "not enough space, nothing was copied" in res.stdout
+        assert "10.213.0.12 needs 8.0 MiB for the copy plus 1000000.0 GiB margin but has" in res.stdout
+        assert shard not in blobs(TARGET, REPO), "a refused sync must not copy anything"
+    finally:
+        assert run_playbook("playbooks/weights.yml").returncode == 0
+    assert shard in blobs(TARGET, REPO)
+
+
+def test_sync_never_uses_the_management_lan():
+    # The fabric key is authorized from the fast subnets only: from the management address the same
+    # sync is refused by the target's sshd, so a role that sent weights over the LAN could not pass.
+    res = run_adhoc(
+        SOURCE, "sparkops.cluster.hf_cache_sync", sync_args(source_address="192.168.213.11", targets=["192.168.213.12"])
+    )
+    assert res.get("failed")
+    assert "ssh to 192.168.213.12 from 192.168.213.11 failed" in res["msg"]
