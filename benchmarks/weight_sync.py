@@ -122,12 +122,16 @@ def sim_module(args: dict, timeout: float) -> dict:
         ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
         ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
         ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
+        ANSIBLE_CALLBACKS_ENABLED="ansible.posix.json",
         SPARKOPS_SIM_STATE=str(ROOT / ".sim"),
     )
     cmd = [str(ROOT / ".venv" / "bin" / "ansible"), SIM_SOURCE, "-i", str(ROOT / "inventory" / "sim")]
     cmd += ["-m", "sparkops.cluster.hf_cache_sync", "-a", json.dumps(args)]
     res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=timeout, check=False)
-    out = json.loads(res.stdout)["plays"][0]["tasks"][0]["hosts"][SIM_SOURCE]
+    try:
+        out = json.loads(res.stdout)["plays"][0]["tasks"][0]["hosts"][SIM_SOURCE]
+    except (json.JSONDecodeError, KeyError, IndexError) as exc:
+        raise SystemExit(f"ansible printed no result: {res.stdout[-1500:]} {res.stderr[-1500:]}") from exc
     if out.get("failed"):
         raise SystemExit(f"hf_cache_sync failed: {out.get('msg')}")
     return out
@@ -146,7 +150,7 @@ def run_sim(args) -> tuple:
         t0 = time.monotonic()
         docker_exec(
             SIM_SOURCE,
-            f"rsync -a -e '{FABRIC_SSH}' {SIM_DIR}/src/ root@{SIM_TARGET_FAST}:{SIM_DIR}/dst-baseline/",
+            f"rsync -a --mkpath -e '{FABRIC_SSH}' {SIM_DIR}/src/ root@{SIM_TARGET_FAST}:{SIM_DIR}/dst-baseline/",
             args.timeout_s,
         )
         rows.append(("rsync -a over ssh, 1 stream (community baseline)", time.monotonic() - t0, total))
