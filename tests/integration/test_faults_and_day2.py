@@ -7,6 +7,7 @@ Each test leaves the cluster serving again, so the order only matters for speed.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import time
 
@@ -116,7 +117,9 @@ def test_upgrade_to_a_new_image_commit():
     res = run_playbook("playbooks/upgrade.yml", extra_vars={"spark_vllm_image_ref": "sim-v2"})
     assert res.returncode == 0, res.stdout[-5000:]
     text = " ".join(res.stdout.split())
-    assert "downtime" in text
+    down = re.search(r"downtime ([0-9.]+) s", text)
+    assert down, text[-3000:]
+    print(f"\nupgrade sim-v1 -> sim-v2: downtime {down.group(1)} s, whole playbook {res.elapsed:.1f} s")
     after = state_file()
     assert after["image"] != before["image"]
     assert after["image_ref"] == "sim-v2"
@@ -134,6 +137,9 @@ def test_upgrade_to_a_broken_image_rolls_back():
     text = " ".join(res.stdout.split())
     assert res.returncode != 0
     assert "was rolled back" in text, text[-4000:]
+    figures = re.search(r"was rolled back.*?([0-9.]+) s; total downtime ([0-9.]+) s", text)
+    if figures:
+        print(f"\nbroken upgrade: rollback {figures.group(1)} s, total downtime {figures.group(2)} s")
     assert state_file() == before
     assert not health().get("failed")
     serving = node_sh("spark-sim-1", "docker inspect --format '{{.Config.Image}}' sparkops-vllm").stdout.strip()
