@@ -27,7 +27,9 @@ sim-up: venv
 sim: sim-up
 	ansible-playbook site.yml -i inventory/sim
 	@echo
-	@echo "Simulated cluster serving: see reports/spark-sim/health.md (endpoint and API key location inside)"
+	@echo "Simulated cluster serving (a vLLM TEST DOUBLE behind a real Ray cluster):"
+	@sed -n 's/^| \(endpoint\|API key\|healthy\) | \(.*\) |$$/  \1: \2/p' reports/spark-sim/health.md
+	@echo "  report: $(CURDIR)/reports/spark-sim/health.md"
 
 sim-down:
 	python3 sim/simctl.py down
