@@ -63,7 +63,8 @@ unit() {
 sim() {
     stage sim-up make -s sim-up
     stage molecule molecule test -s default
-    SPARKOPS_REQUIRE_SIM=1 stage integration pytest_stage -q tests/integration
+    # -s: the tests print the measured figures (no-op time, upgrade downtime, rollback time).
+    SPARKOPS_REQUIRE_SIM=1 stage integration pytest_stage -q -s tests/integration
     [ "${SPARKOPS_KEEP_SIM:-0}" = 1 ] || stage sim-down make -s sim-down
 }
 
