@@ -25,7 +25,7 @@ REPO = f"{HUB}/models--sparkops-sim--tiny-test-model"
 FAULT_HUB = "/var/tmp/sparkops-fault-hub"
 FAULT_MODEL = "sparkops-test/interrupt"
 FAULT_REPO = f"{FAULT_HUB}/models--sparkops-test--interrupt"
-FAULT_SHARDS, FAULT_SHARD_MIB = 24, 16
+FAULT_SHARDS, FAULT_SHARD_MIB = 32, 16
 
 SEED = r"""
 import hashlib, os, sys
