@@ -242,6 +242,11 @@ class Target:
         )
 
 
+def url_host(address: str) -> str:
+    """An address as rsync wants it before ``:`` (IPv6 in brackets)."""
+    return f"[{address}]" if ":" in address else address
+
+
 def local_address_ok(address: str) -> bool:
     """Whether ``address`` is one of this node's addresses (binding to it works)."""
     fam = socket.AF_INET6 if ":" in address else socket.AF_INET
@@ -406,7 +411,7 @@ class Rsyncd:
 
     def argv_env(self, repo_rel: str) -> tuple:
         p = self.p
-        url = f"rsync://{RSYNC_USER}@{self.t.address}:{p['rsyncd_port']}/hf/{repo_rel}/"
+        url = f"rsync://{RSYNC_USER}@{url_host(self.t.address)}:{p['rsyncd_port']}/hf/{repo_rel}/"
         env = dict(os.environ, RSYNC_PASSWORD=self.secret)
         return [*rsync_common(p), f"--address={p['source_address']}", "./", url], env
 
@@ -466,7 +471,13 @@ def sync_target(module: AnsibleModule, target: Target, plan: dict, src_repo: str
                 daemon = stack.enter_context(Rsyncd(target, module))
                 argv, env = daemon.argv_env(repo_rel)
             else:
-                argv = [*rsync_common(p), "-e", shlex.join(target.ssh_argv()), "./", f"{target.address}:{target.repo}/"]
+                argv = [
+                    *rsync_common(p),
+                    "-e",
+                    shlex.join(target.ssh_argv()),
+                    "./",
+                    f"{url_host(target.address)}:{target.repo}/",
+                ]
                 env = None
             with ThreadPoolExecutor(max_workers=len(lists)) as pool:
                 futures = [

@@ -180,3 +180,8 @@ def test_incomplete_source_is_refused(sshd, caches):
     shutil.move(repo / "blobs" / caches["names"]["config.json"], caches["src"] / "moved")
     res = run_module(hf_cache_sync, sync_args(sshd, caches))
     assert res["failed"] and "incomplete on the source" in res["msg"]
+
+
+def test_ipv6_addresses_are_bracketed_for_rsync():
+    assert hf_cache_sync.url_host("fd00:213::12") == "[fd00:213::12]"
+    assert hf_cache_sync.url_host("10.213.0.12") == "10.213.0.12"
