@@ -142,6 +142,7 @@ elapsed_s:
 """
 
 import contextlib
+import functools
 import inspect
 import ipaddress
 import json
@@ -172,7 +173,9 @@ class SyncError(Exception):
     """A failure with a message for the user."""
 
 
+@functools.cache
 def helper_source() -> bytes:
+    """hf_cache's source, sent to every target on every call: read it once."""
     return inspect.getsource(hf_cache).encode()
 
 
@@ -305,9 +308,7 @@ def run_stream(argv: list, env: dict | None, files: list, repo: str, progress: P
         lst.write(b"\0".join(f.encode() for f in files) + b"\0")
     try:
         cmd = [*argv[:1], f"--files-from={lst.name}", "--from0", *argv[1:]]
-        proc = subprocess.Popen(
-            cmd, cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=False
-        )
+        proc = subprocess.Popen(cmd, cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
         errors: list = []
 
         def drain_err() -> None:
@@ -416,14 +417,15 @@ class Rsyncd:
         return [*rsync_common(p), f"--address={p['source_address']}", "./", url], env
 
 
-def plan_for(target: Target, src_manifest: dict, verify: str) -> dict:
+def plan_for(target: Target, src_manifest: dict, hash_names) -> dict:
+    """Read the target's manifest and what it lacks; blobs in ``hash_names`` are hashed there too."""
     probe = target.call(
         "manifest",
         timeout=7200,
         repo=target.repo,
         revision=src_manifest["revision"],
         all_blobs=True,  # a blob no link points at yet (an interrupted run) still counts
-        hash=src_manifest["blobs"] if verify == "full" else {},
+        hash={n: src_manifest["blobs"][n] for n in hash_names},
     )
     if not probe.get("rsync"):
         raise SyncError(f"{target.address}: rsync is not installed on the target (apt-get install rsync)")
@@ -584,7 +586,7 @@ def main() -> None:
 
     # ---- plan every target, check space everywhere before copying anywhere
     try:
-        plans = [plan_for(t, src, p["verify"]) for t in targets]
+        plans = [plan_for(t, src, src["blobs"] if p["verify"] == "full" else ()) for t in targets]
     except SyncError as exc:
         fail(str(exc))
     short = []
@@ -629,7 +631,10 @@ def main() -> None:
         result["totals"]["files_copied"] += done["files_copied"]
         # ---- check what is there now
         try:
-            after = plan_for(target, src, "full" if p["verify"] == "full" else "sizes")
+            # Sizes of everything again, and (verify=full) the hash of what was just copied: the
+            # other blobs were hashed by the plan a moment ago.
+            copied = [path.removeprefix("blobs/") for path in plan["copy"] if path.startswith("blobs/")]
+            after = plan_for(target, src, copied if p["verify"] == "full" else ())
         except SyncError as exc:
             fail(str(exc))
         if not after["in_sync"]:
