@@ -75,20 +75,7 @@ FABRIC_SSH = (
     "ssh -i /root/.ssh/sparkops_fabric_ed25519 -o UserKnownHostsFile=/root/.ssh/sparkops_fabric_known_hosts "
     f"-o BatchMode=yes -b {SIM_SOURCE_FAST}"
 )
-SIM_SEED = r"""
-import hashlib, os, sys
-repo, shards, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-rev = "3" * 40
-snap = os.path.join(repo, "snapshots", rev)
-for d in ("blobs", "refs", snap):
-    os.makedirs(os.path.join(repo, d), exist_ok=True)
-for i in range(shards):
-    data = (hashlib.sha256(b"bench%d" % i).digest() * (size // 32 + 1))[:size]
-    name = hashlib.sha256(data).hexdigest()
-    open(os.path.join(repo, "blobs", name), "wb").write(data)
-    os.symlink("../../blobs/" + name, os.path.join(snap, "model-%05d.safetensors" % i))
-open(os.path.join(repo, "refs", "main"), "w").write(rev)
-"""
+SIM_SEED = (ROOT / "sim" / "seed_shards.py").read_text()
 
 
 def docker_exec(node: str, script: str, timeout: float, stdin: str | None = None) -> str:
@@ -143,7 +130,7 @@ def run_sim(args) -> tuple:
     repo = f"{SIM_DIR}/src/models--sparkops-bench--synthetic"
     for node in (SIM_SOURCE, SIM_TARGET):
         docker_exec(node, f"rm -rf {SIM_DIR}", 120)
-    docker_exec(SIM_SOURCE, f"python3 - {repo} {args.shards} {shard_bytes}", 600, stdin=SIM_SEED)
+    docker_exec(SIM_SOURCE, f"python3 - {repo} {'3' * 40} {args.shards} {shard_bytes}", 600, stdin=SIM_SEED)
     total = shard_bytes * args.shards
     rows = []
     try:

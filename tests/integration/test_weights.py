@@ -27,26 +27,7 @@ FAULT_MODEL = "sparkops-test/interrupt"
 FAULT_REPO = f"{FAULT_HUB}/models--sparkops-test--interrupt"
 FAULT_SHARDS, FAULT_SHARD_MIB = 32, 16
 
-SEED = r"""
-import hashlib, os, sys
-repo, shards, mib = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-rev = "2" * 40
-snap = os.path.join(repo, "snapshots", rev)
-os.makedirs(os.path.join(repo, "blobs"), exist_ok=True)
-os.makedirs(snap, exist_ok=True)
-os.makedirs(os.path.join(repo, "refs"), exist_ok=True)
-for i in range(shards):
-    block = hashlib.sha256(b"%d" % i).digest() * 32768
-    data = block * mib
-    name = hashlib.sha256(data).hexdigest()
-    with open(os.path.join(repo, "blobs", name), "wb") as f:
-        f.write(data)
-    link = os.path.join(snap, "model-%05d.safetensors" % i)
-    if not os.path.lexists(link):
-        os.symlink("../../blobs/" + name, link)
-with open(os.path.join(repo, "refs", "main"), "w") as f:
-    f.write(rev)
-"""
+SEED = (ROOT / "sim" / "seed_shards.py").read_text()
 
 
 def sync_args(**kw) -> dict:
@@ -75,7 +56,18 @@ def fault_model():
     node_sh(TARGET, f"rm -rf {FAULT_HUB}")
     node_sh(SOURCE, f"rm -rf {FAULT_HUB}")
     subprocess.run(
-        ["docker", "exec", "-i", SOURCE, "python3", "-", FAULT_REPO, str(FAULT_SHARDS), str(FAULT_SHARD_MIB)],
+        [
+            "docker",
+            "exec",
+            "-i",
+            SOURCE,
+            "python3",
+            "-",
+            FAULT_REPO,
+            "2" * 40,
+            str(FAULT_SHARDS),
+            str(FAULT_SHARD_MIB << 20),
+        ],
         input=SEED,
         text=True,
         check=True,
