@@ -9,10 +9,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 
 import pytest
 from ansible_collections.sparkops.cluster.plugins.modules import hf_cache_manifest, hf_cache_sync
-from hf_cache_helpers import MODEL, REVISION, LoopbackSshd, make_model, sshd_available
+from hf_cache_helpers import MODEL, REVISION, LoopbackSshd, free_port, make_model, sshd_available
 from module_runner import run_module
 
 REASON = sshd_available()
@@ -142,16 +143,12 @@ def test_not_enough_space_is_refused_with_figures_and_copies_nothing(sshd, cache
 
 
 def test_rsyncd_transport_copies_and_stops_its_daemon(sshd, caches):
-    from hf_cache_helpers import free_port
-
     port = free_port()
     res = run_module(hf_cache_sync, sync_args(sshd, caches, transport="rsyncd", rsyncd_port=port))
     assert not res.get("failed"), res.get("msg")
     assert res["totals"]["files_copied"] == 5
     assert target_manifest(caches, verify="full")["complete"]
     # The daemon is gone once the module returns: nothing listens on its port any more.
-    import socket
-
     with socket.socket() as s, pytest.raises(OSError):
         s.settimeout(1)
         s.connect(("127.0.0.2", port))
