@@ -8,7 +8,7 @@ Formats (fixtures in tests/fixtures/hw/, sources in its README.md):
 - The same from `lspci -vv`: "LnkCap: Port #0, Speed 16GT/s, Width x4, ..." and
   "LnkSta: Speed 5GT/s (downgraded), Width x2 (downgraded)"; older lspci omit "(ok)/(downgraded)".
 - ConnectX firmware: `ibstat` ("CA 'rocep1s0f1'" blocks with "Firmware version: 28.45.4028"),
-  /sys/class/infiniband/<dev>/fw_ver ("28.45.4028"), `ethtool -i` ("firmware-version: 28.39.3560 (MT_0000000838)").
+  /sys/class/infiniband/<dev>/fw_ver ("28.45.4028", what the module reads).
 - GPU clocks: `nvidia-smi -q -d CLOCK,PERFORMANCE` ("Clocks Event Reasons" with Active/Not Active
   entries, "Clocks" and "Max Clocks" sections in MHz).
 """
@@ -85,23 +85,6 @@ def parse_ibstat_firmware(text: str) -> dict:
         m = re.match(r"^Firmware version:\s*(\S+)", line.strip())
         if m and ca:
             out[ca] = m.group(1)
-    return out
-
-
-def parse_ethtool_firmware(text: str) -> dict:
-    """`ethtool -i` -> {driver, firmware, psid, bus_info}."""
-    out = {"driver": None, "firmware": None, "psid": None, "bus_info": None}
-    for line in text.splitlines():
-        key, _, val = line.strip().partition(":")
-        val = val.strip()
-        if key == "driver":
-            out["driver"] = val
-        elif key == "firmware-version":
-            m = re.match(r"(\S+)(?:\s+\((\S+)\))?", val)
-            if m:
-                out["firmware"], out["psid"] = m.group(1), m.group(2)
-        elif key == "bus-info":
-            out["bus_info"] = val
     return out
 
 
