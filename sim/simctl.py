@@ -648,6 +648,21 @@ def status(_args: argparse.Namespace) -> None:
         print(f"{node['name']}: {container_state(node['name']) or 'absent'} (mgmt {node['mgmt']})")
 
 
+def limit_memory(args: argparse.Namespace) -> None:
+    """Give a node a memory limit (the day-2 memory-floor test), or lift it with 0.
+
+    Docker cannot remove a limit from a running container; "0" sets it to this machine's memory,
+    which is no limit at all. Swap is held to the same value so the node really runs out.
+    """
+    if args.node not in [n["name"] for n in NODES]:
+        sys.exit(f"simctl: no node {args.node}")
+    size = args.size
+    if size == "0":
+        size = str(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    run(["docker", "update", "--memory", size, "--memory-swap", size, args.node], capture=True)
+    log(f"{args.node}: memory limit {args.size if args.size != '0' else 'lifted'}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -663,6 +678,9 @@ def main() -> None:
     p_down.add_argument("--all", action="store_true", help="also remove cached images and .sim/")
     p_down.add_argument("--keep-volumes", action="store_true")
     sub.add_parser("status")
+    p_mem = sub.add_parser("limit-memory", help="give a node a memory limit (e.g. 1200m), 0 lifts it")
+    p_mem.add_argument("node")
+    p_mem.add_argument("size")
     args = parser.parse_args()
     if args.cmd == "ensure-host":
         ensure_host()
@@ -675,6 +693,8 @@ def main() -> None:
         down(args)
     elif args.cmd == "status":
         status(args)
+    elif args.cmd == "limit-memory":
+        limit_memory(args)
 
 
 if __name__ == "__main__":

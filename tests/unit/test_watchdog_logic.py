@@ -15,7 +15,14 @@ OK_WORKERS = {"spark-sim-2": "running"}
 
 
 def obs(probe="ok", workers=None, **kw):
-    return {"probe": probe, "probe_detail": kw.pop("detail", ""), "workers": workers or OK_WORKERS, "floor_tripped": [], "in_grace": False, **kw}
+    return {
+        "probe": probe,
+        "probe_detail": kw.pop("detail", ""),
+        "workers": workers or OK_WORKERS,
+        "floor_tripped": [],
+        "in_grace": False,
+        **kw,
+    }
 
 
 def test_healthy_resets_failures():

@@ -63,7 +63,10 @@ def test_lspci_narrow_link():
 
 
 def test_lspci_header_with_domain_starts_a_device():
-    text = read("rpi-pcie-issue675_rtl8126_lspci_header.txt") + "\t\tLnkSta:\tSpeed 5GT/s (downgraded), Width x2 (downgraded)\n"
+    text = (
+        read("rpi-pcie-issue675_rtl8126_lspci_header.txt")
+        + "\t\tLnkSta:\tSpeed 5GT/s (downgraded), Width x2 (downgraded)\n"
+    )
     (dev,) = hw.parse_lspci_links(text)
     assert dev["bdf"] == "0000:01:00.0"
     assert dev["sta_width"] == 2 and dev["sta_downgraded"] is True

@@ -26,7 +26,14 @@ def test_kernel_known_bad_is_critical_with_reason():
 
 
 def test_nic_x2_function_is_critical_and_sim_is_not_applicable():
-    good = {"device": "rocep1s0f1", "bdf": "0000:01:00.1", "firmware": "28.45.4028", "sta_width": 4, "cap_width": 4, "sta_speed_gts": 32.0}
+    good = {
+        "device": "rocep1s0f1",
+        "bdf": "0000:01:00.1",
+        "firmware": "28.45.4028",
+        "sta_width": 4,
+        "cap_width": 4,
+        "sta_speed_gts": 32.0,
+    }
     narrow = dict(good, device="roceP2p1s0f1", bdf="0002:01:00.1", sta_width=2)
     v = d.check_nic("spark-1", [good, narrow], "dgx_spark", 4, "28.45.4028")
     assert v["verdict"] == "CRITICAL" and "roceP2p1s0f1 (0002:01:00.1) runs PCIe x2" in v["evidence"]
@@ -55,7 +62,12 @@ def test_gpu_clocks_on_recorded_outputs():
 
 
 def test_memory_floor_marker_is_critical_and_names_what_stopped():
-    marker = {"at": "2026-11-23T19:00:00Z", "available_bytes": 200 * 2**20, "floor_bytes": 256 * 2**20, "stopped": "sparkops-ray"}
+    marker = {
+        "at": "2026-11-23T19:00:00Z",
+        "available_bytes": 200 * 2**20,
+        "floor_bytes": 256 * 2**20,
+        "stopped": "sparkops-ray",
+    }
     v = d.check_memory("spark-sim-2", 10 * GIB, 0.25, marker)
     assert v["verdict"] == "CRITICAL" and "sparkops-ray was stopped" in v["evidence"] and "200 MiB" in v["evidence"]
     assert d.check_memory("n", 10 * GIB, 4, None)["verdict"] == "PASS"
@@ -66,7 +78,15 @@ def test_memory_floor_marker_is_critical_and_names_what_stopped():
 def test_crashed_container_named_with_count_and_log():
     (v,) = d.check_containers(
         "spark-sim-1",
-        [{"name": "sparkops-vllm", "status": "exited", "exit_code": 1, "restart_count": 3, "log_tail": ["a", "ValueError: no weights"]}],
+        [
+            {
+                "name": "sparkops-vllm",
+                "status": "exited",
+                "exit_code": 1,
+                "restart_count": 3,
+                "log_tail": ["a", "ValueError: no weights"],
+            }
+        ],
     )
     assert v["verdict"] == "CRITICAL"
     assert "restarted it 3 times" in v["evidence"] and "ValueError: no weights" in v["evidence"]
@@ -86,17 +106,34 @@ def test_ray_membership_and_endpoint():
 
 
 def test_api_exposure():
-    assert d.check_exposure({"mgmt_reachable": False, "unauth_status": 401}, "10.0.0.1", "192.168.1.5")["verdict"] == "PASS"
-    assert d.check_exposure({"mgmt_reachable": True, "unauth_status": 200}, "0.0.0.0", "192.168.1.5")["verdict"] == "CRITICAL"
-    assert d.check_exposure({"mgmt_reachable": True, "unauth_status": 401}, "10.0.0.1", "192.168.1.5")["verdict"] == "WARN"
-    assert d.check_exposure({"mgmt_reachable": True, "unauth_status": 401}, "0.0.0.0", "192.168.1.5")["verdict"] == "PASS"
+    assert (
+        d.check_exposure({"mgmt_reachable": False, "unauth_status": 401}, "10.0.0.1", "192.168.1.5")["verdict"]
+        == "PASS"
+    )
+    assert (
+        d.check_exposure({"mgmt_reachable": True, "unauth_status": 200}, "0.0.0.0", "192.168.1.5")["verdict"]
+        == "CRITICAL"
+    )
+    assert (
+        d.check_exposure({"mgmt_reachable": True, "unauth_status": 401}, "10.0.0.1", "192.168.1.5")["verdict"] == "WARN"
+    )
+    assert (
+        d.check_exposure({"mgmt_reachable": True, "unauth_status": 401}, "0.0.0.0", "192.168.1.5")["verdict"] == "PASS"
+    )
 
 
 def test_watchdog_states():
     now = 10_000.0
-    ev = [{"event": "restart_begun", "epoch": now - 100, "ts": "t", "message": "m"}, {"event": "gave_up", "epoch": now - 10, "ts": "t2", "message": "limit"}]
+    ev = [
+        {"event": "restart_begun", "epoch": now - 100, "ts": "t", "message": "m"},
+        {"event": "gave_up", "epoch": now - 10, "ts": "t2", "message": "limit"},
+    ]
     v = d.check_watchdog({"status": "gave_up", "reason": "vLLM exited"}, ev, True, now)
-    assert v["verdict"] == "CRITICAL" and "1 group restart(s) in the last hour" in v["evidence"] and "gave_up: limit" in v["evidence"]
+    assert (
+        v["verdict"] == "CRITICAL"
+        and "1 group restart(s) in the last hour" in v["evidence"]
+        and "gave_up: limit" in v["evidence"]
+    )
     assert d.check_watchdog({"status": "watching", "reason": "healthy"}, [], True, now)["verdict"] == "PASS"
     assert d.check_watchdog({"status": "watching", "reason": "healthy"}, [], False, now)["verdict"] == "CRITICAL"
     assert d.check_watchdog(None, [], False, now)["verdict"] == "CRITICAL"

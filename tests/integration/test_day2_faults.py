@@ -1,0 +1,213 @@
+"""Day-2 faults on the simulated cluster: real processes, real signals (issue 15).
+
+Each test asserts what the user sees (the watchdog's events file on the head, doctor's verdict) and the
+recovery itself, and prints the measured times. Small N/T/K/M come from inventory/sim.
+Run inside the sim lock, after `make sim-up` and site.yml (GUIDE.md).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from .conftest import ROOT, api_key, node_sh, run_playbook
+
+HEAD, WORKER = "spark-sim-1", "spark-sim-2"
+EVENTS = "/var/lib/sparkops/watchdog.jsonl"
+N, T = 2, 4  # watchdog_interval_s, watchdog_hang_timeout_s in inventory/sim
+
+
+def events_since(epoch: float, node: str = HEAD, path: str = EVENTS) -> list[dict]:
+    out = node_sh(node, f"cat {path} 2>/dev/null || true").stdout
+    evs = [json.loads(line) for line in out.splitlines() if line.strip()]
+    return [e for e in evs if e["epoch"] >= epoch]
+
+
+def wait_event(name: str, since: float, timeout: float, node: str = HEAD, path: str = EVENTS, pred=None) -> dict:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        for e in events_since(since, node, path):
+            if e["event"] == name and (pred is None or pred(e)):
+                return e
+        time.sleep(0.5)
+    raise AssertionError(f"no {name} event within {timeout} s; events: {events_since(since, node, path)}")
+
+
+def completion_ok() -> bool:
+    key = api_key()
+    res = node_sh(
+        HEAD,
+        "python3 - <<'EOF'\nimport json,urllib.request\n"
+        "req=urllib.request.Request('http://10.213.0.11:8000/v1/completions',"
+        "data=json.dumps({'model':'sim-tiny','prompt':'hi','max_tokens':2}).encode(),"
+        f"headers={{'Authorization':'Bearer {key}','Content-Type':'application/json'}})\n"
+        "print(urllib.request.urlopen(req,timeout=5).status)\nEOF",
+        check=False,
+        timeout=20,
+    )
+    return res.stdout.strip() == "200"
+
+
+def doctor():
+    res = run_playbook("playbooks/doctor.yml", timeout=300)
+    # sparkops_reports_dir moves next to the inventory (GUIDE.md); read whichever doctor wrote.
+    paths = [
+        p for p in (ROOT / "inventory/sim/reports/doctor.json", ROOT / "reports/spark-sim/doctor.json") if p.exists()
+    ]
+    report = json.loads(max(paths, key=lambda p: p.stat().st_mtime).read_text())
+    return res, report
+
+
+def verdicts(report: dict, verdict: str) -> list[dict]:
+    return [v for v in report["verdicts"] if v["verdict"] == verdict]
+
+
+def wait_serving(timeout: float) -> float:
+    start = time.time()
+    while time.time() - start < timeout:
+        if completion_ok():
+            return time.time() - start
+        time.sleep(1)
+    raise AssertionError(f"no completion within {timeout} s")
+
+
+@pytest.fixture
+def healthy(sim_cluster):
+    wait_serving(120)
+    yield
+    # Leave the cluster serving for the next test (and the next helper).
+    if not completion_ok():
+        run_playbook("playbooks/serve.yml", timeout=600)
+        run_playbook("playbooks/watchdog.yml", timeout=300)
+
+
+def test_doctor_passes_on_healthy_sim(healthy):
+    res, report = doctor()
+    assert res.returncode == 0, res.stdout[-3000:]
+    assert report["overall"] == "PASS", verdicts(report, "CRITICAL") + verdicts(report, "WARN")
+    na = [v for v in report["verdicts"] if v["verdict"] == "N/A"]
+    assert any(v["check"] == "NIC firmware and PCIe width" and "not applicable" in v["evidence"] for v in na)
+    assert any(v["check"] == "watchdog" and v["verdict"] == "PASS" for v in report["verdicts"])
+
+
+def test_sigstop_serving_process_is_detected_and_recovered(healthy):
+    pid = node_sh(HEAD, "pgrep -f -o 'vllm_test_double.py'").stdout.split()[0]
+    t0 = time.time()
+    node_sh(HEAD, f"kill -STOP {pid}")
+    hang = wait_event("hang_seen", t0, timeout=T + N + 10)
+    detect_s = hang["epoch"] - t0
+    ended = wait_event("restart_ended", t0, timeout=240, pred=lambda e: e.get("ok"))
+    serve_s = wait_serving(60) + (time.time() - t0)
+    print(
+        f"\n[day2] SIGSTOP: hang seen after {detect_s:.1f} s (bound T+N={T + N} s); group restart took "
+        f"{ended['seconds']} s; serving again {serve_s:.1f} s after the stop (2-core machine)"
+    )
+    assert detect_s <= T + N + 1.5
+    begun = wait_event("restart_begun", t0, timeout=1)
+    assert "hang" in begun["reason"]
+
+
+def test_ray_worker_killed_recovers(healthy):
+    t0 = time.time()
+    node_sh(WORKER, "docker kill sparkops-ray")
+    lost = wait_event("restart_begun", t0, timeout=60)
+    ended = wait_event("restart_ended", t0, timeout=240, pred=lambda e: e.get("ok"))
+    print(
+        f"\n[day2] Ray worker killed: restart begun after {lost['epoch'] - t0:.1f} s ({lost['reason']}); "
+        f"serving again after {ended['epoch'] - t0:.1f} s"
+    )
+    assert completion_ok()
+
+
+def test_vllm_crashing_at_every_start_stops_at_the_bound(healthy):
+    snap = "/var/lib/sparkops/huggingface/hub"
+    t0 = time.time()
+    node_sh(HEAD, f"mv {snap} {snap}.hidden && docker restart sparkops-vllm >/dev/null")
+    try:
+        gave_up = wait_event("gave_up", t0, timeout=400)
+        starts = [e for e in events_since(t0) if e["event"] == "restart_begun"]
+        assert len(starts) == 2, starts  # watchdog_max_restarts_per_hour in inventory/sim
+        res, report = doctor()
+        assert res.returncode != 0
+        crit = {v["check"]: v for v in verdicts(report, "CRITICAL")}
+        assert "container sparkops-vllm" in crit and "last log:" in crit["container sparkops-vllm"]["evidence"]
+        assert "gave_up" in crit["watchdog"]["evidence"]
+        print(
+            f"\n[day2] crash loop: gave up after {gave_up['epoch'] - t0:.1f} s and {len(starts)} group restarts; "
+            f"doctor: {crit['container sparkops-vllm']['evidence'][:200]}"
+        )
+    finally:
+        node_sh(HEAD, f"test -d {snap}.hidden && mv {snap}.hidden {snap} || true")
+        run_playbook("playbooks/serve.yml", timeout=600)
+    wait_event("recovered", t0, timeout=60)
+
+
+def test_worker_node_down_is_critical_not_a_loop(healthy):
+    import subprocess
+
+    t0 = time.time()
+    subprocess.run(["docker", "pause", WORKER], check=True)
+    try:
+        blocked = wait_event("blocked", t0, timeout=60)
+        time.sleep(3 * N)
+        assert not [e for e in events_since(t0) if e["event"] == "restart_begun"]
+        res, report = doctor()
+        assert res.returncode != 0
+        crit = {v["check"]: v for v in verdicts(report, "CRITICAL")}
+        assert "spark-sim-2" in crit["watchdog"]["evidence"]
+        print(f"\n[day2] worker node down: blocked after {blocked['epoch'] - t0:.1f} s, no restart; doctor CRITICAL")
+    finally:
+        subprocess.run(["docker", "unpause", WORKER], check=False)
+    wait_event("restart_ended", t0, timeout=240, pred=lambda e: e.get("ok"))
+
+
+def test_memory_floor_acts_before_sshd_stops(healthy):
+    import subprocess
+
+    t0 = time.time()
+    subprocess.run(["python3", str(ROOT / "sim/simctl.py"), "limit-memory", WORKER, "1200m"], check=True)
+    eater = subprocess.Popen(
+        [
+            "docker",
+            "exec",
+            WORKER,
+            "python3",
+            "-c",
+            "import time\nb=[]\nfor i in range(2000):\n    b.append(bytearray(8<<20)); time.sleep(0.02)\ntime.sleep(60)",
+        ],
+    )
+    try:
+        crossed = wait_event("floor_crossed", t0, timeout=90, node=WORKER, path="/var/lib/sparkops/memory-floor.jsonl")
+        ssh = subprocess.run(
+            [
+                "ssh",
+                "-i",
+                str(ROOT / ".sim/ssh/id_ed25519"),
+                "-o",
+                f"UserKnownHostsFile={ROOT / '.sim/ssh/known_hosts'}",
+                "-o",
+                "BatchMode=yes",
+                "-o",
+                "ConnectTimeout=10",
+                "root@192.168.213.12",
+                "true",
+            ],
+            capture_output=True,
+            timeout=20,
+            check=False,
+        )
+        state = node_sh(WORKER, "docker inspect -f '{{.State.Status}}' sparkops-ray").stdout.strip()
+        print(
+            f"\n[day2] memory floor crossed after {crossed['epoch'] - t0:.1f} s; sshd answered: {ssh.returncode == 0}; Ray worker {state}"
+        )
+        assert ssh.returncode == 0, ssh.stderr
+        assert state == "exited"
+    finally:
+        eater.kill()
+        subprocess.run(["python3", str(ROOT / "sim/simctl.py"), "limit-memory", WORKER, "0"], check=False)
+    res, report = doctor()
+    assert res.returncode != 0
+    assert any(v["check"] == "memory headroom" and v["scope"] == WORKER for v in verdicts(report, "CRITICAL"))
+    run_playbook("site.yml", timeout=900)
