@@ -82,17 +82,23 @@ disk_free_bytes:
   returned: always
   type: int
 nic_functions:
-  description: Per RDMA device its firmware, PCI address and PCIe link (C(sta_width), C(cap_width), C(sta_speed_gts), C(cap_speed_gts)).
+  description:
+    - Per RDMA device its firmware, PCI address and PCIe link
+      (C(sta_width), C(cap_width), C(sta_speed_gts), C(cap_speed_gts)).
   returned: always
   type: list
   elements: dict
 gpu_clocks:
-  description: Per GPU its performance state, active clock event reasons, clocks and max clocks (MHz); empty without nvidia-smi.
+  description:
+    - Per GPU its performance state, active clock event reasons, clocks and max clocks (MHz).
+    - Empty without nvidia-smi.
   returned: always
   type: list
   elements: dict
 containers:
-  description: Per container C(name), C(status), C(restarting), C(exit_code), C(restart_count), C(oom_killed), C(started_at), C(log_tail).
+  description:
+    - Per container C(name), C(status), C(restarting), C(exit_code), C(restart_count), C(oom_killed),
+      C(started_at), C(log_tail).
   returned: always
   type: list
   elements: dict

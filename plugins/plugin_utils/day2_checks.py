@@ -59,7 +59,8 @@ def check_driver(node: str, gpu: dict, branch: str) -> dict:
         node,
         CRITICAL,
         f"driver {ver}: {gpu.get('branch_reason') or 'off branch ' + branch}",
-        f"ansible-playbook playbooks/upgrade.yml -e nvidia_driver_version=<{branch}.x> -e nvidia_driver_allow_reboot=true",
+        f"ansible-playbook playbooks/upgrade.yml -e nvidia_driver_version=<{branch}.x> "
+        "-e nvidia_driver_allow_reboot=true",
     )
 
 
@@ -142,7 +143,10 @@ def check_gpu_clocks(node: str, gpus: list[dict] | None, reason: str = "") -> di
             level = WARN
     action = ""
     if level != PASS:
-        action = "check airflow and the power supply (GB10 drops to ~0.7 GHz when held back); `nvidia-smi -q -d PERFORMANCE` under load"
+        action = (
+            "check airflow and the power supply (GB10 drops to ~0.7 GHz when held back); "
+            "`nvidia-smi -q -d PERFORMANCE` under load"
+        )
     return verdict("GPU clocks and throttle reasons", node, level, "; ".join(out), action)
 
 
@@ -152,7 +156,8 @@ def check_memory(node: str, available_bytes: int | None, floor_gib: float, floor
             "memory headroom",
             node,
             CRITICAL,
-            f"memory floor crossed at {floor_marker.get('at')}: {int(floor_marker.get('available_bytes', 0)) // 2**20} MiB free "
+            f"memory floor crossed at {floor_marker.get('at')}: "
+            f"{int(floor_marker.get('available_bytes', 0)) // 2**20} MiB free "
             f"< {int(floor_marker.get('floor_bytes', 0)) // 2**20} MiB; {floor_marker.get('stopped')} was stopped",
             "find what ate the memory (`ps aux --sort=-rss | head`), lower gpu_memory_utilization if it was vLLM, "
             "then `ansible-playbook site.yml` (restarts the group and re-arms the floor)",
@@ -216,7 +221,8 @@ def check_containers(node: str, containers: list[dict]) -> list[dict]:
                 f"container {name}",
                 node,
                 CRITICAL,
-                f"{name} {st or 'missing'} (exit code {c.get('exit_code')}, Docker restarted it {c.get('restart_count', 0)} "
+                f"{name} {st or 'missing'} (exit code {c.get('exit_code')}, "
+                f"Docker restarted it {c.get('restart_count', 0)} "
                 f"times before giving up{', OOM-killed' if c.get('oom_killed') else ''}); last log: {tail or 'none'}",
                 f"read `docker logs --tail 50 {name}` on {node}, fix the cause, then `ansible-playbook site.yml`",
             )
@@ -294,7 +300,8 @@ def check_ray(ray: dict, expected_nodes: int, expected_gpus: float) -> dict:
             "cluster",
             CRITICAL,
             ev,
-            "bring the missing node back (power, cable, `docker ps` on it); the watchdog restarts the group once it answers",
+            "bring the missing node back (power, cable, `docker ps` on it); "
+            "the watchdog restarts the group once it answers",
         )
     return verdict("Ray membership", "cluster", PASS, ev)
 
@@ -333,7 +340,7 @@ def check_exposure(probe: dict, serve_host: str, mgmt_address: str) -> dict:
             ev + " (no key required)",
             "set sparkops_api_key or let vllm_serve generate one; never run without --api-key",
         )
-    if reach and serve_host not in ("0.0.0.0", mgmt_address):
+    if reach and serve_host not in ("0.0.0.0", mgmt_address):  # noqa: S104 - a setting compared, nothing bound
         return verdict(
             "API exposure",
             "cluster",
@@ -377,7 +384,8 @@ def check_watchdog(state: dict | None, events: list[dict], running: bool, now_ep
             "cluster",
             CRITICAL,
             ev,
-            "fix what the reason names (a node down, a crash at start, the memory floor), then `ansible-playbook site.yml`; "
+            "fix what the reason names (a node down, a crash at start, the memory floor), "
+            "then `ansible-playbook site.yml`; "
             "the watchdog resumes on the first good completion",
         )
     if st in ("degraded", "restarting") or restarts:

@@ -25,7 +25,7 @@ def events_since(epoch: float, node: str = HEAD, path: str = EVENTS) -> list[dic
     return [e for e in evs if e["epoch"] >= epoch]
 
 
-def wait_event(name: str, since: float, timeout: float, node: str = HEAD, path: str = EVENTS, pred=None) -> dict:
+def wait_event(name: str, since: float, timeout: float, *, node: str = HEAD, path: str = EVENTS, pred=None) -> dict:
     deadline = time.time() + timeout
     while time.time() < deadline:
         for e in events_since(since, node, path):
@@ -167,17 +167,16 @@ def test_memory_floor_acts_before_sshd_stops(healthy):
     import subprocess
 
     t0 = time.time()
-    subprocess.run(["python3", str(ROOT / "sim/simctl.py"), "limit-memory", WORKER, "1200m"], check=True)
-    eater = subprocess.Popen(
-        [
-            "docker",
-            "exec",
-            WORKER,
-            "python3",
-            "-c",
-            "import time\nb=[]\nfor i in range(2000):\n    b.append(bytearray(8<<20)); time.sleep(0.02)\ntime.sleep(60)",
-        ],
+    subprocess.run(["python3", str(ROOT / "sim/simctl.py"), "limit-memory", WORKER, "1500m"], check=True)
+    # Eats 8 MiB (written, so really resident) every 50 ms until the floor's marker appears or
+    # 2 GiB; a floor that never acts leaves the node's OOM killer to pick (sshd among the candidates).
+    eater_code = (
+        "import os, time\nb = []\n"
+        "while len(b) < 256 and not os.path.exists('/var/lib/sparkops/memory-floor.json'):\n"
+        "    b.append(b'x' * (8 << 20)); time.sleep(0.05)\n"
+        "time.sleep(120)"
     )
+    eater = subprocess.Popen(["docker", "exec", WORKER, "python3", "-c", eater_code])
     try:
         crossed = wait_event("floor_crossed", t0, timeout=90, node=WORKER, path="/var/lib/sparkops/memory-floor.jsonl")
         ssh = subprocess.run(

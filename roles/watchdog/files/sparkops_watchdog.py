@@ -182,28 +182,33 @@ def parse_docker_time(stamp: str) -> float:
     return datetime.strptime(f"{main}.{frac}", "%Y-%m-%dT%H:%M:%S.%f").replace(tzinfo=timezone.utc).timestamp()
 
 
+def _read(path: str) -> str:
+    with open(path, encoding="utf-8") as fh:
+        return fh.read()
+
+
 def cgroup_memory() -> tuple[int | None, int | None]:
     """The limit and use of the cgroup that PID 1 (this host's init) lives in, v1 or v2."""
     try:
-        lines = open("/proc/1/cgroup", encoding="utf-8").read().splitlines()
+        lines = _read("/proc/1/cgroup", encoding="utf-8").splitlines()
     except OSError:
         return None, None
     for line in lines:
         _, ctrls, path = line.split(":", 2)
         if ctrls == "" and os.path.exists(f"/sys/fs/cgroup{path}/memory.max"):
             base = f"/sys/fs/cgroup{path}"
-            limit = open(f"{base}/memory.max").read().strip()
+            limit = _read(f"{base}/memory.max").strip()
             if limit == "max":
                 return None, None
-            used = int(open(f"{base}/memory.current").read())
+            used = int(_read(f"{base}/memory.current"))
             inactive = _stat_value(f"{base}/memory.stat", "inactive_file")
             return int(limit), used - inactive
         if "memory" in ctrls.split(","):
             base = f"/sys/fs/cgroup/memory{path}"
             if not os.path.exists(f"{base}/memory.limit_in_bytes"):
                 return None, None
-            limit = int(open(f"{base}/memory.limit_in_bytes").read())
-            used = int(open(f"{base}/memory.usage_in_bytes").read())
+            limit = int(_read(f"{base}/memory.limit_in_bytes"))
+            used = int(_read(f"{base}/memory.usage_in_bytes"))
             inactive = _stat_value(f"{base}/memory.stat", "total_inactive_file")
             # cgroup v1 reports "no limit" as a huge page-aligned number.
             return (limit if limit < (1 << 60) else None), used - inactive
@@ -212,7 +217,7 @@ def cgroup_memory() -> tuple[int | None, int | None]:
 
 def _stat_value(path: str, key: str) -> int:
     try:
-        for line in open(path, encoding="utf-8"):
+        for line in _read(path).splitlines():
             k, _, v = line.partition(" ")
             if k == key:
                 return int(v)
@@ -432,7 +437,10 @@ class Watchdog:
         want = len(c["workers"]) + 1
         deadline = time.monotonic() + float(c["ray_join_timeout_s"])
         alive = 0
-        code = "import ray; ray.init(address='auto', logging_level='ERROR'); print(sum(1 for n in ray.nodes() if n['Alive']))"
+        code = (
+            "import ray; ray.init(address='auto', logging_level='ERROR'); "
+            "print(sum(1 for n in ray.nodes() if n['Alive']))"
+        )
         while time.monotonic() < deadline:
             res = sh(["docker", "exec", c["ray_container"], "python3", "-c", code], 60)
             lines = res.stdout.strip().splitlines()
@@ -470,7 +478,7 @@ def floor_loop(cfg: dict) -> None:
     while True:
         try:
             limit, used = cgroup_memory()
-            avail = available_bytes(open("/proc/meminfo", encoding="utf-8").read(), limit, used)
+            avail = available_bytes(_read("/proc/meminfo", encoding="utf-8"), limit, used)
         except (OSError, ValueError) as exc:
             events.emit("floor_error", f"cannot read memory: {exc}")
             time.sleep(30)
@@ -498,7 +506,8 @@ def floor_loop(cfg: dict) -> None:
             )
             events.emit(
                 "floor_acted",
-                f"{cfg['floor_stop_container']} stopped (rc {res.returncode}); restart it with site.yml once memory is back",
+                f"{cfg['floor_stop_container']} stopped (rc {res.returncode}); "
+                "restart it with site.yml once memory is back",
                 rc=res.returncode,
             )
         time.sleep(float(cfg["memory_check_s"]))
