@@ -199,7 +199,8 @@ def test_memory_floor_acts_before_sshd_stops(healthy):
         )
         state = node_sh(WORKER, "docker inspect -f '{{.State.Status}}' sparkops-ray").stdout.strip()
         print(
-            f"\n[day2] memory floor crossed after {crossed['epoch'] - t0:.1f} s; sshd answered: {ssh.returncode == 0}; Ray worker {state}"
+            f"\n[day2] memory floor crossed after {crossed['epoch'] - t0:.1f} s "
+            f"({crossed['available_bytes'] >> 20} MiB left); sshd answered: {ssh.returncode == 0}; Ray worker {state}"
         )
         assert ssh.returncode == 0, ssh.stderr
         assert state == "exited"
