@@ -414,6 +414,17 @@ def build_verdicts(inputs: dict) -> list[dict]:
     hw = s["hardware"]
     out: list[dict] = []
     for node, f in sorted(inputs["nodes"].items()):
+        if not f:
+            out.append(
+                verdict(
+                    "node reachable",
+                    node,
+                    CRITICAL,
+                    "Ansible could not reach this node; nothing on it could be read",
+                    f"check the node's power and management link; `ssh {node}`",
+                )
+            )
+            continue
         out.append(check_driver(node, f.get("gpu") or {}, s["driver_branch"]))
         out.append(check_kernel(node, f.get("kernel", ""), s.get("kernel_known_bad", [])))
         out.append(

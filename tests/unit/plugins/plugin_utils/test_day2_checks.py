@@ -145,3 +145,25 @@ def test_overall_ignores_not_applicable_and_markdown_has_every_check():
     assert d.overall(vs + [d.verdict("c", "c", "WARN", "w")]) == "WARN"
     md = d.render_markdown("sim", vs, "now")
     assert "Overall: **PASS**" in md and "| N/A | a | c | not applicable: x |" in md
+
+
+def test_unreachable_node_gets_one_critical_verdict():
+    inputs = {
+        "now_epoch": 0,
+        "settings": {
+            "hardware": "simulated",
+            "driver_branch": "580",
+            "memory_floor_gib": 0.25,
+            "disk_headroom_gib": 1,
+            "weights_path": "/w",
+            "cable_threshold_gbps": 190,
+            "expected_nodes": 2,
+            "expected_gpus": 2,
+            "serve_host": "10.0.0.1",
+            "mgmt_address": "192.168.0.1",
+        },
+        "nodes": {"spark-sim-2": {}},
+    }
+    vs = d.build_verdicts(inputs)
+    (node,) = [v for v in vs if v["scope"] == "spark-sim-2"]
+    assert node["check"] == "node reachable" and node["verdict"] == "CRITICAL"
