@@ -345,11 +345,13 @@ class Watchdog:
             verdict = decide(obs, self.state, self.cfg, now)
             self.state.update(verdict["state"])
             action, reason = verdict["action"], verdict["reason"]
-            if obs["probe"] == "hang":
+            # Once given up or blocked, repeat nothing every N s: the state says it.
+            quiet = self.state.get("status") in ("gave_up", "blocked")
+            if obs["probe"] == "hang" and not quiet:
                 self.events.emit(
                     "hang_seen", reason if action != "blocked" else obs["probe_detail"], probe_s=obs["probe_s"]
                 )
-            elif obs["probe"] == "failed" and not obs["in_grace"]:
+            elif obs["probe"] == "failed" and not obs["in_grace"] and not quiet:
                 self.events.emit("probe_failed", obs["probe_detail"], consecutive=self.state["consecutive_failures"])
             for name, st in obs["workers"].items():
                 if st != "running" and self.state.get("workers", {}).get(name) != st:
@@ -358,8 +360,8 @@ class Watchdog:
             status = {"none": "watching" if reason == "healthy" else "degraded", "blocked": "blocked"}.get(
                 action, action
             )
-            if self.state.get("status") == "gave_up" and action != "none":
-                status = "gave_up"  # stays given up until a healthy probe
+            if self.state.get("status") == "gave_up" and reason != "healthy":
+                status = "gave_up"  # stays given up, restarting nothing, until a completion answers
             elif action == "give_up":
                 self.events.emit(
                     "gave_up",
