@@ -76,3 +76,12 @@ def test_available_bytes_bounded_by_cgroup():
 def test_docker_time():
     assert wd.parse_docker_time("2026-11-23T19:00:00.123456789Z") == 1795460400.123456
     assert wd.parse_docker_time("0001-01-01T00:00:00Z") == 0.0
+
+
+def test_given_up_stays_given_up_until_healthy():
+    st = {"status": "gave_up", "reason": "vLLM exited", "restart_epochs": [], "consecutive_failures": 9}
+    held = wd.decide(obs("failed"), st, CFG, 100_000)
+    assert held["action"] == "none" and held["reason"].startswith("given up")
+    assert wd.decide(obs("hang"), st, CFG, 100_000)["action"] == "none"
+    back = wd.decide(obs("ok"), st, CFG, 100_000)
+    assert back["reason"] == "healthy" and back["state"]["consecutive_failures"] == 0

@@ -118,6 +118,9 @@ def decide(observation: dict, state: dict, cfg: dict, now: float) -> dict:
     if observation["probe"] == "ok" and not down:
         new["consecutive_failures"] = 0
         return {"action": "none", "reason": "healthy", "state": new}
+    if state.get("status") == "gave_up":
+        # Given up: no more restarts, whatever the window says, until a completion answers.
+        return {"action": "none", "reason": f"given up: {state.get('reason', '')}", "state": new}
     if observation.get("in_grace") and not down and observation["probe"] != "hang":
         return {"action": "none", "reason": "starting (grace period)", "state": new}
     if down:
