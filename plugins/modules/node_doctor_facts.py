@@ -153,21 +153,21 @@ def available_bytes() -> int | None:
     meminfo = _read("/proc/meminfo") or ""
     vals = {}
     for line in meminfo.splitlines():
-        key, _, rest = line.partition(":")
+        key, _sep, rest = line.partition(":")
         if key in ("MemAvailable", "MemTotal"):
             vals[key] = int(rest.split()[0]) * 1024
     if "MemAvailable" not in vals:
         return None
     avail = vals["MemAvailable"]
     for line in (_read("/proc/1/cgroup") or "").splitlines():
-        _, ctrls, path = line.split(":", 2)
+        _hier, ctrls, path = line.split(":", 2)
         if "memory" in ctrls.split(","):
             base = f"/sys/fs/cgroup/memory{path}"
             limit, used = _read(f"{base}/memory.limit_in_bytes"), _read(f"{base}/memory.usage_in_bytes")
             if limit and used and int(limit) < vals.get("MemTotal", 1 << 62):
                 inactive = 0
                 for stat in (_read(f"{base}/memory.stat") or "").splitlines():
-                    k, _, v = stat.partition(" ")
+                    k, _sep, v = stat.partition(" ")
                     if k == "total_inactive_file":
                         inactive = int(v)
                 avail = min(avail, max(0, int(limit) - (int(used) - inactive)))
@@ -212,7 +212,7 @@ def gpu_clocks(module: AnsibleModule, smi: str) -> list[dict]:
     exe = module.get_bin_path(smi)
     if not exe:
         return []
-    rc, out, _ = module.run_command([exe, "-q", "-d", "CLOCK,PERFORMANCE"])
+    rc, out, _err = module.run_command([exe, "-q", "-d", "CLOCK,PERFORMANCE"])
     return parse_nvidia_smi_clocks(out) if rc == 0 else []
 
 
@@ -222,7 +222,7 @@ def containers(module: AnsibleModule, names: list[str], lines: int) -> list[dict
     for name in names:
         entry = {"name": name, "status": "missing"}
         if docker:
-            rc, text, _ = module.run_command([docker, "inspect", "--format", "{{json .}}", name])
+            rc, text, _err = module.run_command([docker, "inspect", "--format", "{{json .}}", name])
             if rc == 0:
                 info = json.loads(text)
                 st = info.get("State", {})
