@@ -38,7 +38,7 @@ def parse_lspci_links(text: str) -> list[dict]:
     for raw in text.splitlines():
         line = raw.lstrip("> ")
         if _BDF_RE.match(line):
-            bdf, _, name = line.partition(" ")
+            bdf, _sep, name = line.partition(" ")
             cur = {"bdf": bdf, "name": name.strip()}
             devices.append(cur)
             continue
