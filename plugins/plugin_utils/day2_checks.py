@@ -221,9 +221,10 @@ def check_containers(node: str, containers: list[dict]) -> list[dict]:
                 f"container {name}",
                 node,
                 CRITICAL,
-                f"{name} {st or 'missing'} (exit code {c.get('exit_code')}, "
-                f"Docker restarted it {c.get('restart_count', 0)} "
-                f"times before giving up{', OOM-killed' if c.get('oom_killed') else ''}); last log: {tail or 'none'}",
+                f"{name} {st or 'missing'} (exit code {c.get('exit_code')}"
+                + (f", restarted {c['restart_count']} times by Docker" if c.get("restart_count") else "")
+                + (", OOM-killed" if c.get("oom_killed") else "")
+                + f", finished {c.get('finished_at') or '?'}); last log: {tail or 'none'}",
                 f"read `docker logs --tail 50 {name}` on {node}, fix the cause, then `ansible-playbook site.yml`",
             )
         )

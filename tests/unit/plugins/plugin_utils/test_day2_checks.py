@@ -89,7 +89,7 @@ def test_crashed_container_named_with_count_and_log():
         ],
     )
     assert v["verdict"] == "CRITICAL"
-    assert "restarted it 3 times" in v["evidence"] and "ValueError: no weights" in v["evidence"]
+    assert "exit code 1, restarted 3 times by Docker" in v["evidence"] and "ValueError: no weights" in v["evidence"]
     (ok,) = d.check_containers("n", [{"name": "sparkops-ray", "status": "running", "restart_count": 0}])
     assert ok["verdict"] == "PASS"
 
