@@ -193,7 +193,7 @@ def _read(path: str) -> str:
 def cgroup_memory() -> tuple[int | None, int | None]:
     """The limit and use of the cgroup that PID 1 (this host's init) lives in, v1 or v2."""
     try:
-        lines = _read("/proc/1/cgroup", encoding="utf-8").splitlines()
+        lines = _read("/proc/1/cgroup").splitlines()
     except OSError:
         return None, None
     for line in lines:
@@ -343,55 +343,61 @@ class Watchdog:
         last_status = None
         while True:
             t0 = time.monotonic()
-            obs = self.observe()
-            now = time.time()
-            verdict = decide(obs, self.state, self.cfg, now)
-            self.state.update(verdict["state"])
-            action, reason = verdict["action"], verdict["reason"]
-            # Once given up or blocked, repeat nothing every N s: the state says it.
-            quiet = self.state.get("status") in ("gave_up", "blocked")
-            if obs["probe"] == "hang" and not quiet:
-                self.events.emit(
-                    "hang_seen", reason if action != "blocked" else obs["probe_detail"], probe_s=obs["probe_s"]
-                )
-            elif obs["probe"] == "failed" and not obs["in_grace"] and not quiet:
-                self.events.emit("probe_failed", obs["probe_detail"], consecutive=self.state["consecutive_failures"])
-            for name, st in obs["workers"].items():
-                if st != "running" and self.state.get("workers", {}).get(name) != st:
-                    self.events.emit("worker_lost", f"{name}: Ray container {st}", worker=name, worker_state=st)
-            self.state["workers"] = obs["workers"]
-            status = {"none": "watching" if reason == "healthy" else "degraded", "blocked": "blocked"}.get(
-                action, action
-            )
-            if self.state.get("status") == "gave_up" and reason != "healthy":
-                status = "gave_up"  # stays given up, restarting nothing, until a completion answers
-            elif action == "give_up":
-                self.events.emit(
-                    "gave_up",
-                    f"{reason}; already restarted {len(self.state['restart_epochs'])} times in the last hour "
-                    f"(max_restarts_per_hour={self.cfg['max_restarts_per_hour']}); not restarting again",
-                    reason=reason,
-                )
-                status = "gave_up"
-            elif action == "restart":
-                self.restart_group(reason)
-                status = self.state["status"]
-            if status != last_status:
-                if status == "blocked":
-                    self.events.emit(
-                        "blocked", f"{reason}; restarting the group cannot help, not restarting", reason=reason
-                    )
-                if status == "watching" and last_status in ("gave_up", "blocked", "degraded", "restarting"):
-                    self.events.emit("recovered", "completions answer again")
-                last_status = status
-            self.save(
-                status=status,
-                reason=reason,
-                last_probe=obs["probe"],
-                last_probe_s=obs["probe_s"],
-                last_probe_at=utc_now(),
-            )
+            try:
+                last_status = self.round(last_status)
+            except Exception as exc:  # noqa: BLE001 - one bad round must not end the watchdog
+                self.events.emit("watchdog_error", f"{type(exc).__name__}: {exc}"[:300])
             time.sleep(max(0.0, float(self.cfg["interval_s"]) - (time.monotonic() - t0)))
+
+    def round(self, last_status: str | None) -> str | None:
+        """One observation, decision and action; returns the status it ends in."""
+        obs = self.observe()
+        now = time.time()
+        verdict = decide(obs, self.state, self.cfg, now)
+        self.state.update(verdict["state"])
+        action, reason = verdict["action"], verdict["reason"]
+        # Once given up or blocked, repeat nothing every N s: the state says it.
+        quiet = self.state.get("status") in ("gave_up", "blocked")
+        if obs["probe"] == "hang" and not quiet:
+            self.events.emit(
+                "hang_seen", reason if action != "blocked" else obs["probe_detail"], probe_s=obs["probe_s"]
+            )
+        elif obs["probe"] == "failed" and not obs["in_grace"] and not quiet:
+            self.events.emit("probe_failed", obs["probe_detail"], consecutive=self.state["consecutive_failures"])
+        for name, st in obs["workers"].items():
+            if st != "running" and self.state.get("workers", {}).get(name) != st:
+                self.events.emit("worker_lost", f"{name}: Ray container {st}", worker=name, worker_state=st)
+        self.state["workers"] = obs["workers"]
+        status = {"none": "watching" if reason == "healthy" else "degraded", "blocked": "blocked"}.get(action, action)
+        if self.state.get("status") == "gave_up" and reason != "healthy":
+            status = "gave_up"  # stays given up, restarting nothing, until a completion answers
+        elif action == "give_up":
+            self.events.emit(
+                "gave_up",
+                f"{reason}; already restarted {len(self.state['restart_epochs'])} times in the last hour "
+                f"(max_restarts_per_hour={self.cfg['max_restarts_per_hour']}); not restarting again",
+                reason=reason,
+            )
+            status = "gave_up"
+        elif action == "restart":
+            self.restart_group(reason)
+            status = self.state["status"]
+        if status != last_status:
+            if status == "blocked":
+                self.events.emit(
+                    "blocked", f"{reason}; restarting the group cannot help, not restarting", reason=reason
+                )
+            if status == "watching" and last_status in ("gave_up", "blocked", "degraded", "restarting"):
+                self.events.emit("recovered", "completions answer again")
+            last_status = status
+        self.save(
+            status=status,
+            reason=reason,
+            last_probe=obs["probe"],
+            last_probe_s=obs["probe_s"],
+            last_probe_at=utc_now(),
+        )
+        return last_status
 
     # ---- the ordered group restart
     def restart_group(self, reason: str) -> None:
@@ -483,9 +489,9 @@ def floor_loop(cfg: dict) -> None:
     while True:
         try:
             limit, used = cgroup_memory()
-            avail = available_bytes(_read("/proc/meminfo", encoding="utf-8"), limit, used)
-        except (OSError, ValueError) as exc:
-            events.emit("floor_error", f"cannot read memory: {exc}")
+            avail = available_bytes(_read("/proc/meminfo"), limit, used)
+        except Exception as exc:  # noqa: BLE001 - the floor must outlive any surprise
+            events.emit("floor_error", f"cannot read memory: {type(exc).__name__}: {exc}")
             time.sleep(30)
             continue
         if avail < floor and not os.path.exists(cfg["floor_marker"]):
