@@ -291,7 +291,8 @@ def check_ray(ray: dict, expected_nodes: int, expected_gpus: float) -> dict:
             f"Ray could not be read: {(ray or {}).get('msg') or (ray or {}).get('error') or 'no answer'}",
             "docker logs sparkops-ray on the head; `ansible-playbook site.yml` restarts the group",
         )
-    alive, gpus = int(ray.get("alive_nodes", 0)), float(ray.get("total_gpus", 0) or 0)
+    # Keys of sparkops.cluster.ray_cluster_status (the one source for alive nodes and GPUs).
+    alive, gpus = int(ray.get("nodes_alive", 0)), float(ray.get("gpus_total", 0) or 0)
     ev = f"{alive} of {expected_nodes} nodes alive, {gpus:g} of {expected_gpus:g} GPUs"
     if ray.get("dead_node_ips"):
         ev += f"; dead: {', '.join(ray['dead_node_ips'])}"

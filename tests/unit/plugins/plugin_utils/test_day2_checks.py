@@ -95,10 +95,10 @@ def test_crashed_container_named_with_count_and_log():
 
 
 def test_ray_membership_and_endpoint():
-    ray = {"alive_nodes": 1, "total_gpus": 1.0, "dead_node_ips": ["10.213.0.12"]}
+    ray = {"nodes_alive": 1, "gpus_total": 1.0, "dead_node_ips": ["10.213.0.12"]}
     v = d.check_ray(ray, 2, 2)
     assert v["verdict"] == "CRITICAL" and "1 of 2 nodes" in v["evidence"] and "10.213.0.12" in v["evidence"]
-    assert d.check_ray({"alive_nodes": 2, "total_gpus": 2.0}, 2, 2)["verdict"] == "PASS"
+    assert d.check_ray({"nodes_alive": 2, "gpus_total": 2.0}, 2, 2)["verdict"] == "PASS"
     assert d.check_ray({"failed": True, "msg": "no container"}, 2, 2)["verdict"] == "CRITICAL"
     assert d.check_endpoint({"healthy": True, "ttft_s": 0.1})["verdict"] == "PASS"
     bad = d.check_endpoint({"healthy": False, "checks": {"completion": {"ok": False, "message": "timed out"}}})
