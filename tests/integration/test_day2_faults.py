@@ -219,3 +219,20 @@ def test_memory_floor_acts_before_sshd_stops(healthy):
     assert res.returncode != 0
     assert any(v["check"] == "memory headroom" and v["scope"] == WORKER for v in verdicts(report, "CRITICAL"))
     run_playbook("site.yml", timeout=900)
+
+
+def test_known_bad_kernel_refused_and_pinned(sim_cluster, tmp_path):
+    kernel = node_sh(WORKER, "uname -r").stdout.strip()
+    # The pin site.yml wrote is a preferences file apt accepts (a bad one makes every apt command fail).
+    policy = node_sh(WORKER, "apt-cache policy 2>&1; cat /etc/apt/preferences.d/sparkops-kernel-hold")
+    assert "E:" not in policy.stdout and "Pin-Priority: -1" in policy.stdout, policy.stdout
+    bad = json.dumps({"sparkops_kernel_known_bad": [{"version": kernel, "reason": "test: pretend it broke RoCE"}]})
+    res = run_playbook("playbooks/preflight.yml", args=["-e", bad], timeout=300)
+    assert res.returncode != 0
+    assert f"runs kernel {kernel}, known bad: test: pretend it broke RoCE" in res.stdout
+
+
+def test_memory_plan_below_the_floor_refused(sim_cluster):
+    res = run_playbook("playbooks/preflight.yml", args=["-e", "sparkops_memory_floor_gib=100"], timeout=300)
+    assert res.returncode != 0
+    assert "below the memory floor of 100 GiB (sparkops_memory_floor_gib)" in res.stdout
