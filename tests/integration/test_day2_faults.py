@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from .conftest import ROOT, api_key, node_sh, run_playbook
+from conftest import ROOT, api_key, node_sh, run_playbook
 
 HEAD, WORKER = "spark-sim-1", "spark-sim-2"
 EVENTS = "/var/lib/sparkops/watchdog.jsonl"
