@@ -11,7 +11,6 @@ import json
 import time
 
 import pytest
-
 from conftest import ROOT, api_key, node_sh, run_playbook
 
 HEAD, WORKER = "spark-sim-1", "spark-sim-2"
