@@ -28,8 +28,8 @@ sim: sim-up
 	ansible-playbook site.yml -i inventory/sim
 	@echo
 	@echo "Simulated cluster serving (a vLLM TEST DOUBLE behind a real Ray cluster):"
-	@sed -n 's/^| \(endpoint\|API key\|healthy\) | \(.*\) |$$/  \1: \2/p' reports/spark-sim/health.md
-	@echo "  report: $(CURDIR)/reports/spark-sim/health.md"
+	@sed -n 's/^| \(endpoint\|API key\|healthy\) | \(.*\) |$$/  \1: \2/p' .sim/reports/health.md
+	@echo "  report: $(CURDIR)/.sim/reports/health.md"
 
 sim-down:
 	python3 sim/simctl.py down
