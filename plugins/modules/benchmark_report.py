@@ -16,7 +16,8 @@ description:
   - "Runs on the control node (C(delegate_to: localhost)). The PNG needs matplotlib; without it no
     PNG is written and C(png_skipped) says why."
 version_added: "0.1.0"
-author: sparkops
+author:
+  - sparkops maintainers (!UNKNOWN)
 options:
   results:
     description: The C(levels) list returned by M(sparkops.cluster.vllm_benchmark).
@@ -28,7 +29,7 @@ options:
       - Concurrency -> aggregate tok/s to compare with. The default is the two-Spark reference
         (Qwen3-235B-A22B GPTQ-Int4, TP=2, EP=2).
     type: dict
-    default: {1: 17.0, 2: 24.1, 4: 36.4}
+    default: {"1": 17.0, "2": 24.1, "4": 36.4}
   output_dir:
     description: Directory for the report files; created when missing.
     type: path
@@ -49,17 +50,22 @@ options:
     description: Timestamp used in the file names (C(YYYYMMDDTHHMMSSZ)); default now, UTC.
     type: str
     required: false
+extends_documentation_fragment:
+  - sparkops.cluster.attributes
 attributes:
   check_mode:
     support: full
-    description: Computes the comparison and the paths it would write; writes nothing.
+    details: Computes the comparison and the paths it would write; writes nothing.
+  diff_mode:
+    support: none
+    details: Writes new report files; there is no earlier version of them to diff.
 """
 
 EXAMPLES = r"""
 - name: Report the benchmark and compare with the last run of this cluster
   sparkops.cluster.benchmark_report:
     results: "{{ bench.levels }}"
-    output_dir: "{{ playbook_dir }}/../benchmarks"
+    output_dir: "{{ sparkops_reports_dir }}/benchmarks"
     cluster_name: two-sparks
   delegate_to: localhost
   register: report
@@ -117,7 +123,8 @@ from datetime import datetime, timezone
 
 from ansible.module_utils.basic import AnsibleModule
 
-DEFAULT_REFERENCE = {1: 17.0, 2: 24.1, 4: 36.4}
+# String keys, as Ansible hands dict keys over; normalize_reference makes them int.
+DEFAULT_REFERENCE = {"1": 17.0, "2": 24.1, "4": 36.4}
 TIMESTAMP_RE = r"\d{8}T\d{6}Z"
 
 

@@ -22,7 +22,7 @@ description:
   - A measurement; never changes anything (C(changed) is always false).
 version_added: "0.1.0"
 author:
-  - sparkops maintainers
+  - sparkops maintainers (!UNKNOWN)
 options:
   role:
     description: Which end of the test this host runs.
@@ -115,10 +115,12 @@ options:
     description: Root of sysfs, where C(class/infiniband/<device>) is looked up (tests point it elsewhere).
     type: path
     default: /sys
+extends_documentation_fragment:
+  - sparkops.cluster.attributes
 attributes:
   check_mode:
     support: full
-    description: Validates the options, the program and the device, and returns the command it would run.
+    details: Validates the options, the program and the device, and returns the command it would run.
   diff_mode:
     support: none
 notes:
@@ -377,12 +379,12 @@ def run_with_deadline(cmd: list[str], timeout_s: float) -> tuple[int | None, str
     )
     timed_out = False
     try:
-        output, _ = proc.communicate(timeout=timeout_s)
+        output = proc.communicate(timeout=timeout_s)[0]
     except subprocess.TimeoutExpired:
         timed_out = True
         _kill_group(proc.pid)
         try:
-            output, _ = proc.communicate(timeout=5)
+            output = proc.communicate(timeout=5)[0]
         except subprocess.TimeoutExpired:  # pragma: no cover - a pipe held open by an unkillable process
             proc.kill()
             output = ""
