@@ -6,7 +6,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export PYTHONUNBUFFERED := 1
 
-.PHONY: help venv sim sim-up sim-down sim-destroy test lint unit molecule integration syntax bench-weights
+.PHONY: help venv sim sim-up sim-down sim-destroy test lint unit molecule integration syntax bench-weights changelog collection-checks
 
 help:
 	@echo "make sim       - build the simulated two-Spark cluster and run site.yml against it"
@@ -49,3 +49,23 @@ test: venv
 # Not part of `make test`: a benchmark prints ratios measured in one run; it never gates CI.
 bench-weights: venv
 	$(PY) benchmarks/weight_sync.py --gib 2
+
+# CHANGELOG.md is generated (antsibull-changelog) from changelogs/fragments/: this
+# previews the coming release (the version in galaxy.yml) in a scratch copy, so the
+# fragments stay until `antsibull-changelog release` at release time.
+changelog: venv
+	antsibull-changelog lint
+	@scratch=$$(mktemp -d) && trap 'rm -rf "$$scratch"' EXIT && \
+	git ls-files -co --exclude-standard -z | xargs -0 cp -P --parents -t "$$scratch" && \
+	version=$$($(PY) -c 'import yaml; print(yaml.safe_load(open("galaxy.yml"))["version"])') && \
+	(cd "$$scratch" && antsibull-changelog release --version "$$version") && \
+	cp "$$scratch/CHANGELOG.md" CHANGELOG.md && echo "CHANGELOG.md: $$version (unreleased) from changelogs/fragments/"
+
+# The collection as a user installs it (tests/collection-checks.sh): build, install
+# next to only the declared dependencies, syntax by FQCN, docs, sanity, units.
+collection-checks: venv
+	tests/collection-checks.sh install
+	tests/collection-checks.sh syntax
+	tests/collection-checks.sh docs
+	tests/collection-checks.sh sanity
+	tests/collection-checks.sh units
