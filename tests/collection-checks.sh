@@ -94,26 +94,38 @@ syntax() {
 }
 
 docs() {
-    local rc=0 kind name out
+    local rc=0 kind names out
     for kind in role filter module; do
-        local names
         names=$(cd "$WORK" && ansible-doc -t "$kind" -l sparkops.cluster --json | python3 -c \
-            'import json,sys; print("\n".join(sorted(json.load(sys.stdin))))')
+            'import json,sys; print(" ".join(sorted(json.load(sys.stdin))))')
+        if [ "$kind" = role ]; then
+            # Every role directory must be listed.
+            local dirs
+            dirs=$(cd "$INSTALLED/roles" && ls -d */ | sed 's#/$##; s#^#sparkops.cluster.#' | sort | tr '\n' ' ')
+            [ "${dirs% }" = "$names" ] || { echo "roles listed by ansible-doc: $names; in roles/: $dirs"; rc=1; }
+        fi
         [ -n "$names" ] || { echo "ansible-doc lists no $kind in sparkops.cluster"; rc=1; continue; }
-        for name in $names; do
-            if ! out=$(cd "$WORK" && ansible-doc -t "$kind" "$name" 2>&1) || [ -z "$out" ] \
-                || grep -q 'WARNING\|ERROR' <<<"$out"; then
-                echo "ansible-doc -t $kind $name does not render:"; echo "$out" | head -20; rc=1
-            fi
-        done
-        echo "$kind docs: $(echo "$names" | wc -l) render"
-    done
-    # Every role directory and every filter file must be among what renders.
-    local role
-    for role in "$INSTALLED"/roles/*/; do
-        role=$(basename "$role")
-        (cd "$WORK" && ansible-doc -t role "sparkops.cluster.$role" >/dev/null 2>&1) \
-            || { echo "role $role has no documented entry point (meta/argument_specs.yml)"; rc=1; }
+        # One call renders them all as text (an error or warning fails), one checks each has content.
+        # shellcheck disable=SC2086
+        if ! out=$(cd "$WORK" && ansible-doc -t "$kind" $names 2>&1) || grep -q 'WARNING\|ERROR' <<<"$out"; then
+            echo "ansible-doc -t $kind does not render:"; echo "$out" | grep -B2 -A5 'WARNING\|ERROR' | head -30; rc=1
+        fi
+        # shellcheck disable=SC2086
+        (cd "$WORK" && ansible-doc -t "$kind" --json $names) | python3 -c '
+import json, sys
+kind, docs, bad = sys.argv[1], json.load(sys.stdin), []
+for name in sys.argv[2:]:
+    doc = docs.get(name)
+    if kind == "role":
+        points = (doc or {}).get("entry_points") or {}
+        if not points or not all(p.get("short_description") for p in points.values()):
+            bad.append(name + " (no documented entry point: meta/argument_specs.yml)")
+    elif not ((doc or {}).get("doc") or {}).get("short_description") or not (doc or {}).get("examples"):
+        bad.append(name + " (no DOCUMENTATION/EXAMPLES)")
+for line in bad:
+    print("undocumented " + kind + ": " + line)
+print("%s docs: %d of %d render with content" % (kind, len(sys.argv[2:]) - len(bad), len(sys.argv[2:])))
+sys.exit(1 if bad else 0)' "$kind" $names || rc=1
     done
     return $rc
 }
