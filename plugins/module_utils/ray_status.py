@@ -301,7 +301,9 @@ def describe_membership(m: dict, expected_nodes: int | None = None, expected_gpu
     """One sentence that status, verify and the health report all print, e.g.
     "1/2 nodes alive, 1.0/2.0 GPUs; dead: 10.213.0.12"."""
     nodes = f"{m['nodes_alive']}/{expected_nodes}" if expected_nodes is not None else str(m["nodes_alive"])
-    gpus = f"{m['gpus_total']:.1f}/{float(expected_gpus):.1f}" if expected_gpus is not None else f"{m['gpus_total']:.1f}"
+    gpus = f"{m['gpus_total']:.1f}"
+    if expected_gpus is not None:
+        gpus += f"/{float(expected_gpus):.1f}"
     msg = f"{nodes} nodes alive, {gpus} GPUs ({m['gpus_used']:.1f} used)"
     if m.get("missing_node_ips"):
         msg += f"; not joined: {', '.join(m['missing_node_ips'])}"

@@ -47,8 +47,7 @@ def fake_docker(tmp_path: Path, state: str, log_lines: list[str]) -> Path:
     (tmp_path / "logs.txt").write_text("\n".join(log_lines) + "\n")
     script = bindir / "docker"
     script.write_text(
-        "#!/bin/sh\n"
-        f'case "$1" in inspect) echo "{state}";; logs) cat {tmp_path / "logs.txt"} >&2;; *) exit 3;; esac\n'
+        f'#!/bin/sh\ncase "$1" in inspect) echo "{state}";; logs) cat {tmp_path / "logs.txt"} >&2;; *) exit 3;; esac\n'
     )
     script.chmod(0o755)
     return bindir
