@@ -258,7 +258,8 @@ def render_markdown(  # noqa: PLR0913, PLR0917 - one call site, each part of the
     lines += [
         f"Previous run: `{os.path.basename(previous_path)}`" if previous_path else "Previous run: none",
         (
-            f"Delta: aggregate tok/s against the previous {source} run; REGRESSION when it fell more than {threshold:.0%}."
+            f"Delta: aggregate tok/s against the previous {source} run; "
+            f"REGRESSION when it fell more than {threshold:.0%}."
             if double
             else f"Delta: aggregate tok/s against the previous run, or against the reference when there is none; "
             f"REGRESSION when it fell more than {threshold:.0%}."
