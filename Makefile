@@ -29,7 +29,8 @@ help:
 	@echo "  make teardown     - stop vLLM and Ray (images and weights stay); make sim brings them back (~20 s)"
 	@echo "  make doctor       - one verdict per check (PASS/WARN/CRITICAL) with the next action (~1 min)"
 	@echo "Checks:"
-	@echo "  make lint | unit  - linters / unit tests"
+	@echo "  make lint         - ruff, yamllint, ansible-lint, syntax checks"
+	@echo "  make unit         - unit tests"
 	@echo "  make test         - lint, unit tests, molecule on the simulated cluster, integration tests (~16 min)"
 	@echo "  make bench-weights - weight-sync benchmark (not part of make test)"
 
