@@ -54,3 +54,15 @@ def test_copied_inventory_finds_the_key_by_absolute_path(tmp_path, monkeypatch):
     args = rendered(copy, "ansible_ssh_common_args")
     assert f"UserKnownHostsFile={state / 'ssh' / 'known_hosts'}" in args
     assert ".." not in key and ".." not in args
+
+
+def test_sim_down_says_what_stays_and_how_to_remove_it(tmp_path, monkeypatch, capsys):
+    """Issue 16.6: `make sim-down` left dockerd and ~860 MB of images without a word."""
+    simctl = load_simctl(monkeypatch, tmp_path / "state")
+    calls = []
+    monkeypatch.setattr(simctl, "docker_ok", lambda: True)
+    monkeypatch.setattr(simctl, "run", lambda cmd, **kw: calls.append(cmd))
+    simctl.down(simctl.argparse.Namespace(all=False, keep_volumes=False))
+    said = " ".join(capsys.readouterr().out.split())
+    assert "dockerd" in said and "860 MB" in said and "make sim-destroy" in said, said
+    assert not any(c[:3] == ["docker", "image", "rm"] for c in calls)
