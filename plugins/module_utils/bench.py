@@ -21,6 +21,20 @@ import urllib.parse
 import urllib.request
 from dataclasses import asdict, dataclass
 
+# Where a benchmark's figures come from. One value for every file of a report (JSON, Markdown, PNG):
+# real hardware, or the vLLM TEST DOUBLE of the simulated cluster, whose pace is a setting
+# (SPARKOPS_TEST_DOUBLE_TOK_S) and says nothing about a model on a GPU.
+SOURCE_HARDWARE = "hardware"
+SOURCE_TEST_DOUBLE = "test-double"
+SOURCES = (SOURCE_HARDWARE, SOURCE_TEST_DOUBLE)
+SOURCE_LABELS = {
+    SOURCE_HARDWARE: "measured on hardware",
+    SOURCE_TEST_DOUBLE: "vLLM TEST DOUBLE (simulated cluster): not a model, not hardware",
+}
+# Aggregate tok/s by concurrency, Qwen3-235B-A22B GPTQ-Int4 on two DGX Sparks (TP=2, EP=2). Only
+# hardware figures are compared with it.
+HARDWARE_REFERENCE = {1: 17.0, 2: 24.1, 4: 36.4}
+
 # vLLM V1 counters (tokens), and the V0-era names for the same, newest first.
 PREFIX_HITS = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
 PREFIX_QUERIES = ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total")
