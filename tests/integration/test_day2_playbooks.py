@@ -49,6 +49,7 @@ def test_status_runs_and_agrees_with_verify_on_a_dead_worker():
         line = ray_line(status.stdout)
         assert line.startswith("ray: DEGRADED: 1/2 nodes alive, 1.0/2.0 GPUs"), line
         assert WORKER_FAST in line, line
+        print(f"status.yml with the worker's Ray stopped: {line}")
 
         verify = run_playbook("playbooks/verify.yml", extra_vars={"ray_cluster_join_timeout_s": 15}, timeout=300)
         assert verify.returncode != 0
