@@ -49,6 +49,7 @@ def test_status_runs_and_agrees_with_verify_on_a_dead_worker():
         line = ray_line(status.stdout)
         assert line.startswith("ray: DEGRADED: 1/2 nodes alive, 1.0/2.0 GPUs"), line
         assert WORKER_FAST in line, line
+        print(f"status.yml with the worker's Ray stopped: {line}")
 
         verify = run_playbook("playbooks/verify.yml", extra_vars={"ray_cluster_join_timeout_s": 15}, timeout=300)
         assert verify.returncode != 0
@@ -95,35 +96,40 @@ def test_teardown_then_site_brings_serving_back():
     print(f"site.yml after teardown: {res.elapsed:.1f} s")
 
 
-def test_report_prints_a_curl_that_works_and_never_the_key():
+def make(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`make` as a user runs it: no SPARKOPS_SIM_STATE in the environment. (`-o .venv/.installed`: in
+    this session's worktrees .venv is a link to a shared venv, which make must not try to rebuild.)"""
+    env = ansible_env()
+    env.pop("SPARKOPS_SIM_STATE", None)
+    return subprocess.run(
+        ["make", "-s", "-o", ".venv/.installed", *args],
+        check=False, cwd=ROOT, capture_output=True, text=True, env=env, timeout=timeout,
+    )  # fmt: skip
+
+
+def test_report_and_make_sim_info_print_a_curl_that_works_and_never_the_key():
     res = run_playbook("playbooks/report.yml", timeout=300)
     assert res.returncode == 0, res.stdout[-4000:]
-    m = re.search(r"(curl -sS http://\S+/v1/chat/completions .*?max_tokens\": 32\}')", res.stdout)
-    assert m, res.stdout[-3000:]
-    curl = m.group(1)
-    assert '"model": "sim-tiny"' in curl and "$(cat /" in curl and ".." not in curl
+    assert "synthetic shards seeded by sim/simctl.py" in flat(res.stdout)  # not a Hub link that 404s
+    info = make("sim-info")
+    assert info.returncode == 0, info.stdout + info.stderr
+    assert "served model name: `sim-tiny`" in info.stdout
+    assert ".." not in info.stdout
+    curls = [line.strip() for line in info.stdout.splitlines() if line.strip().startswith("curl -sS ")]
+    assert len(curls) == 1, info.stdout
+    curl = curls[0]
+    assert '"model": "sim-tiny"' in curl and "$(cat /" in curl
     key_file = re.search(r"\$\(cat (\S+)\)", curl).group(1)
     key = Path(key_file).read_text().strip()
-    assert key not in res.stdout, "the API key itself must never be printed"
+    assert key not in res.stdout and key not in info.stdout, "the API key itself must never be printed"
     out = subprocess.run(["bash", "-c", curl], capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 0, out.stderr
     answer = json.loads(out.stdout)
     assert answer["model"] == "sim-tiny" and answer["choices"][0]["message"]["content"], answer
-    assert "synthetic shards seeded by sim/simctl.py" in res.stdout  # not a Hub link that 404s
 
 
-def test_make_sim_info_and_status_target():
-    env = ansible_env()
-    env.pop("SPARKOPS_SIM_STATE", None)
-    info = subprocess.run(
-        ["make", "-s", "sim-info"], check=False, cwd=ROOT, capture_output=True, text=True, env=env, timeout=120
-    )
-    assert info.returncode == 0, info.stdout + info.stderr
-    assert "served model name: `sim-tiny`" in info.stdout and "curl -sS" in info.stdout
-    assert ".." not in info.stdout
-    status = subprocess.run(
-        ["make", "-s", "status"], check=False, cwd=ROOT, capture_output=True, text=True, env=env, timeout=300
-    )
+def test_make_status_target():
+    status = make("status")
     assert status.returncode == 0, status.stdout[-3000:]
     assert "ray: ok: 2/2 nodes alive" in flat(status.stdout)
 
