@@ -46,7 +46,7 @@ def test_collection_link_points_at_repo_root():
 
 
 def test_module_utils_importable_by_fqcn():
-    mod = importlib.import_module("ansible_collections.sparkops.cluster.plugins.module_utils.serving_profile")
+    mod = importlib.import_module("ansible_collections.sparkops.cluster.plugins.plugin_utils.serving_profile")
     assert hasattr(mod, "vllm_serve_args")
 
 
