@@ -118,7 +118,7 @@ def contract_from_help(text, version, env_vars=None) -> dict:
         parts = _split_invocation(m.group(1))
         names, value_of = [], {}
         for part in parts:
-            name, _, args = part.partition(" ")
+            name, _sep, args = part.partition(" ")
             if not re.match(r"^-{1,2}[A-Za-z0-9][A-Za-z0-9_.-]*$", name):
                 names = []
                 break
@@ -249,7 +249,7 @@ def check_serve_args(argv, env, contract) -> list[str]:
             name = _normalise(name)
         dotted = None
         if name.startswith("--") and "." in name:
-            name, _, dotted = name.partition(".")
+            name, _sep, dotted = name.partition(".")
         canonical = aliases.get(name)
         if canonical is None:
             near = _nearest(name, options)
