@@ -181,6 +181,7 @@ def test_bad_arguments_are_refused_clearly(v019):
         check_serve_args([], ["VLLM_X"], v019)
 
 
+@pytest.mark.skipif(not (ROOT / "sim").is_dir(), reason="checkout only: sim/ does not ship in the collection")
 def test_standin_copy_is_the_pinned_fixture():
     """The test double in the simulated cluster loads sim/standin/vllm-contract.json: the same contract."""
     copy = json.loads((ROOT / "sim" / "standin" / "vllm-contract.json").read_text())
