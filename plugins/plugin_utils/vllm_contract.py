@@ -239,7 +239,9 @@ def check_serve_args(argv, env, contract) -> list[str]:
         if not arg.startswith("-") or arg == "-" or re.match(r"^-\d", arg):
             positionals += 1
             continue
-        if arg.startswith("-O") and not arg.startswith("--") and arg != "-O":
+        if arg == "-O" and i < len(args) and args[i] in ("0", "1", "2", "3"):
+            arg = "--optimization-level"  # FlexibleArgumentParser: -O <n>
+        elif arg.startswith("-O") and not arg.startswith("--") and arg != "-O":
             # -O3 / -O=3 / -Odecode: FlexibleArgumentParser turns it into --optimization-level
             if "--optimization-level" not in options:
                 problems.append(f"{arg}: vLLM {version} has no --optimization-level (-O)")

@@ -160,6 +160,11 @@ def test_what_0_19_0_refuses_is_named_with_option_and_version(v019, argv, expect
     assert any(expected in p for p in problems), problems
 
 
+def test_optimization_level_forms_like_flexible_argument_parser(v019):
+    for argv in (["m", "-O3"], ["m", "-O", "3"], ["m", "-O=2"], ["m", "--optimization-level", "1"]):
+        assert check_serve_args(argv, {}, v019) == [], argv
+
+
 def test_attention_backend_is_case_insensitive_and_auto_like_vllm(v019):
     assert check_serve_args(["m", "--attention-backend", "triton_attn"], {}, v019) == []
     assert check_serve_args(["m", "--attention-backend", "auto"], {}, v019) == []
