@@ -373,7 +373,7 @@ def _check_env(env, contract) -> list[str]:
 def _nearest(name: str, candidates) -> str | None:
     import difflib  # noqa: PLC0415 - only on the error path
 
-    found = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.8)
+    found = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.9)
     return found[0] if found else None
 
 
