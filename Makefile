@@ -7,7 +7,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export PYTHONUNBUFFERED := 1
 
 .PHONY: help venv sim sim-up sim-down sim-destroy sim-info test lint unit molecule integration syntax bench-weights \
-	status verify benchmark upgrade teardown doctor
+	status verify benchmark upgrade teardown doctor changelog collection-checks
 
 # Day-2 targets run against INVENTORY (the simulated cluster unless told otherwise):
 #   make status INVENTORY=inventory/two-sparks    make upgrade ARGS='-e spark_vllm_image_ref=sim-v2'
@@ -32,6 +32,8 @@ help:
 	@echo "  make lint         - ruff, yamllint, ansible-lint, syntax checks"
 	@echo "  make unit         - unit tests"
 	@echo "  make test         - lint, unit tests, molecule on the simulated cluster, integration tests (~16 min)"
+	@echo "  make collection-checks - build, install next to only the declared collections, syntax by FQCN, docs, sanity, units (~5 min)"
+	@echo "  make changelog    - lint changelogs/fragments/ and regenerate CHANGELOG.md from them"
 	@echo "  make bench-weights - weight-sync benchmark (not part of make test)"
 
 $(VENV)/.installed: pyproject.toml
@@ -100,3 +102,23 @@ test: venv
 # Not part of `make test`: a benchmark prints ratios measured in one run; it never gates CI.
 bench-weights: venv
 	$(PY) benchmarks/weight_sync.py --gib 2
+
+# CHANGELOG.md is generated (antsibull-changelog) from changelogs/fragments/: this
+# previews the coming release (the version in galaxy.yml) in a scratch copy, so the
+# fragments stay until `antsibull-changelog release` at release time.
+changelog: venv
+	antsibull-changelog lint
+	@scratch=$$(mktemp -d) && trap 'rm -rf "$$scratch"' EXIT && \
+	git ls-files -co --exclude-standard -z | xargs -0 cp -P --parents -t "$$scratch" && \
+	version=$$($(PY) -c 'import yaml; print(yaml.safe_load(open("galaxy.yml"))["version"])') && \
+	(cd "$$scratch" && antsibull-changelog release --version "$$version") && \
+	cp "$$scratch/CHANGELOG.md" CHANGELOG.md && echo "CHANGELOG.md: $$version (unreleased) from changelogs/fragments/"
+
+# The collection as a user installs it (tests/collection-checks.sh): build, install
+# next to only the declared dependencies, syntax by FQCN, docs, sanity, units.
+collection-checks: venv
+	tests/collection-checks.sh install
+	tests/collection-checks.sh syntax
+	tests/collection-checks.sh docs
+	tests/collection-checks.sh sanity
+	tests/collection-checks.sh units

@@ -167,7 +167,7 @@ def _mini_yaml_nodes(text: str) -> list[dict]:
         if cur is None:
             raise RayParseError(f"unexpected YAML line: {raw.strip()[:80]}")
         indent = len(raw) - len(raw.lstrip())
-        key, _, value = raw.strip().partition(":")
+        key, _sep, value = raw.strip().partition(":")
         value = value.strip()
         if indent <= (base or 0):
             nested = None

@@ -18,7 +18,8 @@ description:
   - "Runs on the control node (C(delegate_to: localhost)). The PNG needs matplotlib; without it no
     PNG is written and C(png_skipped) says why."
 version_added: "0.1.0"
-author: sparkops
+author:
+  - sparkops maintainers (!UNKNOWN)
 options:
   source:
     description:
@@ -42,7 +43,7 @@ options:
       - Concurrency -> aggregate tok/s to compare hardware figures with. The default is the two-Spark
         reference (Qwen3-235B-A22B GPTQ-Int4, TP=2, EP=2). Not used with I(source=test-double).
     type: dict
-    default: {1: 17.0, 2: 24.1, 4: 36.4}
+    default: {"1": 17.0, "2": 24.1, "4": 36.4}
   output_dir:
     description: Directory for the report files; created when missing.
     type: path
@@ -63,17 +64,22 @@ options:
     description: Timestamp used in the file names (C(YYYYMMDDTHHMMSSZ)); default now, UTC.
     type: str
     required: false
+extends_documentation_fragment:
+  - sparkops.cluster.attributes
 attributes:
   check_mode:
     support: full
-    description: Computes the comparison and the paths it would write; writes nothing.
+    details: Computes the comparison and the paths it would write; writes nothing.
+  diff_mode:
+    support: none
+    details: Writes new report files; there is no earlier version of them to diff.
 """
 
 EXAMPLES = r"""
 - name: Report the benchmark and compare with the last run of this cluster
   sparkops.cluster.benchmark_report:
     results: "{{ bench.levels }}"
-    output_dir: "{{ playbook_dir }}/../benchmarks"
+    output_dir: "{{ sparkops_reports_dir }}/benchmarks"
     cluster_name: two-sparks
   delegate_to: localhost
   register: report
@@ -142,7 +148,9 @@ from ansible_collections.sparkops.cluster.plugins.module_utils.bench import (
     SOURCES,
 )
 
-DEFAULT_REFERENCE = HARDWARE_REFERENCE
+# String keys, as Ansible hands dict keys over (and validate-modules wants them so);
+# normalize_reference makes them int.
+DEFAULT_REFERENCE = {str(k): v for k, v in HARDWARE_REFERENCE.items()}
 TIMESTAMP_RE = r"\d{8}T\d{6}Z"
 
 

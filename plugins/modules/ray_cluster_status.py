@@ -22,7 +22,7 @@ description:
   - Read-only.
 version_added: "0.1.0"
 author:
-  - sparkops maintainers
+  - sparkops maintainers (!UNKNOWN)
 options:
   container:
     description:
@@ -75,12 +75,9 @@ options:
     description: Timeout of one run of I(command) or I(nodes_command) (C(ray status) against a dead head waits ~35 s).
     type: float
     default: 60
-attributes:
-  check_mode:
-    support: full
-    description: Runs in check mode too; it only reads.
-  diff_mode:
-    support: none
+extends_documentation_fragment:
+  - sparkops.cluster.attributes
+  - sparkops.cluster.attributes.read_only
 """
 
 EXAMPLES = r"""
@@ -308,7 +305,7 @@ def main() -> None:
     while True:
         polls += 1
         r = observe(p)
-        ready, _ = judge(r, p)
+        ready = judge(r, p)[0]
         elapsed = round(time.monotonic() - start, 3)
         if p["expected_node_ips"] and r["available"] and not r["ips_known"]:
             module.fail_json(
