@@ -30,10 +30,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "collections"))
 sys.path.insert(0, str(ROOT / "tests" / "unit"))
+sys.path.insert(0, str(ROOT / "tests" / "system"))
 
 from ansible_collections.sparkops.cluster.plugins.modules import hf_cache_sync  # noqa: E402
-from hf_cache_helpers import MODEL, LoopbackSshd, free_port, make_model, sshd_available  # noqa: E402
+from hf_cache_helpers import MODEL, make_model  # noqa: E402
 from module_runner import run_module  # noqa: E402
+from sshd_helpers import LoopbackSshd, free_port, sshd_available  # noqa: E402
 
 
 def baseline(sshd: LoopbackSshd, src: Path, dst: Path, timeout: float) -> float:

@@ -16,10 +16,11 @@ and from the requests the real client was seen to make against it (``HubServer.l
 * Errors as the Hub sends them, with ``X-Error-Code``/``X-Error-Message`` (which the client maps to its
   exceptions in ``hf_raise_for_status``): 404 ``RevisionNotFound`` for an unknown revision, 404
   ``EntryNotFound`` for an unknown file, 404 ``RepoNotFound`` for an unknown repo, 401 ``GatedRepo``
-  for a file of a gated repo requested without the right token.
+  for a file of a gated repo requested without the right token (its info and file list stay public).
 
-Faults for tests: ``cut[sha256] = n`` sends only ``n`` body bytes of each response for that blob (with
-the full ``Content-Length``) and drops the connection; ``corrupt.add(sha256)`` serves that blob with
+Faults for tests: ``cut[sha256] = n`` never sends that blob's bytes past offset ``n``: each response
+announces the full ``Content-Length``, sends what lies before ``n`` and drops the connection (a link
+that dies there, also for the client's own retries); ``corrupt.add(sha256)`` serves that blob with
 one byte flipped (same size), which only a hash can see.
 """
 
@@ -42,9 +43,9 @@ def git_blob_id(data: bytes) -> str:
 
 
 def lfs_pointer(data: bytes) -> bytes:
-    return (
-        b"version https://git-lfs.github.com/spec/v1\n"
-        + b"oid sha256:%s\nsize %d\n" % (hashlib.sha256(data).hexdigest().encode(), len(data))
+    return b"version https://git-lfs.github.com/spec/v1\n" + b"oid sha256:%s\nsize %d\n" % (
+        hashlib.sha256(data).hexdigest().encode(),
+        len(data),
     )
 
 
@@ -116,9 +117,7 @@ class HubServer:
         self.threads = []
         for srv in (self.httpd, self.cdn):
             srv.daemon_threads = True
-            self.threads.append(
-                threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
-            )
+            self.threads.append(threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True))
 
     @property
     def endpoint(self) -> str:
@@ -237,8 +236,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._error(404, "RevisionNotFound", f"Invalid rev id: {rev}")
         files = repo.commits[commit]
         if kind == "tree":
-            if repo.gated and not self._authorized(repo):
-                return self._error(401, "GatedRepo", f"Access to model {repo_id} is restricted.")
+            # A gated repo's file list is public (the Hub shows it); its files are not.
             entries = []
             for f in sorted(files.values(), key=lambda f: f.path):
                 if sub and not f.path.startswith(sub.rstrip("/") + "/"):
@@ -285,7 +283,8 @@ class _Handler(BaseHTTPRequestHandler):
             return self._error(
                 401,
                 "GatedRepo",
-                f"Access to model {repo_id} is restricted. You must have access to it and be authenticated to access it. Please log in.",
+                f"Access to model {repo_id} is restricted. You must have access to it and be authenticated "
+                "to access it. Please log in.",
                 commit,
             )
         f = repo.commits[commit].get(path)
@@ -339,7 +338,7 @@ class _Handler(BaseHTTPRequestHandler):
         for k, v in headers.items():
             self.send_header(k, str(v))
         self.end_headers()
-        self.wfile.write(data[:limit])
+        self.wfile.write(data[: max(0, limit - start)])
         self.wfile.flush()
         self.close_connection = True
         self.connection.shutdown(2)

@@ -8,12 +8,15 @@ Hub-speaking server in tests/system/test_hub_client.py):
 1. Resolves the revision (``model_info``) and lists every file of that commit with its size and hash
    (``list_repo_tree``), and writes that list to ``<repo>/.sparkops/<commit>.json`` BEFORE downloading,
    so a download cut short still leaves the list that says what is missing (sparkops' hf_cache reads it).
-2. ``snapshot_download`` into the cache. An interrupted download left ``blobs/<etag>.incomplete``;
-   huggingface_hub resumes it with an HTTP Range request - unless hf_transfer is enabled, which deletes
-   it and starts the file over (0.36: file_download.py ``_download_to_tmp_and_move``). So hf_transfer is
-   only switched on when it is importable, the client still uses it (it is ignored from 1.0) and no
-   ``.incomplete`` file is waiting to be resumed. Setting ``HF_HUB_ENABLE_HF_TRANSFER=1`` without the
-   package makes 0.36 fail with a ValueError, which is why the role never sets it.
+2. ``snapshot_download`` into the cache; files already complete are not fetched again. Within one run
+   both client lines resume a cut transfer with an HTTP Range request (``http_get`` retries). Across
+   runs, 0.36 resumes the ``blobs/<etag>.incomplete`` an interrupted run left (file_download.py
+   ``_download_to_tmp_and_move`` opens it "ab") - unless hf_transfer is on, which deletes it and starts
+   the file over; 1.33 writes a process-unique ``<etag>.<uuid8>.incomplete`` and deletes it when the run
+   fails, so a new run starts that one file over. So hf_transfer is only switched on when it is
+   importable, the client still uses it (1.x ignores it) and no ``.incomplete`` file is waiting to be
+   resumed. ``HF_HUB_ENABLE_HF_TRANSFER=1`` without the package makes 0.36 fail with a ValueError,
+   which is why the role never sets it.
 
 Prints one line ``SPARKOPS-HUB {json}``; exit 0 done, 2 revision or repo not found, 3 no access (401/403,
 gated), 1 anything else. The token comes from HF_TOKEN and is never printed.
