@@ -168,6 +168,11 @@ def test_sync_never_uses_the_management_lan():
     assert "ssh to 192.168.213.12 from 192.168.213.11 failed" in res["msg"]
 
 
+def flat(text: str) -> str:
+    """Output with the YAML callback's line wrapping undone."""
+    return " ".join(text.split())
+
+
 def shard_of(node: str, index: int = 1) -> tuple:
     """(snapshot file name, blob name) of the deployed model's shard ``index``."""
     name = f"model-{index:05d}-of-00004.safetensors"
@@ -192,7 +197,7 @@ def test_incomplete_snapshot_on_the_head_is_refused_not_called_complete():
         assert m["expected_from"] == "model index"
         assert m["missing_files"] == [name] and m["incomplete_downloads"] == {blob: 1048576}
         res = run_playbook("site.yml")
-        out = res.stdout
+        out = flat(res.stdout)
         assert res.returncode != 0, out[-3000:]
         assert "nothing to copy" not in out
         assert "is NOT complete (model index)" in out and name in out and "interrupted download" in out
@@ -211,7 +216,7 @@ def test_flipped_byte_sizes_check_says_so_and_verify_finds_it():
     # Issue 16 item 3. verify.yml first: every blob hashed on both nodes, the hashes recorded.
     first = run_playbook("playbooks/verify.yml")
     assert first.returncode == 0, first.stdout[-3000:]
-    assert "every blob hashed" in first.stdout
+    assert "every blob hashed" in flat(first.stdout)
     _name, blob = shard_of(TARGET, 2)
     node_sh(TARGET, f"printf '\\xff' | dd of={REPO}/blobs/{blob} bs=1 seek=1000 count=1 conv=notrunc 2>/dev/null")
     assert node_sh(TARGET, f"sha256sum {REPO}/blobs/{blob}").stdout.split()[0] != blob
@@ -219,12 +224,14 @@ def test_flipped_byte_sizes_check_says_so_and_verify_finds_it():
         res = run_playbook("site.yml")
         assert res.returncode == 0, res.stdout[-3000:]
         # The default check says what it compared, and the hash record shows the blob changed since.
-        assert "sizes match; contents not hashed" in res.stdout
-        assert "changed (size or mtime) since they" in res.stdout and blob in res.stdout
+        out = flat(res.stdout)
+        assert "sizes match; contents not hashed" in out, out[-3000:]
+        assert "changed (size or mtime) since they were last hashed" in out and blob in out
         bad = run_playbook("playbooks/verify.yml")
-        assert bad.returncode != 0
-        assert "spark-sim-2" in bad.stdout and "do not match their hash" in bad.stdout and blob in bad.stdout
-        assert "weight_cache_verify=full" in bad.stdout
+        out = flat(bad.stdout)
+        assert bad.returncode != 0, out[-3000:]
+        assert "spark-sim-2" in out and "do not match their hash" in out and blob in out
+        assert "weight_cache_verify=full" in out
     finally:
         fix = run_playbook("playbooks/weights.yml", extra_vars={"weight_cache_verify": "full"})
     assert fix.returncode == 0, fix.stdout[-3000:]
