@@ -24,7 +24,7 @@ description:
     writes the hash record and the progress file.
 version_added: "0.1.0"
 author:
-  - sparkops maintainers
+  - sparkops maintainers (!UNKNOWN)
 options:
   cache_dir:
     description: The hub cache, for example C(/var/lib/sparkops/huggingface/hub) (C($HF_HOME/hub)).
@@ -55,6 +55,15 @@ options:
     description:
       - With I(verify=full), a JSON file rewritten as blobs are hashed (blobs and bytes done, total, rate).
     type: path
+extends_documentation_fragment:
+  - sparkops.cluster.attributes
+attributes:
+  check_mode:
+    support: full
+    details: Reads and hashes as usual; with I(verify=full) it does not write the hash record.
+  diff_mode:
+    support: none
+    details: Changes no model file, so there is nothing to show.
 """
 
 EXAMPLES = r"""

@@ -27,7 +27,7 @@ description:
   - Check mode reads every manifest and returns the plan.
 version_added: "0.1.0"
 author:
-  - sparkops maintainers
+  - sparkops maintainers (!UNKNOWN)
 options:
   cache_dir:
     description: The hub cache on the source (C($HF_HOME/hub)).
@@ -113,6 +113,15 @@ options:
         Costs one read of the copied bytes on the target.
     type: bool
     default: true
+extends_documentation_fragment:
+  - sparkops.cluster.attributes
+attributes:
+  check_mode:
+    support: full
+    details: Reads every node's manifest over SSH and returns the plan; copies nothing.
+  diff_mode:
+    support: none
+    details: The plan (files and bytes to copy per target) is in the result instead.
 """
 
 EXAMPLES = r"""
@@ -179,7 +188,7 @@ from ansible_collections.sparkops.cluster.plugins.module_utils import hf_cache
 REMOTE_BOOT = (
     "import sys;n=int(sys.stdin.buffer.readline());src=sys.stdin.buffer.read(n);"
     "g={'__name__':'sparkops_hf_cache_remote'};exec(compile(src,'sparkops_hf_cache.py','exec'),g);"
-    "sys.exit(g['remote_main']())"
+    "raise SystemExit(g['remote_main']())"
 )
 RSYNC_USER = "sparkops"
 
@@ -390,7 +399,7 @@ class Rsyncd:
         deadline = time.monotonic() + p["connect_timeout_s"] + 20
         fd = self.proc.stdout.fileno()
         while time.monotonic() < deadline:
-            ready, _, _ = select.select([fd], [], [], 0.5)
+            ready = select.select([fd], [], [], 0.5)[0]
             if ready:
                 chunk = os.read(fd, 65536)
                 if not chunk:

@@ -81,7 +81,7 @@ def fault_model():
 def test_deployed_model_is_the_same_on_both_nodes():
     assert run_playbook("playbooks/weights.yml").returncode == 0
     src, dst = blobs(SOURCE, REPO), blobs(TARGET, REPO)
-    assert src and {n: s for n, (_, s) in src.items()} == {n: s for n, (_, s) in dst.items()}
+    assert src and {n: v[1] for n, v in src.items()} == {n: v[1] for n, v in dst.items()}
     # Every snapshot link on the target resolves (the layout, not only the bytes).
     res = node_sh(TARGET, f"find {REPO}/snapshots -type l ! -exec test -e {{}} \\; -print")
     assert res.stdout.strip() == ""
@@ -132,7 +132,7 @@ def test_interrupted_sync_resumes_with_only_what_is_missing(fault_model):
 
 
 def test_corrupt_blob_on_target_is_found_and_only_it_is_resynced():
-    shard = sorted(n for n, (_, size) in blobs(TARGET, REPO).items() if size > 1 << 20)[0]
+    shard = sorted(n for n, (_inode, size) in blobs(TARGET, REPO).items() if size > 1 << 20)[0]
     others = {n: v for n, v in blobs(TARGET, REPO).items() if n != shard}
     # Flip one byte in the middle: same size, so only a hash can see it.
     node_sh(TARGET, f"printf '\\x00' | dd of={REPO}/blobs/{shard} bs=1 seek=4194304 count=1 conv=notrunc 2>/dev/null")
@@ -145,7 +145,7 @@ def test_corrupt_blob_on_target_is_found_and_only_it_is_resynced():
 
 
 def test_target_disk_too_small_is_refused_before_copying():
-    shard = sorted(n for n, (_, size) in blobs(TARGET, REPO).items() if size > 1 << 20)[0]
+    shard = sorted(n for n, (_inode, size) in blobs(TARGET, REPO).items() if size > 1 << 20)[0]
     node_sh(TARGET, f"rm -f {REPO}/blobs/{shard}")
     try:
         res = run_playbook("playbooks/weights.yml", extra_vars={"weight_cache_min_free_gib": 1000000})

@@ -213,7 +213,7 @@ def test_wrong_revision_is_a_clear_error_and_writes_no_snapshot(hub, hub_client,
     out = proc.stdout + proc.stderr
     # 0.36.2 prints the RevisionNotFoundError with the server's message; 1.33.0 its own sentence.
     assert "Invalid rev id" in out or "Revision not found" in out, out[-1500:]
-    rc, res, _ = script(hub, hub_client, tmp_path, cache, revision="no-such-branch")
+    rc, res, _proc = script(hub, hub_client, tmp_path, cache, revision="no-such-branch")
     assert rc == 2 and res["error"] == "revision not found" and res["status"] == 404, res
     assert not (repo_dir(cache) / "snapshots").exists() or not any((repo_dir(cache) / "snapshots").iterdir())
     assert all(r["status"] == 404 for r in hub.requests() if "no-such-branch" in r["path"])
@@ -227,7 +227,7 @@ def test_gated_model_without_token_is_401_and_with_token_downloads(hub, hub_clie
     out = proc.stdout + proc.stderr
     # 0.36.2: GatedRepoError with the server's message; 1.33.0: "Access denied. This repository requires approval."
     assert "is restricted" in out or "requires approval" in out, out[-1500:]
-    rc, res, _ = script(hub, hub_client, tmp_path, cache, model=GATED)
+    rc, res, _proc = script(hub, hub_client, tmp_path, cache, model=GATED)
     assert rc == 3 and res["error"] == "gated" and res["status"] == 401, res
     assert TOKEN not in json.dumps(res)
     hub.log.clear()
