@@ -148,6 +148,13 @@ def build_manifest(repo_path: str, revision: str | None = None, all_blobs: bool 
         "blobs": {},
         "missing_blobs": [],
         "total_bytes": 0,
+        "expected_from": None,
+        "expected_files": 0,
+        "missing_files": [],
+        "wrong_size_files": {},
+        "incomplete_downloads": {},
+        "records": {},
+        "complete": False,
     }
     if not manifest["present"]:
         if revision is not None:
@@ -504,6 +511,11 @@ def node_manifest(args: dict) -> dict:
     expected = args.get("hash") or {}
     wanted = [n for n, size in expected.items() if manifest["blobs"].get(n) == size]
     status = hash_record_status(repo, list(manifest["blobs"]))
+    hash_failed = []
+    if wanted and args.get("record", True):
+        hash_failed = verify_and_record(repo, wanted)
+    elif wanted:  # check mode: nothing may be written, not even the hash record
+        hash_failed = failing_blobs(os.path.join(repo, "blobs"), wanted)
     return {
         "hash_record": {k: len(v) for k, v in status.items()}
         | {"changed_since_hashed_names": status["changed_since_hashed"][:20]},
@@ -512,7 +524,7 @@ def node_manifest(args: dict) -> dict:
         "free_bytes": free_bytes(repo),
         "free_path": nearest_existing(repo),
         "rsync": shutil.which("rsync"),
-        "hash_failed": verify_and_record(repo, wanted) if wanted else [],
+        "hash_failed": hash_failed,
         "uid": os.getuid(),
         "gid": os.getgid(),
     }

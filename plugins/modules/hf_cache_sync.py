@@ -450,6 +450,7 @@ def plan_for(target: Target, src_manifest: dict, hash_names) -> dict:
         revision=src_manifest["revision"],
         all_blobs=True,  # a blob no link points at yet (an interrupted run) still counts
         hash={n: src_manifest["blobs"][n] for n in hash_names},
+        record=not target.m.check_mode,
     )
     if not probe.get("rsync"):
         raise SyncError(f"{target.address}: rsync is not installed on the target (apt-get install rsync)")
