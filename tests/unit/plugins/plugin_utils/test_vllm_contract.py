@@ -114,6 +114,16 @@ def test_help_parser_on_real_0_19_0_help_agrees_with_the_parser_recording(v019, 
     assert "recorded fixture" in parsed["source"]["env_vars"]
 
 
+def test_help_parser_on_the_newest_recorded_release_too():
+    newest = recorded_versions()[-1]
+    rec = load_contract(newest)
+    parsed = contract_from_help((CONTRACTS_DIR / rec["source"]["help_text"]).read_text(), newest)
+    assert set(parsed["serve_options"]) == set(rec["serve_options"])
+    assert all(
+        parsed["serve_options"][o]["takes_value"] == spec["takes_value"] for o, spec in rec["serve_options"].items()
+    )
+
+
 def test_help_parser_without_a_fixture_marks_env_unknown(help019):
     parsed = contract_from_help(help019, "9.9.9")
     assert parsed["env_vars"] is None and parsed["metrics"] is None
@@ -158,6 +168,11 @@ def test_reference_argv_is_accepted_by_0_19_0(v019):
 def test_what_0_19_0_refuses_is_named_with_option_and_version(v019, argv, expected):
     problems = check_serve_args(argv, {}, v019)
     assert any(expected in p for p in problems), problems
+
+
+def test_optimization_level_forms_like_flexible_argument_parser(v019):
+    for argv in (["m", "-O3"], ["m", "-O", "3"], ["m", "-O=2"], ["m", "--optimization-level", "1"]):
+        assert check_serve_args(argv, {}, v019) == [], argv
 
 
 def test_attention_backend_is_case_insensitive_and_auto_like_vllm(v019):
