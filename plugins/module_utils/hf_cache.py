@@ -56,6 +56,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -695,3 +696,46 @@ def remote_main(control=None, out=None) -> int:
     out.write(RESULT_MARK + json.dumps(result) + "\n")
     out.flush()
     return 0
+
+
+def open_pipes(argv: list):
+    """A process with stdin, stdout and stderr pipes: a channel (ssh to a node's temporary rsync
+    daemon) that must stay open while the copy runs, which run_command cannot do."""
+    return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def run_stream(argv: list, env: dict | None, files: list, repo: str, progress, *, timeout: float) -> tuple:
+    """One rsync process copying ``files`` (relative to ``repo``); returns (rc, stderr tail).
+
+    ``progress.add(n)`` is called with each finished file's size as rsync reports it (so it runs
+    as a process we read while it works, not through run_command, which returns only at exit).
+    """
+    with tempfile.NamedTemporaryFile("wb", prefix="sparkops-files-", delete=False) as lst:
+        lst.write(b"\0".join(f.encode() for f in files) + b"\0")
+    try:
+        cmd = [*argv[:1], f"--files-from={lst.name}", "--from0", *argv[1:]]
+        proc = subprocess.Popen(cmd, cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        errors: list = []
+
+        def drain_err() -> None:
+            errors.append(proc.stderr.read())
+
+        t = threading.Thread(target=drain_err, daemon=True)
+        t.start()
+        deadline = time.monotonic() + timeout
+        for raw in proc.stdout:  # "<name> <size>" per finished file (--out-format)
+            parts = raw.decode(errors="replace").rsplit(" ", 1)
+            # Implied parent directories are listed too ("blobs/ 4096"): count files only.
+            if len(parts) == 2 and parts[1].strip().isdigit() and not parts[0].endswith("/"):
+                progress.add(int(parts[1]))
+            if time.monotonic() > deadline:
+                proc.kill()
+        try:
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        t.join(timeout=10)
+        return proc.returncode, b"".join(e for e in errors if e).decode(errors="replace")[-800:]
+    finally:
+        os.unlink(lst.name)

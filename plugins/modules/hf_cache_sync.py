@@ -176,7 +176,6 @@ import select
 import shlex
 import socket
 import subprocess
-import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -326,39 +325,6 @@ class Progress:
             os.replace(tmp, self.path)
 
 
-def run_stream(argv: list, env: dict | None, files: list, repo: str, progress: Progress, *, timeout: float) -> tuple:
-    """One rsync process copying ``files`` (relative to ``repo``); returns (rc, stderr tail)."""
-    with tempfile.NamedTemporaryFile("wb", prefix="sparkops-files-", delete=False) as lst:
-        lst.write(b"\0".join(f.encode() for f in files) + b"\0")
-    try:
-        cmd = [*argv[:1], f"--files-from={lst.name}", "--from0", *argv[1:]]
-        proc = subprocess.Popen(cmd, cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-        errors: list = []
-
-        def drain_err() -> None:
-            errors.append(proc.stderr.read())
-
-        t = threading.Thread(target=drain_err, daemon=True)
-        t.start()
-        deadline = time.monotonic() + timeout
-        for raw in proc.stdout:  # "<name> <size>" per finished file (--out-format)
-            parts = raw.decode(errors="replace").rsplit(" ", 1)
-            # Implied parent directories are listed too ("blobs/ 4096"): count files only.
-            if len(parts) == 2 and parts[1].strip().isdigit() and not parts[0].endswith("/"):
-                progress.add(int(parts[1]))
-            if time.monotonic() > deadline:
-                proc.kill()
-        try:
-            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        t.join(timeout=10)
-        return proc.returncode, b"".join(e for e in errors if e).decode(errors="replace")[-800:]
-    finally:
-        os.unlink(lst.name)
-
-
 def rsync_common(p: dict) -> list:
     return [
         "rsync",
@@ -392,7 +358,7 @@ class Rsyncd:
             "timeout": p["io_timeout_s"],
         }
         argv = [*t.ssh_argv(), t.address, "python3 -c " + shlex.quote(REMOTE_BOOT)]
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.proc = hf_cache.open_pipes(argv)
         self.proc.stdin.write(t._payload(args))
         self.proc.stdin.flush()
         buf = b""
@@ -511,7 +477,8 @@ def sync_target(module: AnsibleModule, target: Target, plan: dict, src_repo: str
                 env = None
             with ThreadPoolExecutor(max_workers=len(lists)) as pool:
                 futures = [
-                    pool.submit(run_stream, argv, env, files, src_repo, progress, timeout=4 * 3600) for files in lists
+                    pool.submit(hf_cache.run_stream, argv, env, files, src_repo, progress, timeout=4 * 3600)
+                    for files in lists
                 ]
                 results = [f.result() for f in futures]
         elapsed = time.monotonic() - start
