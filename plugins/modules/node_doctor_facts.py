@@ -18,7 +18,7 @@ description:
   - Read-only.
 version_added: "0.2.0"
 author:
-  - sparkops maintainers
+  - sparkops maintainers (!UNKNOWN)
 options:
   containers:
     description: Names of the containers to inspect.
