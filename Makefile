@@ -10,6 +10,7 @@ export PYTHONUNBUFFERED := 1
 
 help:
 	@echo "make sim       - build the simulated two-Spark cluster and run site.yml against it"
+	@echo "                 (SIM_NODES=4 SIM_TOPOLOGY=ring|switch for a bigger one)"
 	@echo "make sim-down  - remove the simulated cluster (nodes, networks, volumes)"
 	@echo "make test      - lint, unit tests, molecule on the simulated cluster, integration tests"
 
@@ -21,11 +22,17 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed
 
+# The simulated cluster: a 2-node pair by default (inventory/sim); e.g. `make sim SIM_NODES=4
+# SIM_TOPOLOGY=ring` (or switch) makes that cluster and its inventory under .sim/inventories/.
+SIM_NODES ?= 2
+SIM_TOPOLOGY ?= pair
+SIM_INVENTORY = $(shell python3 sim/simctl.py inventory --nodes $(SIM_NODES) --topology $(SIM_TOPOLOGY))
+
 sim-up: venv
-	$(PY) sim/simctl.py up
+	$(PY) sim/simctl.py up --nodes $(SIM_NODES) --topology $(SIM_TOPOLOGY)
 
 sim: sim-up
-	ansible-playbook site.yml -i inventory/sim
+	ansible-playbook site.yml -i $(SIM_INVENTORY)
 	@echo
 	@echo "Simulated cluster serving (a vLLM TEST DOUBLE behind a real Ray cluster):"
 	@sed -n 's/^| \(endpoint\|API key\|healthy\) | \(.*\) |$$/  \1: \2/p' reports/spark-sim/health.md
