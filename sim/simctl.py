@@ -494,6 +494,18 @@ def allow_routed_within(name: str) -> None:
         run(["iptables", "-I", *rule], capture=True)
 
 
+def remove_network(name: str) -> None:
+    """Remove a test-bed network and, for a ring cable, the DOCKER-USER rule made for it."""
+    if "-ring-" in name:
+        res = run(["docker", "network", "inspect", "-f", "{{.Id}}", name], check=False, capture=True)
+        if res.returncode == 0:
+            bridge = f"br-{res.stdout.strip()[:12]}"
+            run(
+                ["iptables", "-D", "DOCKER-USER", "-i", bridge, "-o", bridge, "-j", "ACCEPT"], check=False, capture=True
+            )
+    run(["docker", "network", "rm", name], check=False, capture=True)
+
+
 def ensure_networks() -> None:
     for name, (subnet, mtu) in NETWORKS.items():
         if run(["docker", "network", "inspect", name], check=False, capture=True).returncode == 0:
@@ -548,7 +560,7 @@ def remove_other_nodes() -> None:
                 run(["docker", "rm", "-f", "-v", node["name"]], check=False, capture=True)
                 run(["docker", "volume", "rm", "-f", f"{node['name']}-docker"], check=False, capture=True)
         for net in stale:
-            run(["docker", "network", "rm", net], check=False, capture=True)
+            remove_network(net)
 
 
 def node_config_id(node: dict, image: str, key: Path) -> str:
@@ -795,7 +807,7 @@ def down(args: argparse.Namespace) -> None:
     res = run(["docker", "network", "ls", "--filter", f"name={PREFIX}-", "--format", "{{.Name}}"], capture=True)
     for name in sorted(set(res.stdout.split()) | set(NETWORKS)):
         if name.startswith(f"{PREFIX}-"):
-            run(["docker", "network", "rm", name], check=False, capture=True)
+            remove_network(name)
     if args.all:
         for ref in (node_image_ref(), vllm_base_ref()):
             run(["docker", "image", "rm", "-f", ref], check=False, capture=True)
