@@ -18,6 +18,7 @@ help:
 	@echo "Setup and the simulated cluster (needs make, python3-venv; root on Debian 12 / Ubuntu 24.04):"
 	@echo "  make sim          - build the simulated two-Spark cluster and run site.yml (~7 min cold, ~2 min warm)"
 	@echo "  make sim-up       - only (re)start the simulated nodes, without site.yml (~1 min warm)"
+	@echo "                     SIM_NODES=4 SIM_TOPOLOGY=ring|switch (sim, sim-up): a bigger cluster, its inventory in .sim/inventories/"
 	@echo "  make sim-info     - print the endpoint, the served model name, the key file and a curl to try"
 	@echo "  make sim-down     - remove the nodes, networks and volumes; keeps dockerd, the images and .sim/"
 	@echo "  make sim-destroy  - sim-down, and also remove the cached images (~860 MB) and .sim/"
@@ -44,11 +45,17 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed
 
+# The simulated cluster: a 2-node pair by default (inventory/sim); e.g. `make sim SIM_NODES=4
+# SIM_TOPOLOGY=ring` (or switch) makes that cluster and its inventory under .sim/inventories/.
+SIM_NODES ?= 2
+SIM_TOPOLOGY ?= pair
+SIM_INVENTORY = $(shell python3 sim/simctl.py inventory --nodes $(SIM_NODES) --topology $(SIM_TOPOLOGY))
+
 sim-up: venv
-	$(PY) sim/simctl.py up
+	$(PY) sim/simctl.py up --nodes $(SIM_NODES) --topology $(SIM_TOPOLOGY)
 
 sim: sim-up
-	ansible-playbook site.yml -i inventory/sim
+	ansible-playbook site.yml -i $(SIM_INVENTORY)
 	@$(MAKE) -s sim-info
 
 # Where the health report is, asked of Ansible (the inventory decides), printed without `..`.

@@ -67,6 +67,103 @@ NODES = [
 ]
 MGMT_IFACE = "enP7s7"
 
+# ------------------------------------------------------------------------ topology
+# The default is the two-node pair above (inventory/sim describes it). `up --nodes N --topology T`
+# makes a switch (every node on the two QSFP networks above) or a ring (one pair of networks per
+# cable, node i's port 0 twins to node i+1's port 1 twins, 10.214.<2*cable+twin>.0/24, node i at
+# .<11+i>) and writes an inventory for it under .sim/inventories/<topology>-<N>/.
+TOPOLOGIES = ("pair", "switch", "ring")
+PORT0 = ("enp1s0f0np0", "enP2p1s0f0np0")
+PORT1 = ("enp1s0f1np1", "enP2p1s0f1np1")
+# A ring node forwards for its neighbours; replies may come back the other way round.
+RING_SYSCTLS = {"net.ipv4.ip_forward": "1", "net.ipv4.conf.all.rp_filter": "2"}
+
+
+def configure(n: int, topology: str) -> None:
+    """Set NODES and NETWORKS for n nodes in the given topology (pair: the defaults above)."""
+    global NODES, NETWORKS  # noqa: PLW0603 - one configuration per simctl run
+    if topology not in TOPOLOGIES:
+        sys.exit(f"simctl: topology {topology!r}; choose one of {', '.join(TOPOLOGIES)}")
+    if topology == "pair" and n != 2:
+        sys.exit(f"simctl: a pair is two nodes, not {n}; use --topology switch or ring")
+    if topology == "ring" and n < 3:
+        sys.exit("simctl: a ring needs three or more nodes")
+    if not 2 <= n <= 8:
+        sys.exit("simctl: 2 to 8 nodes")
+    if topology == "pair" or (topology == "switch" and n == 2):
+        return
+    names = [f"spark-sim-{i + 1}" for i in range(n)]
+    nets = {f"{PREFIX}-mgmt": NETWORKS[f"{PREFIX}-mgmt"]}
+    fast = {name: [] for name in names}
+    if topology == "switch":
+        for t, ifname in enumerate(PORT1):
+            nets[f"{PREFIX}-qsfp{t}"] = (f"10.213.{t}.0/24", 9000)
+            for i, name in enumerate(names):
+                fast[name].append((f"10.213.{t}.{11 + i}", ifname, f"{PREFIX}-qsfp{t}"))
+    else:
+        for c in range(n):
+            a, b = c, (c + 1) % n
+            for t in range(2):
+                net = f"{PREFIX}-ring-c{c}t{t}"
+                nets[net] = (f"10.214.{2 * c + t}.0/24", 9000)
+                fast[names[a]].append((f"10.214.{2 * c + t}.{11 + a}", PORT0[t], net))
+                fast[names[b]].append((f"10.214.{2 * c + t}.{11 + b}", PORT1[t], net))
+    NETWORKS = nets
+    NODES = []
+    for i, name in enumerate(names):
+        node = {"name": name, "mgmt": f"192.168.213.{11 + i}", "fast": fast[name]}
+        if topology == "ring":
+            node["sysctls"] = RING_SYSCTLS
+        NODES.append(node)
+
+
+def inventory_dir(n: int, topology: str) -> Path:
+    if topology == "pair" or (topology == "switch" and n == 2):
+        return ROOT / "inventory" / "sim"
+    return STATE / "inventories" / f"{topology}-{n}"
+
+
+def write_topology_inventory(n: int, topology: str) -> Path:
+    """An inventory for the current NODES: inventory/sim's settings plus the topology."""
+    inv = inventory_dir(n, topology)
+    if inv == ROOT / "inventory" / "sim":
+        return inv
+    gv = inv / "group_vars" / "all"
+    gv.mkdir(parents=True, exist_ok=True)
+    for src in sorted((ROOT / "inventory" / "sim" / "group_vars" / "all").glob("*.yml")):
+        shutil.copy2(src, gv / src.name)
+    hosts = {}
+    for node in NODES:
+        links = [
+            {
+                "netdev": ifname,
+                "rdma_device": "roce" + ifname.replace("en", "", 1).rsplit("np", 1)[0],
+                "address": f"{a}/24",
+            }
+            for a, ifname, _net in node["fast"]
+        ]
+        hosts[node["name"]] = {"ansible_host": node["mgmt"], "sparkops_fast_links": links}
+    head = NODES[0]["name"]
+    data = {
+        "all": {
+            "children": {
+                "spark_cluster": {
+                    "children": {
+                        "spark_head": {"hosts": {head: hosts[head]}},
+                        "spark_workers": {"hosts": {h: v for h, v in hosts.items() if h != head}},
+                    }
+                }
+            }
+        }
+    }
+    header = f"# Made by sim/simctl.py up --nodes {n} --topology {topology}; do not edit.\n"
+    (inv / "hosts.yml").write_text(header + json.dumps(data, indent=2) + "\n")
+    (gv / "topology.yml").write_text(
+        header + f"sparkops_topology: {topology}\n" + f"sparkops_sim_state_dir: {json.dumps(str(STATE.resolve()))}\n"
+    )
+    return inv
+
+
 # What the node root file system holds. The nodes have no route out, so all
 # the deployment needs on a node is baked in here.
 NODE_PACKAGES = [
@@ -382,9 +479,38 @@ def container_state(name: str) -> str | None:
     return res.stdout.strip() if res.returncode == 0 else None
 
 
+def allow_routed_within(name: str) -> None:
+    """Let frames that a ring node routes cross its cable's bridge.
+
+    Docker drops, on an --internal network, every frame whose address is outside the network's
+    subnet (DOCKER-ISOLATION-STAGE-1, seen by iptables through br_netfilter). A ring node forwards
+    packets for non-neighbours, whose addresses are on other cables' subnets: accept frames that
+    stay on the same bridge (DOCKER-USER runs first). Nothing leaves the bridge.
+    """
+    net_id = run(["docker", "network", "inspect", "-f", "{{.Id}}", name], capture=True).stdout.strip()
+    bridge = f"br-{net_id[:12]}"
+    rule = ["DOCKER-USER", "-i", bridge, "-o", bridge, "-j", "ACCEPT"]
+    if run(["iptables", "-C", *rule], check=False, capture=True).returncode != 0:
+        run(["iptables", "-I", *rule], capture=True)
+
+
+def remove_network(name: str) -> None:
+    """Remove a test-bed network and, for a ring cable, the DOCKER-USER rule made for it."""
+    if "-ring-" in name:
+        res = run(["docker", "network", "inspect", "-f", "{{.Id}}", name], check=False, capture=True)
+        if res.returncode == 0:
+            bridge = f"br-{res.stdout.strip()[:12]}"
+            run(
+                ["iptables", "-D", "DOCKER-USER", "-i", bridge, "-o", bridge, "-j", "ACCEPT"], check=False, capture=True
+            )
+    run(["docker", "network", "rm", name], check=False, capture=True)
+
+
 def ensure_networks() -> None:
     for name, (subnet, mtu) in NETWORKS.items():
         if run(["docker", "network", "inspect", name], check=False, capture=True).returncode == 0:
+            if "-ring-" in name:
+                allow_routed_within(name)
             continue
         run(
             [
@@ -400,6 +526,41 @@ def ensure_networks() -> None:
             ],
             capture=True,
         )
+        if "-ring-" in name:
+            allow_routed_within(name)
+
+
+def remove_other_nodes() -> None:
+    """Remove node containers and networks of another size or topology than the one wanted."""
+    wanted = {node["name"] for node in NODES}
+    res = run(["docker", "ps", "-a", "--filter", "label=io.sparkops.sim=node", "--format", "{{.Names}}"], capture=True)
+    for name in res.stdout.split():
+        if name not in wanted:
+            log(f"{name}: not part of this topology; removing it")
+            run(["docker", "rm", "-f", "-v", name], check=False, capture=True)
+            run(["docker", "volume", "rm", "-f", f"{name}-docker"], check=False, capture=True)
+    res = run(["docker", "network", "ls", "--filter", f"name={PREFIX}-", "--format", "{{.Name}}"], capture=True)
+    stale = [net for net in res.stdout.split() if net.startswith(f"{PREFIX}-") and net not in NETWORKS]
+    if stale:
+        # A node still attached to a stale network is a node of the old topology: replace it.
+        for node in NODES:
+            attached = run(
+                [
+                    "docker",
+                    "inspect",
+                    "-f",
+                    "{{range $k, $v := .NetworkSettings.Networks}}{{$k}} {{end}}",
+                    node["name"],
+                ],
+                check=False,
+                capture=True,
+            ).stdout.split()
+            if set(attached) & set(stale):
+                log(f"{node['name']}: wired for another topology; replacing it")
+                run(["docker", "rm", "-f", "-v", node["name"]], check=False, capture=True)
+                run(["docker", "volume", "rm", "-f", f"{node['name']}-docker"], check=False, capture=True)
+        for net in stale:
+            remove_network(net)
 
 
 def node_config_id(node: dict, image: str, key: Path) -> str:
@@ -480,6 +641,8 @@ def start_node(node: dict, image: str, key: Path) -> None:
     ]
     for cap in CAPS:
         cmd += ["--cap-add", cap]
+    for sysctl, value in node.get("sysctls", {}).items():
+        cmd += ["--sysctl", f"{sysctl}={value}"]
     run([*cmd, image], capture=True)
     for addr, _ifname, net in node["fast"]:
         run(["docker", "network", "connect", "--ip", addr, net, name], capture=True)
@@ -628,9 +791,11 @@ def write_inventory_facts(key: Path) -> None:
 
 
 def up(args: argparse.Namespace) -> None:
+    configure(args.nodes, args.topology)
     ensure_host()
     build_all()
     key = ssh_key()
+    remove_other_nodes()
     ensure_networks()
     image = node_image_ref()
     for node in NODES:
@@ -640,19 +805,26 @@ def up(args: argparse.Namespace) -> None:
     seed_model(args.model, args.revision, args.shards, args.shard_mib, args.hf_cache)
     write_inventory_facts(key)
     write_inventory_state()
+    inv = write_topology_inventory(args.nodes, args.topology)
     log("simulated cluster is up: " + ", ".join(f"{n['name']} ({n['mgmt']})" for n in NODES))
+    log(f"{args.topology} of {args.nodes} nodes; inventory: {inv}")
 
 
 def down(args: argparse.Namespace) -> None:
     if not docker_ok():
         log("no Docker engine: nothing to remove")
         return
-    for node in NODES:
-        run(["docker", "rm", "-f", "-v", node["name"]], check=False, capture=True)
+    # Every node and network of the test bed, whatever size and topology made them.
+    res = run(["docker", "ps", "-a", "--filter", "label=io.sparkops.sim=node", "--format", "{{.Names}}"], capture=True)
+    names = sorted(set(res.stdout.split()) | {node["name"] for node in NODES})
+    for name in names:
+        run(["docker", "rm", "-f", "-v", name], check=False, capture=True)
         if not args.keep_volumes:
-            run(["docker", "volume", "rm", "-f", f"{node['name']}-docker"], check=False, capture=True)
-    for name in NETWORKS:
-        run(["docker", "network", "rm", name], check=False, capture=True)
+            run(["docker", "volume", "rm", "-f", f"{name}-docker"], check=False, capture=True)
+    res = run(["docker", "network", "ls", "--filter", f"name={PREFIX}-", "--format", "{{.Name}}"], capture=True)
+    for name in sorted(set(res.stdout.split()) | set(NETWORKS)):
+        if name.startswith(f"{PREFIX}-"):
+            remove_network(name)
     if args.all:
         for ref in (node_image_ref(), vllm_base_ref()):
             run(["docker", "image", "rm", "-f", ref], check=False, capture=True)
@@ -698,6 +870,8 @@ def main() -> None:
     p_up.add_argument("--shards", type=int, default=4)
     p_up.add_argument("--shard-mib", type=int, default=8)
     p_up.add_argument("--hf-cache", default="/var/lib/sparkops/huggingface/hub")
+    p_up.add_argument("--nodes", type=int, default=int(os.environ.get("SIM_NODES", "2")))
+    p_up.add_argument("--topology", default=os.environ.get("SIM_TOPOLOGY", "pair"), choices=TOPOLOGIES)
     p_down = sub.add_parser("down", help="remove nodes, networks and volumes")
     p_down.add_argument("--all", action="store_true", help="also remove cached images and .sim/")
     p_down.add_argument("--keep-volumes", action="store_true")
@@ -705,6 +879,9 @@ def main() -> None:
     p_mem = sub.add_parser("limit-memory", help="give a node a memory limit (e.g. 1200m), 0 lifts it")
     p_mem.add_argument("node")
     p_mem.add_argument("size")
+    p_inv = sub.add_parser("inventory", help="print the inventory path for --nodes/--topology")
+    p_inv.add_argument("--nodes", type=int, default=int(os.environ.get("SIM_NODES", "2")))
+    p_inv.add_argument("--topology", default=os.environ.get("SIM_TOPOLOGY", "pair"), choices=TOPOLOGIES)
     args = parser.parse_args()
     if args.cmd == "ensure-host":
         ensure_host()
@@ -719,6 +896,8 @@ def main() -> None:
         status(args)
     elif args.cmd == "limit-memory":
         limit_memory(args)
+    elif args.cmd == "inventory":
+        print(inventory_dir(args.nodes, args.topology))
 
 
 if __name__ == "__main__":

@@ -61,7 +61,10 @@ def test_sim_down_says_what_stays_and_how_to_remove_it(tmp_path, monkeypatch, ca
     simctl = load_simctl(monkeypatch, tmp_path / "state")
     calls = []
     monkeypatch.setattr(simctl, "docker_ok", lambda: True)
-    monkeypatch.setattr(simctl, "run", lambda cmd, **kw: calls.append(cmd))
+    # down() lists the test bed's nodes and networks (whatever topology made them): nothing here.
+    monkeypatch.setattr(
+        simctl, "run", lambda cmd, **kw: calls.append(cmd) or subprocess.CompletedProcess(cmd, 0, "", "")
+    )
     simctl.down(simctl.argparse.Namespace(all=False, keep_volumes=False))
     said = " ".join(capsys.readouterr().out.split())
     assert "dockerd" in said and "860 MB" in said and "make sim-destroy" in said, said
