@@ -99,13 +99,12 @@ def compare_versions(found: dict, pins: dict, locked: dict | None = None) -> lis
     for comp in COMPONENTS:
         have = found.get(comp)
         pin = pins.get(comp)
-        if pin not in (None, ""):
-            if not version_matches(pin, have):
-                problems.append(
-                    f"{comp}: the image carries {have if have is not None else 'none'}, the pin "
-                    f"(sparkops_image_pins.{comp}) is {pin}"
-                )
-                continue
+        if pin not in (None, "") and not version_matches(pin, have):
+            problems.append(
+                f"{comp}: the image carries {have if have is not None else 'none'}, the pin "
+                f"(sparkops_image_pins.{comp}) is {pin}"
+            )
+            continue
         lock = locked.get(comp)
         if lock not in (None, "") and str(lock) != str(have):
             problems.append(
@@ -113,5 +112,7 @@ def compare_versions(found: dict, pins: dict, locked: dict | None = None) -> lis
             )
     unknown = sorted(set(pins) - set(COMPONENTS))
     if unknown:
-        problems.append(f"unknown components in sparkops_image_pins: {', '.join(unknown)} (known: {', '.join(COMPONENTS)})")
+        problems.append(
+            f"unknown components in sparkops_image_pins: {', '.join(unknown)} (known: {', '.join(COMPONENTS)})"
+        )
     return problems

@@ -6,7 +6,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: image_versions
-short_description: Read vLLM, torch, CUDA, FlashInfer, Ray and NCCL inside a serving image and compare them with the pins
+short_description: Read vLLM, torch, CUDA, FlashInfer, Ray and NCCL inside a serving image and compare with pins
 description:
   - Runs the image's own C(python3) in a throw-away container (C(docker run --rm --network none --entrypoint python3))
     with a short probe that reads the installed wheels through C(importlib.metadata), the CUDA toolkit from
@@ -119,7 +119,7 @@ def main():
     except FileNotFoundError:
         module.fail_json(msg=f"{p['docker']} is not installed on this host: install Docker (the image role needs it)")
     except subprocess.TimeoutExpired:
-        module.fail_json(msg=f"the version probe in {p['image']} did not finish in {p['timeout_s']} s; is dockerd busy?")
+        module.fail_json(msg=f"the version probe in {p['image']} did not finish in {p['timeout_s']} s; is dockerd up?")
     if res.returncode != 0:
         module.fail_json(
             msg=f"could not run python3 in {p['image']} (exit {res.returncode}): {res.stderr.strip()[-500:]}. "

@@ -49,9 +49,7 @@ def test_image_built_as_pinned_has_no_problems():
 def test_unpinned_vllm_build_is_refused_naming_both_versions():
     found = {**FOUND, "vllm": "0.20.1.dev42+g1234abcd"}
     problems = iv.compare_versions(found, PINS)
-    assert problems == [
-        "vllm: the image carries 0.20.1.dev42+g1234abcd, the pin (sparkops_image_pins.vllm) is 0.19.0"
-    ]
+    assert problems == ["vllm: the image carries 0.20.1.dev42+g1234abcd, the pin (sparkops_image_pins.vllm) is 0.19.0"]
 
 
 def test_missing_component_is_a_problem():

@@ -18,7 +18,11 @@ WANTED = {
     "model": {"profile": "qwen", "id": "Qwen/Qwen3-235B-A22B-GPTQ-Int4", "revision": "main"},
 }
 RESOLVED = {
-    "image": {"commit": "fc08740fba1e79530a879c411b7e39fb65da2a18", "id": "sha256:" + "a" * 64, "tag": "vllm-node:fc08740fba1e"},
+    "image": {
+        "commit": "fc08740fba1e79530a879c411b7e39fb65da2a18",
+        "id": "sha256:" + "a" * 64,
+        "tag": "vllm-node:fc08740fba1e",
+    },
     "versions": {"vllm": "0.19.0", "torch": "2.12.0.dev20260410+cu130", "nccl": None},
     "model": {"resolved_revision": "b" * 40},
 }
