@@ -84,6 +84,7 @@ version_of() {  # NAME REF MAIN_VERSION
 VLLM_VERSION=$(version_of vLLM "$VLLM_REF" "$VLLM_MAIN_VERSION")
 FLASHINFER_VERSION=$(version_of FlashInfer "$FLASHINFER_REF" "$FLASHINFER_MAIN_VERSION")
 
+echo "stand-in: vLLM $VLLM_VERSION (--vllm-ref $VLLM_REF), FlashInfer $FLASHINFER_VERSION (--flashinfer-ref $FLASHINFER_REF)" >&2
 if [ "${#COPY_HOSTS[@]}" -gt 0 ]; then
     echo "stand-in build-and-copy.sh: copying is sparkops' job here; not copying to ${COPY_HOSTS[*]}" >&2
 fi
