@@ -335,7 +335,9 @@ def build_standin_repo() -> None:
     )
     git(work, "checkout", "-q", "-b", "sim-broken", "sim-v1")
     (work / "vllm").write_text(
-        "#!/bin/sh\n# A deliberately broken build: the engine dies at start (for rollback tests).\n"
+        "#!/bin/sh\n# A deliberately broken build: the engine dies at start (for rollback tests). It still\n"
+        "# answers --help, so the upgrade's option check passes and the failure comes at the swap.\n"
+        'case " $* " in *" --help"*) exec python3 /opt/sparkops/vllm_test_double.py "$@" ;; esac\n'
         "echo 'RuntimeError: simulated broken image: engine failed to start' >&2\nexit 1\n"
     )
     git(work, "add", "-A")
