@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the project's checks as named stages and prints what each one cost.
-#   tests/run-stages.sh lint | unit | all
-# `all` is what `make test` and CI run: lint, unit tests, then the simulated
+#   tests/run-stages.sh lint | unit | collection | sim | all
+# `all` is what `make test` and CI run: lint, unit tests, the collection as a
+# user installs it (tests/collection-checks.sh), then the simulated
 # two-node cluster with molecule (converge, idempotence, verify) and the
 # integration and fault tests on it, then the cluster is removed.
 set -uo pipefail
@@ -54,10 +55,22 @@ lint() {
     rm -rf "${HOME}/.ansible/collections/ansible_collections/sparkops"
     stage ansible-lint ansible-lint --profile production --offline
     stage syntax-check syntax_check
+    stage changelog-lint antsibull-changelog lint
 }
 
 unit() {
     SPARKOPS_REQUIRE_SSHD=1 stage pytest-unit pytest_stage -q tests/unit
+}
+
+# The built tarball, installed next to only the collections galaxy.yml declares
+# (taken from the `ansible` package's bundle: Galaxy is unreachable), checked from
+# there. ansible-test keeps its venvs under ~/.ansible/test (cache that in CI).
+collection() {
+    stage collection-install tests/collection-checks.sh install
+    stage collection-syntax tests/collection-checks.sh syntax
+    stage collection-docs tests/collection-checks.sh docs
+    stage sanity tests/collection-checks.sh sanity
+    stage ansible-test-units tests/collection-checks.sh units
 }
 
 sim() {
@@ -71,9 +84,10 @@ sim() {
 case "$what" in
     lint) lint ;;
     unit) unit ;;
+    collection) collection ;;
     sim) sim ;;
-    all) lint; unit; sim ;;
-    *) echo "usage: $0 lint|unit|sim|all" >&2; exit 2 ;;
+    all) lint; unit; collection; sim ;;
+    *) echo "usage: $0 lint|unit|collection|sim|all" >&2; exit 2 ;;
 esac
 
 echo
