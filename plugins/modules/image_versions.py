@@ -18,7 +18,7 @@ description:
   - Read-only; changes nothing.
 version_added: "0.2.0"
 author:
-  - sparkops maintainers
+  - sparkops maintainers (!UNKNOWN)
 options:
   image:
     description: The image (name:tag, name@digest or ID) to look into. It must already be on this host.
@@ -44,12 +44,9 @@ options:
     description: Timeout of the probe container, in seconds.
     type: float
     default: 180
-attributes:
-  check_mode:
-    support: full
-    description: Runs in check mode too; it only reads.
-  diff_mode:
-    support: none
+extends_documentation_fragment:
+  - sparkops.cluster.attributes
+  - sparkops.cluster.attributes.read_only
 """
 
 EXAMPLES = r"""
