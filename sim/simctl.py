@@ -352,6 +352,12 @@ def build_standin_repo() -> None:
     run(["git", "clone", "-q", "--bare", str(work), str(bare)], capture=True)
     shutil.rmtree(work)
     stamp.write_text(want)
+    # The stand-in's history was rewritten (its commits follow its files): a lock file that pins
+    # commits of the old history pins what no longer exists, as after a force-push upstream.
+    lock = STATE / "sparkops.lock.json"
+    if lock.exists():
+        lock.unlink()
+        log(f"stand-in repository rebuilt: its commits changed, so the simulated cluster's lock file {lock} is reset")
     log(f"stand-in repository at {bare}: sim-v1 {git(bare, 'rev-parse', 'sim-v1')[:12]}")
 
 

@@ -117,7 +117,7 @@ def locked_copy(tmp_path):
     """A copy of the inventory's lock file: an upgrade moves this one, so later site.yml runs in this
     session (whose inventory still says sim-v1) converge back instead of being refused by the lock."""
     lock = tmp_path / "sparkops.lock.json"
-    main = ROOT / "inventory" / "sim" / "sparkops.lock.json"
+    main = ROOT / ".sim" / "sparkops.lock.json"  # the simulated cluster's lock (inventory/sim connection.yml)
     if main.exists():
         lock.write_bytes(main.read_bytes())
     return lock
