@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs the project's checks as named stages and prints what each one cost.
-#   tests/run-stages.sh lint | unit | collection | sim | all
-# `all` is what `make test` and CI run: lint, unit tests, the collection as a
-# user installs it (tests/collection-checks.sh), then the simulated
+#   tests/run-stages.sh lint | unit | system | collection | sim | all
+# `all` is what `make test` and CI run: lint, unit tests (pure), system tests (real daemons and
+# clients on loopback: sshd, rsync, a Hub-speaking HTTP server with the real huggingface_hub),
+# the collection as a user installs it (tests/collection-checks.sh), then the simulated
 # two-node cluster with molecule (converge, idempotence, verify) and the
 # integration and fault tests on it, then the cluster is removed.
 set -uo pipefail
@@ -59,7 +60,14 @@ lint() {
 }
 
 unit() {
-    SPARKOPS_REQUIRE_SSHD=1 stage pytest-unit pytest_stage -q tests/unit
+    stage pytest-unit pytest_stage -q tests/unit
+}
+
+system() {
+    # The huggingface_hub versions the tests run (tests/system/conftest.py) are installed up front,
+    # so a missing PyPI shows as its own failure, not as a test's.
+    stage hub-clients python -c 'import sys; sys.path.insert(0, "tests/system"); import conftest as c; [c.install_hub_client(v) for v in c.HUB_CLIENT_VERSIONS]'
+    SPARKOPS_REQUIRE_SSHD=1 SPARKOPS_REQUIRE_HUB_CLIENTS=1 stage pytest-system pytest_stage -q tests/system
 }
 
 # The built tarball, installed next to only the collections galaxy.yml declares
@@ -84,10 +92,11 @@ sim() {
 case "$what" in
     lint) lint ;;
     unit) unit ;;
+    system) system ;;
     collection) collection ;;
     sim) sim ;;
-    all) lint; unit; collection; sim ;;
-    *) echo "usage: $0 lint|unit|collection|sim|all" >&2; exit 2 ;;
+    all) lint; unit; system; collection; sim ;;
+    *) echo "usage: $0 lint|unit|system|collection|sim|all" >&2; exit 2 ;;
 esac
 
 echo
