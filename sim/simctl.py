@@ -31,6 +31,7 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,6 +67,12 @@ NODES = [
     },
 ]
 MGMT_IFACE = "enP7s7"
+# A real image registry for the pull-by-digest path (spark_vllm_image_source: registry): Debian's
+# docker-registry (CNCF distribution) on this machine, the "control host", bound only to its address
+# on the management bridge. The nodes' dockerd get it as an insecure registry (no TLS on the sim's
+# internal, no-route-out network).
+REGISTRY_HOST = NETWORKS[f"{PREFIX}-mgmt"][0].rsplit(".", 1)[0] + ".1"
+REGISTRY_ADDR = f"{REGISTRY_HOST}:5000"
 
 # ------------------------------------------------------------------------ topology
 # The default is the two-node pair above (inventory/sim describes it). `up --nodes N --topology T`
@@ -220,6 +227,7 @@ def ensure_host() -> None:
             ("openssh-server", "sshd"),
             ("iproute2", "ip"),
             ("zstd", "zstd"),
+            ("docker-registry", "docker-registry"),
         )
         if shutil.which(exe) is None
     ]
@@ -424,7 +432,9 @@ def build_standin_repo() -> None:
     )
     git(work, "checkout", "-q", "-b", "sim-broken", "sim-v1")
     (work / "vllm").write_text(
-        "#!/bin/sh\n# A deliberately broken build: the engine dies at start (for rollback tests).\n"
+        "#!/bin/sh\n# A deliberately broken build: the engine dies at start (for rollback tests). It still\n"
+        "# answers --help, so the upgrade's option check passes and the failure comes at the swap.\n"
+        'case " $* " in *" --help"*) exec python3 /opt/sparkops/vllm_test_double.py "$@" ;; esac\n'
         "echo 'RuntimeError: simulated broken image: engine failed to start' >&2\nexit 1\n"
     )
     git(work, "add", "-A")
@@ -439,6 +449,12 @@ def build_standin_repo() -> None:
     run(["git", "clone", "-q", "--bare", str(work), str(bare)], capture=True)
     shutil.rmtree(work)
     stamp.write_text(want)
+    # The stand-in's history was rewritten (its commits follow its files): a lock file that pins
+    # commits of the old history pins what no longer exists, as after a force-push upstream.
+    lock = STATE / "sparkops.lock.json"
+    if lock.exists():
+        lock.unlink()
+        log(f"stand-in repository rebuilt: its commits changed, so the simulated cluster's lock file {lock} is reset")
     log(f"stand-in repository at {bare}: sim-v1 {git(bare, 'rev-parse', 'sim-v1')[:12]}")
 
 
@@ -764,6 +780,87 @@ def seed_model(model: str, revision: str, shards: int, shard_mib: int, cache: st
     )
 
 
+def registry_answers() -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{REGISTRY_ADDR}/v2/", timeout=3) as resp:  # noqa: S310 - fixed http URL
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+def ensure_registry() -> None:
+    """Start the test bed's registry (once; its storage is in .sim/registry) on the management bridge."""
+    if registry_answers():
+        log(f"registry at {REGISTRY_ADDR}: up")
+        return
+    base = STATE / "registry"
+    (base / "data").mkdir(parents=True, exist_ok=True)
+    config = base / "config.yml"
+    config.write_text(
+        "version: 0.1\nlog:\n  level: warn\n"
+        f"storage:\n  filesystem:\n    rootdirectory: {base / 'data'}\n  delete:\n    enabled: true\n"
+        f"http:\n  addr: {REGISTRY_ADDR}\n"
+    )
+    logf = open(base / "registry.log", "ab")  # noqa: SIM115 - handed to the daemon
+    proc = subprocess.Popen(["docker-registry", "serve", str(config)], stdout=logf, stderr=logf, start_new_session=True)
+    (base / "pid").write_text(f"{proc.pid}\n")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if registry_answers():
+            log(f"registry at {REGISTRY_ADDR}: started (pid {proc.pid})")
+            return
+        if proc.poll() is not None:
+            break
+        time.sleep(0.5)
+    sys.exit(f"simctl: the registry did not answer on {REGISTRY_ADDR}; see {base / 'registry.log'}")
+
+
+def stop_registry() -> None:
+    """Stop the registry this test bed started (by its pid file, and only if that pid is docker-registry)."""
+    pidfile = STATE / "registry" / "pid"
+    try:
+        pid = int(pidfile.read_text())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        return
+    if b"docker-registry" in cmdline:
+        os.kill(pid, 15)
+    pidfile.unlink(missing_ok=True)
+
+
+NODE_REGISTRY_SCRIPT = """
+set -e
+python3 - "$1" <<'PY'
+import json, sys
+path = "/etc/docker/daemon.json"
+conf = json.load(open(path))
+regs = conf.setdefault("insecure-registries", [])
+if sys.argv[1] not in regs:
+    regs.append(sys.argv[1])
+    json.dump(conf, open(path, "w"))
+PY
+pkill -HUP -x dockerd
+"""
+
+
+def configure_node_registries() -> None:
+    """Give each node's dockerd the registry as an insecure one (a live reload: SIGHUP, no restart)."""
+    for node in NODES:
+        run(["docker", "exec", node["name"], "bash", "-c", NODE_REGISTRY_SCRIPT, "-", REGISTRY_ADDR], capture=True)
+        deadline = time.monotonic() + 20
+        while True:
+            res = run(
+                ["docker", "exec", node["name"], "docker", "info", "--format", "{{json .RegistryConfig.IndexConfigs}}"],
+                check=False,
+                capture=True,
+            )
+            if REGISTRY_ADDR in res.stdout:
+                break
+            if time.monotonic() > deadline:
+                sys.exit(f"simctl: {node['name']}'s dockerd did not take {REGISTRY_ADDR} as an insecure registry")
+            time.sleep(0.5)
+
+
 # Where the inventory finds this cluster's SSH key and known_hosts: an absolute path written into the
 # inventory itself (git-ignored), so a copy of inventory/sim made anywhere still connects; no path
 # relative to the checkout is needed.
@@ -786,6 +883,7 @@ def write_inventory_facts(key: Path) -> None:
         "known_hosts": str(STATE / "ssh" / "known_hosts"),
         "nodes": NODES,
         "standin_repo": "file:///srv/sparkops-sim/git/spark-vllm-docker.git",
+        "registry": REGISTRY_ADDR,
     }
     (STATE / "cluster.json").write_text(json.dumps(facts, indent=2) + "\n")
 
@@ -802,6 +900,8 @@ def up(args: argparse.Namespace) -> None:
         start_node(node, image, key)
     wait_ssh(key)
     load_base_into_nodes()
+    ensure_registry()
+    configure_node_registries()
     seed_model(args.model, args.revision, args.shards, args.shard_mib, args.hf_cache)
     write_inventory_facts(key)
     write_inventory_state()
@@ -825,6 +925,7 @@ def down(args: argparse.Namespace) -> None:
     for name in sorted(set(res.stdout.split()) | set(NETWORKS)):
         if name.startswith(f"{PREFIX}-"):
             remove_network(name)
+    stop_registry()
     if args.all:
         for ref in (node_image_ref(), vllm_base_ref()):
             run(["docker", "image", "rm", "-f", ref], check=False, capture=True)

@@ -113,9 +113,22 @@ def test_head_node_restart_brings_serving_back():
     assert not health().get("failed")
 
 
-def test_upgrade_to_a_new_image_commit():
+def locked_copy(tmp_path):
+    """A copy of the inventory's lock file: an upgrade moves this one, so later site.yml runs in this
+    session (whose inventory still says sim-v1) converge back instead of being refused by the lock."""
+    lock = tmp_path / "sparkops.lock.json"
+    main = ROOT / ".sim" / "sparkops.lock.json"  # the simulated cluster's lock (inventory/sim connection.yml)
+    if main.exists():
+        lock.write_bytes(main.read_bytes())
+    return lock
+
+
+def test_upgrade_to_a_new_image_commit(tmp_path):
     before = state_file()
-    res = run_playbook("playbooks/upgrade.yml", extra_vars={"spark_vllm_image_ref": "sim-v2"})
+    lock = locked_copy(tmp_path)
+    res = run_playbook(
+        "playbooks/upgrade.yml", extra_vars={"spark_vllm_image_ref": "sim-v2", "sparkops_lock_file": str(lock)}
+    )
     assert res.returncode == 0, res.stdout[-5000:]
     text = " ".join(res.stdout.split())
     down = re.search(r"downtime ([0-9.]+) s", text)
@@ -125,6 +138,7 @@ def test_upgrade_to_a_new_image_commit():
     assert after["image"] != before["image"]
     assert after["image_ref"] == "sim-v2"
     assert after["previous"]["image"] == before["image"]
+    assert json.loads(lock.read_text())["image"]["ref"] == "sim-v2"
     # The old tag is kept on every node, for a rollback.
     for node in NODES:
         assert node_sh(node, f"docker image inspect {before['image']}", check=False).returncode == 0
@@ -132,9 +146,13 @@ def test_upgrade_to_a_new_image_commit():
     assert not health().get("failed")
 
 
-def test_upgrade_to_a_broken_image_rolls_back():
+def test_upgrade_to_a_broken_image_rolls_back(tmp_path):
     before = state_file()
-    res = run_playbook("playbooks/upgrade.yml", extra_vars={"spark_vllm_image_ref": "sim-broken"})
+    lock = locked_copy(tmp_path)
+    locked = lock.read_bytes() if lock.exists() else None
+    res = run_playbook(
+        "playbooks/upgrade.yml", extra_vars={"spark_vllm_image_ref": "sim-broken", "sparkops_lock_file": str(lock)}
+    )
     text = " ".join(res.stdout.split())
     assert res.returncode != 0
     assert "was rolled back" in text, text[-4000:]
@@ -142,6 +160,7 @@ def test_upgrade_to_a_broken_image_rolls_back():
     if figures:
         print(f"\nbroken upgrade: rollback {figures.group(1)} s, total downtime {figures.group(2)} s")
     assert state_file() == before
+    assert (lock.read_bytes() if lock.exists() else None) == locked  # a rollback leaves the lock alone
     assert not health().get("failed")
     serving = node_sh("spark-sim-1", "docker inspect --format '{{.Config.Image}}' sparkops-vllm").stdout.strip()
     assert serving == before["image"]

@@ -1,0 +1,44 @@
+"""Write metadata-only STAND-IN distributions (vllm, torch, flashinfer-python) into site-packages.
+
+Used only when building the sparkops simulated cluster's stand-in image. Each gets a dist-info
+(so importlib.metadata reports the version, as for a real wheel) and a tiny package: `vllm` and
+`torch` expose __version__, and torch.cuda.nccl.version() returns the NCCL version as a tuple, like
+real torch. Nothing here computes; importing anything else from them fails.
+usage: make_standin_dists.py VLLM_VERSION FLASHINFER_VERSION TORCH_VERSION NCCL_VERSION
+"""
+
+import sys
+import sysconfig
+from pathlib import Path
+
+vllm_v, flashinfer_v, torch_v, nccl_v = sys.argv[1:5]
+site = Path(sysconfig.get_paths()["purelib"])
+NOTE = '"""sparkops simulated cluster: a metadata-only STAND-IN, not the real package."""\n'
+
+
+def dist(name: str, version: str, top: str, files: dict) -> None:
+    info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    (info / "INSTALLER").write_text("sparkops-standin\n")
+    (info / "top_level.txt").write_text(top + "\n")
+    for rel, text in files.items():
+        path = site / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(NOTE + text)
+    (info / "RECORD").write_text("".join(f"{rel},,\n" for rel in files))
+
+
+nccl = tuple(int(p) for p in nccl_v.split("."))
+dist("vllm", vllm_v, "vllm", {"vllm/__init__.py": f"__version__ = {vllm_v!r}\n"})
+dist(
+    "torch",
+    torch_v,
+    "torch",
+    {
+        "torch/__init__.py": f"__version__ = {torch_v!r}\nfrom . import cuda  # noqa: E402\n",
+        "torch/cuda/__init__.py": "from . import nccl  # noqa: F401\n",
+        "torch/cuda/nccl.py": f"def version():\n    return {nccl!r}\n",
+    },
+)
+dist("flashinfer-python", flashinfer_v, "flashinfer", {"flashinfer/__init__.py": f"__version__ = {flashinfer_v!r}\n"})

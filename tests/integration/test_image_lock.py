@@ -1,0 +1,154 @@
+"""The image pins, the version check inside the image, the lock file and the registry pull by digest,
+on the simulated cluster. Each test uses a lock file of its own (sparkops_lock_file in tmp_path) and
+leaves the cluster serving the inventory's image."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+
+import pytest
+from conftest import NODES, ROOT, node_sh, run_playbook
+
+pytestmark = pytest.mark.usefixtures("sim_cluster")
+HEAD = NODES[0]
+STANDIN_GIT = ROOT / ".sim" / "git" / "spark-vllm-docker.git"
+
+
+def run(playbook: str, lock, extra: dict | None = None, timeout: float = 900):
+    return run_playbook(playbook, extra_vars={"sparkops_lock_file": str(lock), **(extra or {})}, timeout=timeout)
+
+
+def out(res) -> str:
+    """Output on one line, with the JSON escaping of Ansible's messages undone."""
+    return " ".join((res.stdout + res.stderr).split()).replace('\\"', '"')
+
+
+def standin_commit(ref: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(STANDIN_GIT), "rev-parse", ref], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def serving_image() -> str:
+    return node_sh(HEAD, "docker inspect --format '{{.Config.Image}}' sparkops-vllm").stdout.strip()
+
+
+def test_first_deployment_writes_the_lock_and_the_next_run_keeps_it(tmp_path):
+    lock = tmp_path / "sparkops.lock.json"
+    res = run("site.yml", lock)
+    assert res.returncode == 0, res.stdout[-5000:]
+    assert "written for the first time" in out(res)
+    data = json.loads(lock.read_text())
+    # What the stand-in built from the pinned arguments (--vllm-ref v0.19.0 --flashinfer-ref v0.6.6),
+    # read inside the image; torch and NCCL are not pinned by eugr@fc08740 and are recorded as found.
+    assert data["versions"] == {
+        "vllm": "0.19.0",
+        "flashinfer": "0.6.6",
+        "cuda": "13.2.0",
+        "ray": "2.52.1",
+        "torch": "2.12.0.dev20260410+cu130",
+        "nccl": "2.29.7",
+    }
+    assert data["image"]["commit"] == standin_commit("sim-v1")
+    assert data["image"]["build_args"] == ["--vllm-ref", "v0.19.0", "--flashinfer-ref", "v0.6.6"]
+    for node in NODES:
+        node_id = node_sh(node, f"docker image inspect --format '{{{{.Id}}}}' {data['image']['tag']}").stdout.strip()
+        assert node_id == data["image"]["id"]
+    assert data["model"]["resolved_revision"] == data["model"]["revision"]  # the sim profile pins a commit
+    written = lock.read_bytes()
+    mtime = lock.stat().st_mtime_ns
+    again = run("playbooks/image.yml", lock)
+    assert again.returncode == 0, again.stdout[-4000:]
+    assert "nothing moved" in out(again)
+    assert lock.read_bytes() == written and lock.stat().st_mtime_ns == mtime
+
+
+def test_an_inventory_that_differs_from_the_lock_is_refused(tmp_path):
+    lock = tmp_path / "sparkops.lock.json"
+    assert run("playbooks/image.yml", lock).returncode == 0
+    written = lock.read_bytes()
+    image = serving_image()
+    res = run("playbooks/image.yml", lock, {"spark_vllm_image_ref": "sim-v2"})
+    assert res.returncode != 0
+    text = out(res)
+    assert 'image.ref: the lock has "sim-v1", the inventory asks for "sim-v2"' in text, text[-3000:]
+    assert "run playbooks/upgrade.yml" in text
+    assert lock.read_bytes() == written
+    assert serving_image() == image
+
+
+def test_an_image_built_without_the_vllm_pin_is_refused_naming_both_versions(tmp_path):
+    image = serving_image()
+    res = run("playbooks/image.yml", tmp_path / "lock.json", {"spark_vllm_image_build_args": []})
+    assert res.returncode != 0
+    text = out(res)
+    assert "vllm: the image carries 0.20.1.dev42+g1a2b3c4d5, the pin (sparkops_image_pins.vllm) is 0.19.0" in text
+    assert "flashinfer: the image carries 0.6.7.dev20260410, the pin (sparkops_image_pins.flashinfer) is 0.6.6" in text
+    assert not (tmp_path / "lock.json").exists()
+    assert serving_image() == image
+
+
+def test_the_old_pins_arguments_are_refused_by_the_build_script(tmp_path):
+    res = run(
+        "playbooks/image.yml", tmp_path / "lock.json", {"spark_vllm_image_build_args": ["--use-wheels", "release"]}
+    )
+    assert res.returncode != 0
+    assert "Unknown parameter passed: --use-wheels" in out(res)
+
+
+def test_upgrade_moves_the_lock_and_says_what_moved(tmp_path):
+    lock = tmp_path / "sparkops.lock.json"
+    assert run("playbooks/image.yml", lock).returncode == 0
+    before = json.loads(lock.read_text())
+    try:
+        res = run("playbooks/upgrade.yml", lock, {"spark_vllm_image_ref": "sim-v2"})
+        assert res.returncode == 0, res.stdout[-5000:]
+        text = out(res)
+        moved = re.search(r"Lock file \S+: moved: (.{0,600})", text)
+        assert moved, text[-3000:]
+        print(f"\nupgrade sim-v1 -> sim-v2, lock moved: {moved.group(1)[:400]}")
+        assert f'image.commit: "{standin_commit("sim-v1")}" -> "{standin_commit("sim-v2")}"' in moved.group(1)
+        assert 'image.ref: "sim-v1" -> "sim-v2"' in moved.group(1)
+        after = json.loads(lock.read_text())
+        assert after["image"]["id"] != before["image"]["id"]
+        assert after["versions"] == before["versions"]
+        assert serving_image() == after["image"]["tag"]
+        # The lock now holds sim-v2: the inventory (sim-v1) is refused until it is upgraded back.
+        refused = run("playbooks/image.yml", lock)
+        assert refused.returncode != 0
+        assert 'the lock has "sim-v2", the inventory asks for "sim-v1"' in out(refused)
+    finally:
+        back = run("playbooks/upgrade.yml", lock, {"spark_vllm_image_ref": "sim-v1"})
+    assert back.returncode == 0, back.stdout[-4000:]
+    assert json.loads(lock.read_text())["image"]["commit"] == before["image"]["commit"]
+
+
+def test_registry_pull_by_digest_and_a_wrong_digest_is_refused(tmp_path):
+    facts = json.loads((ROOT / ".sim" / "cluster.json").read_text())
+    registry = facts["registry"]
+    tag = serving_image()
+    repo = f"{registry}/sparkops-sim/vllm-standin"
+    push = node_sh(HEAD, f"docker tag {tag} {repo}:test && docker push -q {repo}:test", timeout=300)
+    digest = node_sh(HEAD, f"docker image inspect --format '{{{{json .RepoDigests}}}}' {repo}:test").stdout
+    ref = next(d for d in json.loads(digest) if d.startswith(repo + "@sha256:"))
+    # Only the worker lacks it under that digest: it pulls from the registry over the management LAN.
+    node_sh(NODES[1], f"docker image rm {ref}", check=False)
+    extra = {"spark_vllm_image_source": "registry", "spark_vllm_image_registry_ref": ref}
+    lock = tmp_path / "sparkops.lock.json"
+    res = run("playbooks/image.yml", lock, extra)
+    assert res.returncode == 0, push.stdout + res.stdout[-5000:]
+    assert node_sh(NODES[1], f"docker image inspect {ref}", check=False).returncode == 0
+    data = json.loads(lock.read_text())
+    assert data["image"]["registry_ref"] == ref and data["image"]["repo_digest"] == ref
+    assert data["versions"]["vllm"] == "0.19.0"
+    wrong = ref.split("@sha256:")[0] + "@sha256:" + "0" * 64
+    bad = run("playbooks/image.yml", tmp_path / "other.json", {**extra, "spark_vllm_image_registry_ref": wrong})
+    assert bad.returncode != 0
+    assert f"could not pull {wrong}" in out(bad)
+    no_digest = run(
+        "playbooks/image.yml", tmp_path / "third.json", {**extra, "spark_vllm_image_registry_ref": repo + ":test"}
+    )
+    assert no_digest.returncode != 0
+    assert "it must name the image by digest" in out(no_digest)
