@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the project's checks as named stages and prints what each one cost.
-#   tests/run-stages.sh lint | unit | all
+#   tests/run-stages.sh lint | unit | promtool | sim | all
 # `all` is what `make test` and CI run: lint, unit tests, then the simulated
 # two-node cluster with molecule (converge, idempotence, verify) and the
 # integration and fault tests on it, then the cluster is removed.
@@ -58,6 +58,17 @@ lint() {
 
 unit() {
     SPARKOPS_REQUIRE_SSHD=1 stage pytest-unit pytest_stage -q tests/unit
+    stage promtool promtool_rules
+}
+
+promtool_rules() {
+    # The alert rules under the real promtool (Debian's `prometheus` package; .ci/run installs it).
+    if ! command -v promtool >/dev/null; then
+        echo "promtool not found: apt-get install --no-install-recommends prometheus (or run .ci/run)"
+        return 1
+    fi
+    promtool --version | head -n 1
+    promtool check rules roles/monitoring/files/sparkops-alerts.yml && promtool test rules tests/promtool/*.test.yml
 }
 
 sim() {
@@ -71,9 +82,10 @@ sim() {
 case "$what" in
     lint) lint ;;
     unit) unit ;;
+    promtool) stage promtool promtool_rules ;;
     sim) sim ;;
     all) lint; unit; sim ;;
-    *) echo "usage: $0 lint|unit|sim|all" >&2; exit 2 ;;
+    *) echo "usage: $0 lint|unit|promtool|sim|all" >&2; exit 2 ;;
 esac
 
 echo
