@@ -100,6 +100,27 @@ def test_the_daemons_listen_on_the_fast_link_only(sim_cluster):
     assert res.returncode != 0, "Prometheus answers on the management LAN"
 
 
+def test_the_last_start_is_recorded_phase_by_phase(sim_cluster):
+    """vllm_serve recorded the double's start from the containers' logs (site.yml ran before)."""
+    state = json.loads(node_sh(HEAD, "cat /var/lib/sparkops/startup-phases.json").stdout)
+    started = node_sh(HEAD, "docker inspect --format '{{.State.StartedAt}}' sparkops-vllm").stdout.strip()
+    phases = {p["phase"]: p for p in state["phases"]}
+    if state["container_started_at"] != started:
+        pytest.skip("the double was restarted outside the serve role (e.g. by the alert test): nothing recorded")
+    for measured in ("container_start", "ray_ready", "api_ready"):
+        assert phases[measured]["at"], (measured, phases[measured])
+    assert 0 < phases["api_ready"]["since_start_s"] < 300
+    if phases["first_token"]["at"]:
+        assert phases["first_token"]["since_start_s"] >= phases["api_ready"]["since_start_s"]
+    for skipped in ("weights_loading", "weights_loaded", "torch_compile", "cuda_graphs", "engine_ready"):
+        assert phases[skipped]["note"] == "not applicable (test double)"
+    report = (ROOT / "reports" / "spark-sim" / "health.md").read_text()
+    assert "## Last start, phase by phase" in report and "| api_ready |" in report
+    print(
+        "\nlast start of the double: " + ", ".join(f"{k} +{v['since_start_s']} s" for k, v in phases.items() if v["at"])
+    )
+
+
 def test_an_alert_fires_when_the_vllm_double_stops(sim_cluster):
     def firing():
         alerts = prom_get("/api/v1/alerts")["alerts"]
