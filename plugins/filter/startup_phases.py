@@ -119,11 +119,12 @@ def startup_phases(
                 }
             )
         else:
-            why = (
-                "not applicable (test double)"
-                if test_double and phase not in TEST_DOUBLE_PHASES
-                else "not seen in the logs"
-            )
+            if test_double and phase not in TEST_DOUBLE_PHASES:
+                why = "not applicable (test double)"
+            elif phase == "first_token":
+                why = "not measured (vLLM was not started by this run)"
+            else:
+                why = "not seen in the logs"
             phases.append({"phase": phase, "at": None, "since_start_s": None, "source": None, "note": why})
     msgs = [m for _, m in lines]
     if any("Directly load the compiled graph" in m for m in msgs):

@@ -84,6 +84,7 @@ def test_a_phase_missing_from_real_logs_is_reported_as_not_seen():
     assert p["cuda_graphs"]["note"] == "not seen in the logs"
     assert p["ray_ready"]["note"] == "not seen in the logs"
     assert p["first_token"]["at"] is None
+    assert p["first_token"]["note"] == "not measured (vLLM was not started by this run)"
 
 
 def test_docker_nanoseconds_and_offsets_parse_and_garbage_is_refused():
