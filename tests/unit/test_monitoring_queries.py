@@ -96,7 +96,7 @@ def sparkops_series(tmp_path: Path) -> set[str]:
     mod = textfile_module()
     # A row in the format of `nvidia-smi --query-gpu=<GPU_QUERY> --format=csv,noheader,nounits`.
     gpu = mod.gpu_lines("0, NVIDIA GB10, 2418, 3003, 0x0000000000000004, 55, 40.12, 93\n")
-    (tmp_path / "w.jsonl").write_text('{"ts": 1, "action": "restart"}\n')
+    (tmp_path / "w.jsonl").write_text('{"epoch": 1, "event": "restart_begun"}\n')
     lines = gpu + mod.watchdog_lines(tmp_path / "w.jsonl") + mod.threshold_lines(tmp_path, 1, 2)
     return scrape_series("\n".join(lines))
 

@@ -65,10 +65,12 @@ def test_watchdog_restarts_are_counted_from_the_jsonl(tf, tmp_path):
     log.write_text(
         "\n".join(
             [
-                json.dumps({"ts": 100.5, "action": "restart", "reason": "hang"}),
-                json.dumps({"ts": 150, "action": "check", "healthy": True}),
+                # The shape roles/watchdog's Events.emit writes (h-day2's sparkops_watchdog.py).
+                json.dumps({"epoch": 100.5, "event": "restart_begun", "message": "restart 1", "node": "h", "ts": "x"}),
+                json.dumps({"epoch": 150, "event": "probe_ok", "message": "ok", "node": "h", "ts": "x"}),
                 "not json",
-                json.dumps({"ts": 200, "action": "restart", "reason": "down"}),
+                json.dumps({"epoch": 200, "event": "restart_begun", "message": "restart 2", "node": "h", "ts": "x"}),
+                json.dumps({"epoch": 210, "event": "restart_ended", "message": "done", "node": "h", "ts": "x"}),
             ]
         )
     )

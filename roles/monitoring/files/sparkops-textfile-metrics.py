@@ -14,7 +14,7 @@ GPU (from nvidia-smi; DCGM is not used: it does not report a GB10 properly, see 
   sparkops_gpu_clock_throttled         1 when a slowdown reason (power cap, thermal, HW slowdown,
                                        power brake) is active, else 0 (idle is not throttling)
   sparkops_gpu_temperature_celsius, sparkops_gpu_power_watts, sparkops_gpu_utilization_ratio
-Watchdog (from the watchdog's JSON-lines log; one object a line, a restart has "action": "restart"):
+Watchdog (from the watchdog's JSON-lines log; one object a line, a restart is "event": "restart_begun"):
   sparkops_watchdog_restarts_total     restarts recorded in the log
   sparkops_watchdog_last_restart_timestamp_seconds
 Thresholds the alert rules compare with (one source of truth: the role's variables):
@@ -115,11 +115,13 @@ def watchdog_lines(log_path: Path) -> list[str]:
             rec = json.loads(line)
         except ValueError:
             continue
-        if isinstance(rec, dict) and rec.get("action") == "restart":
+        # The watchdog (roles/watchdog) logs {"epoch": <Unix s>, "event": "restart_begun", ...}
+        # once per restart of the serving group.
+        if isinstance(rec, dict) and rec.get("event") == "restart_begun":
             restarts += 1
-            ts = rec.get("ts")
-            if isinstance(ts, (int, float)):
-                last = max(last, float(ts))
+            epoch = rec.get("epoch")
+            if isinstance(epoch, (int, float)):
+                last = max(last, float(epoch))
     return [
         "# HELP sparkops_watchdog_restarts_total Restarts the sparkops watchdog recorded.",
         "# TYPE sparkops_watchdog_restarts_total counter",
