@@ -24,7 +24,12 @@ def filters():
 
 
 def test_filters_are_exposed(filters):
-    assert set(filters) == {"serving_profile_violations", "vllm_serve_args", "normalize_serving_profile"}
+    assert set(filters) == {
+        "serving_profile_violations",
+        "serving_profiles_contract_violations",
+        "vllm_serve_args",
+        "normalize_serving_profile",
+    }
 
 
 def test_violations_filter(filters):

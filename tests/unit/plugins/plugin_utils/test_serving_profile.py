@@ -7,7 +7,7 @@ import json
 
 import pytest
 import yaml
-from ansible_collections.sparkops.cluster.plugins.module_utils.serving_profile import (
+from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving_profile import (
     KV_HEADROOM_GIB,
     PROFILE_FIELDS,
     normalize_profile,

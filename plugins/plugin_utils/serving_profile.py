@@ -1,14 +1,17 @@
 """Serving profiles: validation against the SM121 hard rules and the `vllm serve` argv they yield.
 
 A serving profile is a plain dict (see PROFILE_FIELDS for every key, its type and default). Pure
-functions only, stdlib only, so the same code runs in filter plugins on the control node and in
-modules on the Sparks:
+functions only, stdlib only; controller-only (plugin_utils): the filters in plugins/filter/serving.py
+use it:
 
 - normalize_profile(profile) -> dict: defaults filled, types checked (ValueError listing every problem).
 - profile_violations(profile, gpus_total, node_memory_gib=128, gpus_per_node=1) -> list[str]: every
   type problem and every broken hard rule, each message naming the rule and what to change.
 - vllm_serve_args(profile, host, port, gpus_per_node=1) -> list[str]: the exact argv. The API key is
   never in it: vLLM reads it from the VLLM_API_KEY environment variable.
+- contract_violations(profile, contract, gpus_per_node=1) -> list[str]: what the vLLM release of
+  `contract` (plugin_utils/vllm_contract.py) would refuse in the profile's argv and VLLM_* env, and the
+  SM121 rules that release's knobs cannot enforce (a release without the knob a rule needs is refused).
 
 Hard rules on SM121 (GB10), from the project's serving facts:
 - no --enforce-eager (CUDA graphs off cost ~55% tok/s on SM121);
@@ -22,6 +25,12 @@ from __future__ import annotations
 import json
 import math
 import re
+
+from ansible_collections.sparkops.cluster.plugins.plugin_utils.vllm_contract import (
+    check_serve_args,
+    has_choice,
+    has_env,
+)
 
 MAX_GPU_MEMORY_UTILIZATION = 0.90
 # What a node needs on top of its share of the weights before vLLM can serve at all: a minimal KV
@@ -403,17 +412,103 @@ def _check_cluster_args(gpus_total, node_memory_gib, gpus_per_node) -> None:
         raise ValueError(f"node_memory_gib must be a positive number, got {node_memory_gib!r}")
 
 
-def profile_violations(profile, gpus_total, node_memory_gib=128, gpus_per_node=1) -> list[str]:
+def profile_violations(profile, gpus_total, node_memory_gib=128, gpus_per_node=1, contract=None) -> list[str]:
     """Every reason `profile` must not be served on a cluster of `gpus_total` GPUs; [] when it may.
 
     Type and range problems come first; the SM121 hard rules and the fit checks are only judged on a
-    profile whose types are right.
+    profile whose types are right. With `contract` (a vLLM contract), contract_violations too.
     """
     _check_cluster_args(gpus_total, node_memory_gib, gpus_per_node)
     p, errors = _validate(profile)
     if errors:
         return errors
-    return _rule_violations(p) + _cluster_violations(p, gpus_total, float(node_memory_gib), gpus_per_node)
+    out = _rule_violations(p) + _cluster_violations(p, gpus_total, float(node_memory_gib), gpus_per_node)
+    if contract is not None:
+        out += _contract_violations(p, contract, gpus_per_node)
+    return out
+
+
+def contract_violations(profile, contract, gpus_per_node=1) -> list[str]:
+    """What vLLM of `contract` would refuse in `profile` (argv options and values, VLLM_* env), and the
+    SM121 FP4 rules that this vLLM has no knob to enforce; [] when none."""
+    p, errors = _validate(profile)
+    if errors:
+        return errors
+    return _contract_violations(p, contract, gpus_per_node)
+
+
+def _contract_violations(p: dict, contract: dict, gpus_per_node: int) -> list[str]:
+    argv = _argv(p, "127.0.0.1", 8000, gpus_per_node)  # host/port do not change what vLLM accepts
+    return check_serve_args(argv, p["env"], contract) + _knob_violations(p, contract)
+
+
+def _extra_value(args: list[str], flag: str) -> str | None:
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _knob_violations(p: dict, contract: dict) -> list[str]:
+    """The no-CUTLASS-FP4 rule with the knobs this vLLM release really has.
+
+    Left alone, vLLM picks FlashInfer/CUTLASS FP4 kernels for FP4 MoE and linear layers on SM12x, so an
+    FP4 profile must pin both to Marlin with whatever knob the release has:
+      MoE:    --moe-backend marlin (KernelConfig.moe_backend, 0.19.0 and later), else
+              VLLM_MXFP4_USE_MARLIN=1 (mxfp4 only; in vllm/envs.py up to 0.19.x, gone by 0.33.0);
+      linear: --linear-backend marlin (KernelConfig.linear_backend, 0.33.0), else
+              VLLM_NVFP4_GEMM_BACKEND=marlin (vllm/envs.py of 0.19.0; gone by 0.33.0).
+    gpt-oss (mxfp4) quantizes only its experts, so it needs the MoE knob alone.
+    A release with no such knob is refused: the rule could not be enforced there.
+    """
+    if not _is_fp4(p):
+        return []
+    version = contract.get("vllm_version", "?")
+    env = {k.upper(): v for k, v in p["env"].items()}
+    what = p["quantization"] or p["model"]
+    out = []
+    if has_choice(contract, "--moe-backend", "marlin"):
+        if (p["moe_backend"] or "").lower() != "marlin":
+            out.append(
+                f"FP4 model ({what}) with moe_backend {p['moe_backend']!r}: on vLLM {version} set moe_backend: "
+                f"marlin, else vLLM picks a CUTLASS FP4 MoE kernel on SM121 ({_CUTLASS_RULE})"
+            )
+    elif (p["quantization"] or "").lower() == "mxfp4" and has_env(contract, "VLLM_MXFP4_USE_MARLIN"):
+        if not _truthy_env(env.get("VLLM_MXFP4_USE_MARLIN", "")):
+            out.append(
+                f"mxfp4 model on vLLM {version}, which has no --moe-backend marlin: set env "
+                f"VLLM_MXFP4_USE_MARLIN=1 ({_CUTLASS_RULE})"
+            )
+    else:
+        out.append(
+            f"vLLM {version} has no knob to put FP4 MoE on Marlin (no --moe-backend with marlin, no "
+            f"VLLM_MXFP4_USE_MARLIN for mxfp4), so the {_CUTLASS_RULE} cannot be enforced for {what}: "
+            "pin a vLLM release that has one"
+        )
+    if (p["quantization"] or "").lower() == "mxfp4" and p["model_family"].lower() in MXFP4_FAMILIES:
+        return out
+    if has_choice(contract, "--linear-backend", "marlin"):
+        value = _extra_value(p["extra_args"], "--linear-backend")
+        if (value or "").lower() != "marlin":
+            out.append(
+                f"FP4 model ({what}): on vLLM {version} add extra_args ['--linear-backend', 'marlin'], else vLLM "
+                f"picks a CUTLASS FP4 GEMM on SM121 ({_CUTLASS_RULE})"
+            )
+    elif has_env(contract, "VLLM_NVFP4_GEMM_BACKEND"):
+        if env.get("VLLM_NVFP4_GEMM_BACKEND", "").strip().lower() != "marlin":
+            out.append(
+                f"FP4 model ({what}): on vLLM {version} set env VLLM_NVFP4_GEMM_BACKEND=marlin, else vLLM picks "
+                f"a CUTLASS FP4 GEMM on SM121 ({_CUTLASS_RULE})"
+            )
+    else:
+        out.append(
+            f"vLLM {version} has no knob to put FP4 linear layers on Marlin (no --linear-backend with marlin, "
+            f"no VLLM_NVFP4_GEMM_BACKEND), so the {_CUTLASS_RULE} cannot be enforced for {what}: pin a vLLM "
+            "release that has one"
+        )
+    return out
 
 
 def _json_arg(value: dict) -> str:
@@ -439,7 +534,10 @@ def vllm_serve_args(profile, host, port, gpus_per_node=1) -> list[str]:
         raise ValueError(f"port must be within 1-65535, got {port}")
     if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int) or gpus_per_node < 1:
         raise ValueError(f"gpus_per_node must be a positive integer, got {gpus_per_node!r}")
+    return _argv(p, host, port, gpus_per_node)
 
+
+def _argv(p: dict, host: str, port: int, gpus_per_node: int) -> list[str]:
     argv = [
         "vllm",
         "serve",
