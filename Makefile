@@ -6,12 +6,35 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export PYTHONUNBUFFERED := 1
 
-.PHONY: help venv sim sim-up sim-down sim-destroy test lint unit molecule integration syntax bench-weights
+.PHONY: help venv sim sim-up sim-down sim-destroy sim-info test lint unit molecule integration syntax bench-weights \
+	status verify benchmark upgrade teardown doctor changelog collection-checks
+
+# Day-2 targets run against INVENTORY (the simulated cluster unless told otherwise):
+#   make status INVENTORY=inventory/two-sparks    make upgrade ARGS='-e spark_vllm_image_ref=sim-v2'
+INVENTORY ?= inventory/sim
+ARGS ?=
 
 help:
-	@echo "make sim       - build the simulated two-Spark cluster and run site.yml against it"
-	@echo "make sim-down  - remove the simulated cluster (nodes, networks, volumes)"
-	@echo "make test      - lint, unit tests, molecule on the simulated cluster, integration tests"
+	@echo "Setup and the simulated cluster (needs make, python3-venv; root on Debian 12 / Ubuntu 24.04):"
+	@echo "  make sim          - build the simulated two-Spark cluster and run site.yml (~7 min cold, ~2 min warm)"
+	@echo "  make sim-up       - only (re)start the simulated nodes, without site.yml (~1 min warm)"
+	@echo "  make sim-info     - print the endpoint, the served model name, the key file and a curl to try"
+	@echo "  make sim-down     - remove the nodes, networks and volumes; keeps dockerd, the images and .sim/"
+	@echo "  make sim-destroy  - sim-down, and also remove the cached images (~860 MB) and .sim/"
+	@echo "Day 2, against INVENTORY=$(INVENTORY) (extra ansible-playbook arguments in ARGS='...'):"
+	@echo "  make status       - one screen: nodes, driver, image, Ray membership, endpoint (~30 s)"
+	@echo "  make verify       - network, Ray membership, fast path and endpoint checks; changes nothing (~1 min)"
+	@echo "  make benchmark    - concurrency 1/2/4 serving benchmark, JSON/Markdown/PNG report (~2 min on the sim)"
+	@echo "  make upgrade      - new image ref/profile/driver with rollback; e.g. ARGS='-e spark_vllm_image_ref=sim-v2' (~4 min)"
+	@echo "  make teardown     - stop vLLM and Ray (images and weights stay); make sim brings them back (~20 s)"
+	@echo "  make doctor       - one verdict per check (PASS/WARN/CRITICAL) with the next action (~1 min)"
+	@echo "Checks:"
+	@echo "  make lint         - ruff, yamllint, ansible-lint, syntax checks"
+	@echo "  make unit         - unit tests"
+	@echo "  make test         - lint, unit tests, molecule on the simulated cluster, integration tests (~16 min)"
+	@echo "  make collection-checks - build, install next to only the declared collections, syntax by FQCN, docs, sanity, units (~5 min)"
+	@echo "  make changelog    - lint changelogs/fragments/ and regenerate CHANGELOG.md from them"
+	@echo "  make bench-weights - weight-sync benchmark (not part of make test)"
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -26,16 +49,46 @@ sim-up: venv
 
 sim: sim-up
 	ansible-playbook site.yml -i inventory/sim
-	@echo
-	@echo "Simulated cluster serving (a vLLM TEST DOUBLE behind a real Ray cluster):"
-	@sed -n 's/^| \(endpoint\|API key\|healthy\) | \(.*\) |$$/  \1: \2/p' reports/spark-sim/health.md
-	@echo "  report: $(CURDIR)/reports/spark-sim/health.md"
+	@$(MAKE) -s sim-info
+
+# Where the health report is, asked of Ansible (the inventory decides), printed without `..`.
+sim-info: venv
+	@reports=$$(ansible spark-sim-1 -i inventory/sim -o -m ansible.builtin.debug \
+	    -a 'msg={{ sparkops_reports_dir | realpath }}' | sed -n 's/.*"msg": "\(.*\)".*/\1/p'); \
+	test -f "$$reports/health.md" || { echo "no health report in $$reports yet: run make sim"; exit 1; }; \
+	echo; echo "Simulated cluster serving (a vLLM TEST DOUBLE behind a real Ray cluster):"; \
+	sed -n 's/^| \(endpoint\|served model name\|API key\|healthy\) | \(.*\) |$$/  \1: \2/p' "$$reports/health.md"; \
+	echo "  report: $$reports/health.md"; \
+	echo "Try it (the key is read from its file, never printed):"; \
+	sed -n '/^```sh$$/,/^```$$/{/^```/d;s/^/  /;p}' "$$reports/health.md"; \
+	echo "Next: make status | verify | benchmark | doctor | teardown | upgrade (make help says more)"
 
 sim-down:
 	python3 sim/simctl.py down
 
 sim-destroy:
 	python3 sim/simctl.py down --all
+
+# Day-2 playbooks (README "After make sim"). ansible-playbook comes from .venv.
+status: venv
+	ansible-playbook playbooks/status.yml -i $(INVENTORY) $(ARGS)
+
+verify: venv
+	ansible-playbook playbooks/verify.yml -i $(INVENTORY) $(ARGS)
+
+benchmark: venv
+	ansible-playbook playbooks/benchmark.yml -i $(INVENTORY) $(ARGS)
+
+upgrade: venv
+	ansible-playbook playbooks/upgrade.yml -i $(INVENTORY) $(ARGS)
+
+teardown: venv
+	ansible-playbook playbooks/teardown.yml -i $(INVENTORY) $(ARGS)
+
+# playbooks/doctor.yml comes with issue 15; until then this target says so.
+doctor: venv
+	@test -f playbooks/doctor.yml || { echo "playbooks/doctor.yml is not in this checkout yet (issue 15)"; exit 2; }
+	ansible-playbook playbooks/doctor.yml -i $(INVENTORY) $(ARGS)
 
 lint: venv
 	tests/run-stages.sh lint
@@ -49,3 +102,23 @@ test: venv
 # Not part of `make test`: a benchmark prints ratios measured in one run; it never gates CI.
 bench-weights: venv
 	$(PY) benchmarks/weight_sync.py --gib 2
+
+# CHANGELOG.md is generated (antsibull-changelog) from changelogs/fragments/: this
+# previews the coming release (the version in galaxy.yml) in a scratch copy, so the
+# fragments stay until `antsibull-changelog release` at release time.
+changelog: venv
+	antsibull-changelog lint
+	@scratch=$$(mktemp -d) && trap 'rm -rf "$$scratch"' EXIT && \
+	git ls-files -co --exclude-standard -z | xargs -0 cp -P --parents -t "$$scratch" && \
+	version=$$($(PY) -c 'import yaml; print(yaml.safe_load(open("galaxy.yml"))["version"])') && \
+	(cd "$$scratch" && antsibull-changelog release --version "$$version") && \
+	cp "$$scratch/CHANGELOG.md" CHANGELOG.md && echo "CHANGELOG.md: $$version (unreleased) from changelogs/fragments/"
+
+# The collection as a user installs it (tests/collection-checks.sh): build, install
+# next to only the declared dependencies, syntax by FQCN, docs, sanity, units.
+collection-checks: venv
+	tests/collection-checks.sh install
+	tests/collection-checks.sh syntax
+	tests/collection-checks.sh docs
+	tests/collection-checks.sh sanity
+	tests/collection-checks.sh units

@@ -117,6 +117,12 @@ for action in serve._actions:
     nargs = action.nargs if action.nargs not in (None, 0) else None
     choices = [str(c) for c in action.choices] if action.choices is not None else None
     typ = getattr(action.type, "__name__", None) if action.type is not None else None
+    # optional_type(json.loads) / parse_type(int) (vllm/engine/arg_utils.py) wrap the real converter
+    inner = None
+    for cell in getattr(action.type, "__closure__", None) or ():
+        if callable(cell.cell_contents):
+            inner = getattr(cell.cell_contents, "__name__", None)
+            break
     group = next((g.title for g in serve._action_groups if action in g._group_actions), None)
     # vllm/engine/arg_utils.py literal_to_kwargs: a field typed `Literal[...] | str` gets its Literal values
     # as the metavar, not as choices: they are the known values, and the option takes any other string too.
@@ -138,6 +144,7 @@ for action in serve._actions:
             "action": k,
             "nargs": nargs,
             "type": typ,
+            "inner_type": inner,
             "group": group,
             "metavar_values": metavar_values,
         }

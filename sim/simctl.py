@@ -604,6 +604,22 @@ def seed_model(model: str, revision: str, shards: int, shard_mib: int, cache: st
     )
 
 
+# Where the inventory finds this cluster's SSH key and known_hosts: an absolute path written into the
+# inventory itself (git-ignored), so a copy of inventory/sim made anywhere still connects; no path
+# relative to the checkout is needed.
+INVENTORY_STATE_FILE = ROOT / "inventory" / "sim" / "group_vars" / "all" / "sim_state.yml"
+
+
+def write_inventory_state(state: Path = STATE, dest: Path = INVENTORY_STATE_FILE) -> Path:
+    dest.write_text(
+        "---\n"
+        "# Written by sim/simctl.py up (git-ignored): this simulated cluster's state directory, absolute,\n"
+        "# so that a copy of this inventory made elsewhere finds the SSH key and known_hosts.\n"
+        f"sparkops_sim_state_dir: {json.dumps(str(state.resolve()))}\n"
+    )
+    return dest
+
+
 def write_inventory_facts(key: Path) -> None:
     facts = {
         "ssh_key": str(key),
@@ -626,6 +642,7 @@ def up(args: argparse.Namespace) -> None:
     load_base_into_nodes()
     seed_model(args.model, args.revision, args.shards, args.shard_mib, args.hf_cache)
     write_inventory_facts(key)
+    write_inventory_state()
     log("simulated cluster is up: " + ", ".join(f"{n['name']} ({n['mgmt']})" for n in NODES))
 
 
@@ -643,7 +660,14 @@ def down(args: argparse.Namespace) -> None:
         for ref in (node_image_ref(), vllm_base_ref()):
             run(["docker", "image", "rm", "-f", ref], check=False, capture=True)
         shutil.rmtree(STATE, ignore_errors=True)
-    log("simulated cluster removed" + (" with its images and state" if args.all else ""))
+        INVENTORY_STATE_FILE.unlink(missing_ok=True)
+        log("simulated cluster removed with its images and state; dockerd keeps running (stop it yourself)")
+        return
+    log(
+        "simulated cluster removed (nodes, networks, volumes). Kept for the next `make sim`: dockerd, the "
+        f"images {node_image_ref()} and {vllm_base_ref()} (~860 MB) and {STATE.resolve()}; "
+        "`make sim-destroy` removes the images and that folder too"
+    )
 
 
 def status(_args: argparse.Namespace) -> None:

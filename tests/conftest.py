@@ -10,3 +10,7 @@ if str(COLLECTIONS) not in sys.path:
 
 FIXTURES = ROOT / "tests" / "fixtures"
 sys.path.insert(0, str(ROOT / "tests" / "unit"))
+# `from conftest import ...` in the tests: pytest puts tests/ on the path from a checkout, but
+# `ansible-test units` (the installed collection) loads this file as a plugin only.
+if str(ROOT / "tests") not in sys.path:
+    sys.path.insert(0, str(ROOT / "tests"))

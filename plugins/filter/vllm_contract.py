@@ -1,57 +1,11 @@
-"""Filters over recorded vLLM contracts (plugins/plugin_utils/vllm_contract.py holds the logic)."""
+"""Filters over recorded vLLM contracts (plugins/plugin_utils/vllm_contract.py holds the logic).
+
+Documentation: vllm_contract.yml and vllm_serve_problems.yml next to this file (`ansible-doc -t filter`)."""
 
 from __future__ import annotations
 
-DOCUMENTATION = r"""
-name: vllm_contract
-author: sparkops
-version_added: "0.2.0"
-short_description: The recorded `vllm serve` contract of a vLLM release
-description:
-  - Returns the contract recorded from the official wheel of vLLM O(_input) (a version such as V(0.19.0)),
-    from C(plugins/plugin_utils/vllm_contracts/vllm-<version>.json) - its serve options, fixed value
-    sets, C(VLLM_*) variable names and Prometheus metric families.
-  - With O(help_text), the contract is parsed from that C(vllm serve --help=all) output instead (the
-    image's own vLLM on real hardware); the recorded fixture of that version, if any, supplies the
-    C(VLLM_*) names unless O(env_vars) is given.
-  - Fails, naming the recorded versions, when no fixture exists for the version.
-options:
-  _input:
-    description: The vLLM version, e.g. V(0.19.0).
-    type: str
-    required: true
-  help_text:
-    description: Output of C(vllm serve --help=all) of that version; empty uses the recorded fixture.
-    type: str
-    default: ""
-  env_vars:
-    description: C(VLLM_*) names the vLLM reads (its C(vllm.envs.environment_variables)); used with O(help_text).
-    type: list
-    elements: str
-"""
-
-EXAMPLES = r"""
-- name: Problems real vLLM 0.19.0 would have with a command line
-  ansible.builtin.debug:
-    msg: "{{ argv | sparkops.cluster.vllm_serve_problems({'VLLM_API_KEY': 'x'}, '0.19.0') }}"
-  vars:
-    argv: [vllm, serve, my/model, --tensor-parallel-size, "2"]
-
-- name: The metric families vLLM 0.19.0 exposes
-  ansible.builtin.debug:
-    msg: "{{ ('0.19.0' | sparkops.cluster.vllm_contract).metrics | map(attribute='name') }}"
-"""
-
-RETURN = r"""
-_value:
-  description: >-
-    The contract - keys vllm_version, source, serve_options, value_sets, env_vars, metrics (see
-    plugins/plugin_utils/vllm_contract.py).
-  type: dict
-"""
-
-from ansible.errors import AnsibleFilterError  # noqa: E402 - after the documentation strings
-from ansible_collections.sparkops.cluster.plugins.plugin_utils.vllm_contract import (  # noqa: E402
+from ansible.errors import AnsibleFilterError
+from ansible_collections.sparkops.cluster.plugins.plugin_utils.vllm_contract import (
     check_serve_args,
     contract_from_help,
     load_contract,

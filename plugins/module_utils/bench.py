@@ -12,14 +12,29 @@ Definitions used throughout:
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import http.client
 import json
 import math
 import ssl
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import asdict, dataclass
+
+# Where a benchmark's figures come from. One value for every file of a report (JSON, Markdown, PNG):
+# real hardware, or the vLLM TEST DOUBLE of the simulated cluster, whose pace is a setting
+# (SPARKOPS_TEST_DOUBLE_TOK_S) and says nothing about a model on a GPU.
+SOURCE_HARDWARE = "hardware"
+SOURCE_TEST_DOUBLE = "test-double"
+SOURCES = (SOURCE_HARDWARE, SOURCE_TEST_DOUBLE)
+SOURCE_LABELS = {
+    SOURCE_HARDWARE: "measured on hardware",
+    SOURCE_TEST_DOUBLE: "vLLM TEST DOUBLE (simulated cluster): not a model, not hardware",
+}
+# Aggregate tok/s by concurrency, Qwen3-235B-A22B GPTQ-Int4 on two DGX Sparks (TP=2, EP=2). Only
+# hardware figures are compared with it.
+HARDWARE_REFERENCE = {1: 17.0, 2: 24.1, 4: 36.4}
 
 # vLLM V1 counters (tokens), and the V0-era names for the same, newest first.
 PREFIX_HITS = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
@@ -193,13 +208,33 @@ def metrics_url_for(base_url: str) -> str:
     return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path + "/metrics", "", ""))
 
 
-def _ssl_context(validate_certs: bool):
-    if validate_certs:
-        return None
+@functools.lru_cache(maxsize=2)
+def _ssl_context(validate_certs: bool) -> ssl.SSLContext:
+    # Made once per setting: loading the CA store per request costs tens of ms of CPU, which under
+    # the GIL would serialise the concurrent requests the benchmark times.
     ctx = ssl.create_default_context()
-    ctx.check_hostname = False
-    ctx.verify_mode = ssl.CERT_NONE
+    if not validate_certs:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
     return ctx
+
+
+@contextlib.contextmanager
+def _http(method: str, url: str, headers: dict, *, timeout_s: float, validate_certs: bool, body: bytes | None = None):
+    """One request with http.client, straight to the server (the endpoint is on the cluster's private
+    link: no proxy applies), yielding the response whatever its status."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme == "https":
+        conn = http.client.HTTPSConnection(
+            parts.hostname, parts.port, timeout=timeout_s, context=_ssl_context(validate_certs)
+        )
+    else:
+        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout_s)
+    try:
+        conn.request(method, (parts.path or "/") + (f"?{parts.query}" if parts.query else ""), body, headers)
+        yield conn.getresponse()
+    finally:
+        conn.close()
 
 
 def _headers(api_key: str | None) -> dict[str, str]:
@@ -218,11 +253,12 @@ def fetch_metrics(url: str, api_key: str | None = None, timeout_s: float = 10.0,
     """Parsed /metrics, or None when the endpoint cannot be read (the benchmark then reports no hit rate)."""
     _require_http(url)
     headers = {k: v for k, v in _headers(api_key).items() if k != "Accept"}
-    req = urllib.request.Request(url, headers=headers)  # noqa: S310 (scheme checked above)
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s, context=_ssl_context(validate_certs)) as resp:  # noqa: S310
+        with _http("GET", url, headers, timeout_s=timeout_s, validate_certs=validate_certs) as resp:
+            if resp.status >= 400:
+                return None
             return parse_prometheus(resp.read().decode("utf-8", "replace"))
-    except (urllib.error.URLError, OSError, ValueError):
+    except (http.client.HTTPException, OSError, ValueError):
         return None
 
 
@@ -256,14 +292,18 @@ def stream_chat(
     url = base_url.rstrip("/") + "/chat/completions"
     _require_http(url)
     data = json.dumps(body).encode("utf-8")
-    req = urllib.request.Request(url, data=data, headers=_headers(api_key), method="POST")  # noqa: S310
     start = time.monotonic()
     deadline = start + timeout_s
     ttft = None
     chunks = 0
     usage_tokens = None
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s, context=_ssl_context(validate_certs)) as resp:  # noqa: S310
+        with _http(
+            "POST", url, _headers(api_key), timeout_s=timeout_s, validate_certs=validate_certs, body=data
+        ) as resp:
+            if resp.status >= 400:
+                detail = resp.read(300).decode("utf-8", "replace")
+                return RequestResult(False, None, time.monotonic() - start, 0, f"HTTP {resp.status}: {detail}".strip())
             while True:
                 if time.monotonic() > deadline:
                     return RequestResult(False, ttft, time.monotonic() - start, chunks, f"timed out after {timeout_s}s")
@@ -293,10 +333,7 @@ def stream_chat(
                         chunks += 1
                         if ttft is None:
                             ttft = time.monotonic() - start
-    except urllib.error.HTTPError as exc:
-        detail = exc.read(300).decode("utf-8", "replace") if exc.fp else ""
-        return RequestResult(False, None, time.monotonic() - start, 0, f"HTTP {exc.code}: {detail}".strip())
-    except (TimeoutError, urllib.error.URLError, OSError, ValueError) as exc:
+    except (TimeoutError, http.client.HTTPException, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
         return RequestResult(False, ttft, time.monotonic() - start, chunks, f"{type(exc).__name__}: {reason}")
     duration = time.monotonic() - start

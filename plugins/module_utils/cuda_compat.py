@@ -88,7 +88,7 @@ def parse_require_cuda(text: str) -> list[list[dict]]:
             elif dm:
                 constraints.append({"kind": "driver", "op": dm.group(1), "value": dm.group(2)})
             elif "=" in part:
-                key, _, value = part.partition("=")
+                key, _sep, value = part.partition("=")
                 kind = key.strip() if key.strip() in ("brand", "arch") else "other"
                 constraints.append({"kind": kind, "op": "=", "value": value.strip()})
             else:

@@ -147,7 +147,7 @@ def request(
 def get_health(base_url: str, timeout: float = 10.0, api_key: str | None = None) -> dict:
     """GET /health: vLLM answers 200 with an empty body once the engine is up."""
     start = time.monotonic()
-    status, _ = request(base_url, "GET", "/health", api_key=api_key, timeout=timeout)
+    status = request(base_url, "GET", "/health", api_key=api_key, timeout=timeout)[0]
     return {"ok": True, "status": status, "elapsed_s": round(time.monotonic() - start, 3)}
 
 
@@ -164,7 +164,7 @@ def _json(data: bytes, url: str) -> dict:
 def list_models(base_url: str, api_key: str | None = None, timeout: float = 10.0) -> list[dict]:
     """GET /v1/models; return the `data` entries (each has at least `id`)."""
     url = base_url.rstrip("/") + "/v1/models"
-    _, data = request(base_url, "GET", "/v1/models", api_key=api_key, timeout=timeout)
+    data = request(base_url, "GET", "/v1/models", api_key=api_key, timeout=timeout)[1]
     doc = _json(data, url)
     entries = doc.get("data")
     if not isinstance(entries, list) or not all(isinstance(e, dict) and "id" in e for e in entries):
@@ -200,7 +200,7 @@ def _iter_sse_events(resp, deadline: float, url: str):
             continue
         if line.startswith(":"):
             continue  # SSE comment / keep-alive
-        field, _, value = line.partition(":")
+        field, _sep, value = line.partition(":")
         if field == "data":
             data_lines.append(value[1:] if value.startswith(" ") else value)
 
@@ -367,7 +367,7 @@ def parse_prometheus(text: str) -> dict[str, list[tuple[dict, float]]]:
 def _sum(samples: dict, *names: str) -> float | None:
     """Sum over label sets of the first of `names` that is present (newer name first)."""
     for name in names:
-        values = [v for _, v in samples.get(name, []) if not math.isnan(v)]
+        values = [v for _labels, v in samples.get(name, []) if not math.isnan(v)]
         if values:
             return sum(values)
     return None
@@ -375,7 +375,7 @@ def _sum(samples: dict, *names: str) -> float | None:
 
 def _mean(samples: dict, *names: str) -> float | None:
     for name in names:
-        values = [v for _, v in samples.get(name, []) if not math.isnan(v)]
+        values = [v for _labels, v in samples.get(name, []) if not math.isnan(v)]
         if values:
             return sum(values) / len(values)
     return None
@@ -404,7 +404,7 @@ def parse_vllm_metrics(text: str) -> dict:
     waiting = _sum(s, "vllm:num_requests_waiting")
     prompt = _sum(s, "vllm:prompt_tokens_total")
     generation = _sum(s, "vllm:generation_tokens_total")
-    models = sorted({lab["model_name"] for series in s.values() for lab, _ in series if "model_name" in lab})
+    models = sorted({lab["model_name"] for series in s.values() for lab, _value in series if "model_name" in lab})
     return {
         "num_requests_running": int(running) if running is not None else None,
         "num_requests_waiting": int(waiting) if waiting is not None else None,
@@ -422,7 +422,7 @@ def parse_vllm_metrics(text: str) -> dict:
 def get_metrics(base_url: str, timeout: float = 10.0, api_key: str | None = None) -> dict:
     """GET /metrics and parse it; malformed if it carries no vllm: metric at all."""
     url = base_url.rstrip("/") + "/metrics"
-    _, data = request(base_url, "GET", "/metrics", api_key=api_key, timeout=timeout)
+    data = request(base_url, "GET", "/metrics", api_key=api_key, timeout=timeout)[1]
     parsed = parse_vllm_metrics(data.decode("utf-8", "replace"))
     if not parsed["vllm_metrics_found"]:
         raise ProbeError("malformed", f"{url} carries no vllm: metrics: {_excerpt(data)}", url=url)

@@ -21,6 +21,7 @@ with the threshold (190 Gb/s) and reports the sum of both twins alongside.
 
 from __future__ import annotations
 
+import math
 import re
 
 # 2^20 bytes/s in Gb/s.
@@ -134,7 +135,7 @@ def _number(text: str) -> float | None:
         value = float(text)
     except ValueError:
         return None
-    return None if value != value or value in (float("inf"), float("-inf")) else value  # noqa: PLR0124
+    return None if math.isnan(value) or math.isinf(value) else value
 
 
 def _int_or_none(text: str | None) -> int | None:

@@ -30,6 +30,18 @@ _ALIVE_RE = re.compile(r"^\s+(\d+)\s+(\S.*?)\s*$")
 _NODE_HDR_RE = re.compile(r"^Node:\s+(\S+)(?:\s+\((.*)\))?\s*$")
 _ALIVE_SECTIONS = ("active", "healthy", "idle")
 
+# Node ids, IPs, ALIVE/DEAD states and resources straight from Ray's GCS (ray.nodes()), printed in the
+# shape of `ray list nodes --format json`. That command needs the dashboard (state API); this does not.
+# Run inside the Ray container (python3 -c GCS_NODES_SCRIPT). The one copy of it: the module builds its
+# default nodes_command from it, for readiness (ray_cluster), verify, status and the health report.
+GCS_NODES_SCRIPT = (
+    "import json, ray; "
+    "ray.init(address='auto', logging_level='ERROR', log_to_driver=False); "
+    "print(json.dumps([{'node_id': n['NodeID'], 'node_ip': n['NodeManagerAddress'], "
+    "'state': 'ALIVE' if n['Alive'] else 'DEAD', 'resources_total': n.get('Resources', {}), "
+    "'is_head_node': 'node:__internal_head__' in n.get('Resources', {})} for n in ray.nodes()]))"
+)
+
 
 class RayParseError(ValueError):
     """The text is not output this parser knows."""
@@ -155,7 +167,7 @@ def _mini_yaml_nodes(text: str) -> list[dict]:
         if cur is None:
             raise RayParseError(f"unexpected YAML line: {raw.strip()[:80]}")
         indent = len(raw) - len(raw.lstrip())
-        key, _, value = raw.strip().partition(":")
+        key, _sep, value = raw.strip().partition(":")
         value = value.strip()
         if indent <= (base or 0):
             nested = None
@@ -228,3 +240,75 @@ def parse_ray_nodes(text: str) -> list[dict]:
 
 def looks_like_node_list(text: str) -> bool:
     return text.lstrip().startswith(("[", "---", "- "))
+
+
+def membership(status: dict | None, nodes: list[dict] | None) -> dict:
+    """The one answer to "which nodes and GPUs are in the cluster", from what was read.
+
+    `status` is parse_ray_status() output (or None), `nodes` parse_ray_nodes() output (or None).
+    With a node list, alive nodes are its ALIVE entries and the GPUs are theirs; `ray status` can
+    only lower that GPU figure (Ray 2.52.1 keeps a dead worker under "Active:" for minutes while its
+    Total Usage already lacks the worker's GPUs, fixtures *_worker_died*). Without a node list, the
+    "Active:" count is all there is, and `source` says so.
+    """
+    status_ok = status is not None and status.get("available", False)
+    r = {
+        "nodes_alive": 0,
+        "gpus_total": 0.0,
+        "gpus_used": 0.0,
+        "gpus_reserved": 0.0,
+        "node_ips": [],
+        "node_ids": [],
+        "dead_node_ips": [],
+        "pending": [],
+        "failures": [],
+        "demands": [],
+        "ips_known": False,
+        "available": False,
+        "source": "none",
+    }
+    if status is not None:
+        for key in ("gpus_used", "gpus_reserved", "pending", "failures", "demands"):
+            r[key] = status.get(key, r[key])
+    if status_ok:
+        r.update(
+            nodes_alive=status["nodes_alive"],
+            gpus_total=status["gpus_total"],
+            node_ids=list(status["node_ids"]),
+            node_ips=list(status["node_ips"]),
+            ips_known=bool(status["node_ips"]),
+            available=True,
+            source="ray status (its Active list can still hold a dead node)",
+        )
+    if nodes is not None:
+        alive = [n for n in nodes if n["alive"]]
+        alive_ips = {n["node_ip"] for n in alive if n["node_ip"]}
+        gpus_alive = float(sum(n["gpus"] for n in alive))
+        r.update(
+            nodes_alive=len(alive),
+            node_ids=[n["node_id"] for n in alive],
+            node_ips=sorted(alive_ips),
+            dead_node_ips=sorted({n["node_ip"] for n in nodes if not n["alive"] and n["node_ip"]} - alive_ips),
+            gpus_total=min(gpus_alive, r["gpus_total"]) if status_ok else gpus_alive,
+            ips_known=True,
+            available=True,
+            source="ray status and the GCS node list" if status_ok else "the GCS node list",
+        )
+    return r
+
+
+def describe_membership(m: dict, expected_nodes: int | None = None, expected_gpus: float | None = None) -> str:
+    """One sentence that status, verify and the health report all print, e.g.
+    "1/2 nodes alive, 1.0/2.0 GPUs; dead: 10.213.0.12"."""
+    nodes = f"{m['nodes_alive']}/{expected_nodes}" if expected_nodes is not None else str(m["nodes_alive"])
+    gpus = f"{m['gpus_total']:.1f}"
+    if expected_gpus is not None:
+        gpus += f"/{float(expected_gpus):.1f}"
+    msg = f"{nodes} nodes alive, {gpus} GPUs ({m['gpus_used']:.1f} used)"
+    if m.get("missing_node_ips"):
+        msg += f"; not joined: {', '.join(m['missing_node_ips'])}"
+    if m.get("dead_node_ips"):
+        msg += f"; dead: {', '.join(m['dead_node_ips'])}"
+    if m.get("failures"):
+        msg += f"; recent failures: {'; '.join(m['failures'][:3])}"
+    return msg

@@ -19,7 +19,7 @@ description:
   - Returns plain results, not ansible_facts. Read-only.
 version_added: "0.1.0"
 author:
-  - sparkops maintainers
+  - sparkops maintainers (!UNKNOWN)
 options:
   nvidia_smi_path:
     description: The nvidia-smi executable (a name looked up on PATH, or a path).
@@ -39,12 +39,9 @@ options:
     description: Timeout of one nvidia-smi run, in seconds.
     type: float
     default: 30
-attributes:
-  check_mode:
-    support: full
-    description: Runs in check mode too; it only reads.
-  diff_mode:
-    support: none
+extends_documentation_fragment:
+  - sparkops.cluster.attributes
+  - sparkops.cluster.attributes.read_only
 """
 
 EXAMPLES = r"""
@@ -214,7 +211,7 @@ def gather(p: dict) -> tuple[dict, str | None]:
                     gpu_present=True, gpus=gpus, gpu_count=len(gpus), driver_version=gpus[0]["driver_version"]
                 )
                 try:
-                    rc2, banner, _ = _run([smi], p["timeout_s"])
+                    rc2, banner, _err = _run([smi], p["timeout_s"])
                 except (SmiMissing, subprocess.TimeoutExpired):
                     rc2, banner = 1, ""
                 if rc2 == 0:

@@ -22,7 +22,7 @@ description:
   - A measurement; never changes anything (C(changed) is always false).
 version_added: "0.1.0"
 author:
-  - sparkops maintainers
+  - sparkops maintainers (!UNKNOWN)
 options:
   role:
     description: Which end of the test this host runs.
@@ -115,10 +115,12 @@ options:
     description: Root of sysfs, where C(class/infiniband/<device>) is looked up (tests point it elsewhere).
     type: path
     default: /sys
+extends_documentation_fragment:
+  - sparkops.cluster.attributes
 attributes:
   check_mode:
     support: full
-    description: Validates the options, the program and the device, and returns the command it would run.
+    details: Validates the options, the program and the device, and returns the command it would run.
   diff_mode:
     support: none
 notes:
@@ -297,8 +299,6 @@ elapsed_s:
 
 import os
 import shutil
-import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -345,54 +345,25 @@ def rdma_devices(sysfs_root: str) -> list[str]:
         return []
 
 
-def _kill_group(pgid: int) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + KILL_GRACE_S
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(pgid, 0)
-            except ProcessLookupError:
-                return
-            time.sleep(0.05)
+# coreutils timeout exits 124 when it stopped the command with TERM, 137 (128+9) when KILL was needed.
+TIMEOUT_RCS = (124, 137)
 
 
-def run_with_deadline(cmd: list[str], timeout_s: float) -> tuple[int | None, str, bool, float]:
-    """Run ``cmd`` in its own session; kill its whole process group at the deadline.
+def run_with_deadline(module, cmd: list[str], timeout_s: float) -> tuple[int | None, str, bool, float]:
+    """Run ``cmd`` under coreutils ``timeout``, which makes itself a process group and, at the deadline,
+    signals the whole group (TERM, then KILL after KILL_GRACE_S): no child outlives it.
 
     Returns (rc, output, timed_out, elapsed_s). rc is None when the process was killed.
     """
     start = time.monotonic()
-    proc = subprocess.Popen(
-        cmd,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        text=True,
-        errors="replace",
+    # coreutils; /usr/bin and /bin too when PATH is narrow (sudo secure_path, a test PATH).
+    timeout_bin = module.get_bin_path("timeout", required=True, opt_dirs=["/usr/bin", "/bin"])
+    rc, out, err = module.run_command(
+        [timeout_bin, f"--kill-after={KILL_GRACE_S:g}", f"{timeout_s:g}", *cmd], check_rc=False
     )
-    timed_out = False
-    try:
-        output, _ = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        _kill_group(proc.pid)
-        try:
-            output, _ = proc.communicate(timeout=5)
-        except subprocess.TimeoutExpired:  # pragma: no cover - a pipe held open by an unkillable process
-            proc.kill()
-            output = ""
-    finally:
-        # Whatever happened, leave nothing of the group behind (children that outlived the main process).
-        _kill_group(proc.pid)
-        if proc.poll() is None:  # pragma: no cover
-            proc.kill()
-            proc.wait()
-    return (None if timed_out else proc.returncode), output or "", timed_out, time.monotonic() - start
+    timed_out = rc in TIMEOUT_RCS
+    output = (out or "") + (err or "")
+    return (None if timed_out else rc), output, timed_out, time.monotonic() - start
 
 
 def main() -> None:
@@ -485,7 +456,7 @@ def main() -> None:
     if module.check_mode:
         module.exit_json(msg="check mode: ib_write_bw not run", devices=devices, **base)
 
-    rc, output, timed_out, elapsed = run_with_deadline(cmd, p["timeout_s"])
+    rc, output, timed_out, elapsed = run_with_deadline(module, cmd, p["timeout_s"])
     parsed = parse_ib_write_bw(output)
     parsed["duration_s"] = p["duration_s"]
     parsed["device"] = parsed["device"] or p["device"]

@@ -12,7 +12,8 @@ description:
     unless I(fail_on_mismatch) is false.
   - Several published two-Spark recipes silently run NCCL over TCP; this is the check that catches it.
 version_added: "0.1.0"
-author: sparkops
+author:
+  - sparkops maintainers (!UNKNOWN)
 options:
   paths:
     description:
@@ -36,11 +37,9 @@ options:
     description: Fail when the verdict is not RDMA over every expected HCA.
     type: bool
     default: true
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
+extends_documentation_fragment:
+  - sparkops.cluster.attributes
+  - sparkops.cluster.attributes.read_only
 """
 
 EXAMPLES = r"""

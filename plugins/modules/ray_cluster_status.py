@@ -16,18 +16,31 @@ description:
     address in I(expected_node_ips), or fails naming what is missing.
   - Right after a node dies, C(ray status) can keep listing it as Active while its GPUs are already gone
     from the totals (seen on Ray 2.52); readiness therefore also needs the GPUs.
+  - Alive nodes and GPUs are judged in one place (C(membership) in module_utils/ray_status.py), so
+    readiness, C(verify.yml), C(status.yml) and the health report say the same thing; I(summary) is
+    that sentence.
   - Read-only.
 version_added: "0.1.0"
 author:
-  - sparkops maintainers
+  - sparkops maintainers (!UNKNOWN)
 options:
+  container:
+    description:
+      - Name of the Ray container on the host the module runs on. When given, I(command) defaults to
+        C(docker exec <container> ray status [--address <gcs_address>]) and I(nodes_command) to a
+        C(python3 -c) inside it that prints Ray's GCS node list (C(ray.nodes())) as
+        C(ray list nodes --format json) would, which needs no dashboard.
+    type: str
+  gcs_address:
+    description: C(host:port) of the GCS, passed to C(ray status --address) when I(container) builds the command.
+    type: str
   command:
     description:
       - Command (argv list) printing C(ray status) text, or C(ray list nodes --format json|yaml) output.
       - For example C([docker, exec, sparkops-ray, ray, status, --address, 10.0.0.1:6379]).
+      - Default C([ray, status]), or built from I(container).
     type: list
     elements: str
-    default: [ray, status]
   nodes_command:
     description: Optional second command printing C(ray list nodes --format json) (or yaml) for node IPs and states.
     type: list
@@ -62,15 +75,20 @@ options:
     description: Timeout of one run of I(command) or I(nodes_command) (C(ray status) against a dead head waits ~35 s).
     type: float
     default: 60
-attributes:
-  check_mode:
-    support: full
-    description: Runs in check mode too; it only reads.
-  diff_mode:
-    support: none
+extends_documentation_fragment:
+  - sparkops.cluster.attributes
+  - sparkops.cluster.attributes.read_only
 """
 
 EXAMPLES = r"""
+- name: Read membership through the Ray container (ray status and the GCS node list)
+  sparkops.cluster.ray_cluster_status:
+    container: sparkops-ray
+    expected_nodes: 2
+    expected_gpus: 2
+  register: ray
+  failed_when: false
+
 - name: Wait until both Sparks have joined the Ray cluster with their GPUs
   sparkops.cluster.ray_cluster_status:
     command: [docker, exec, sparkops-ray, ray, status, --address, "{{ head_ip }}:6379"]
@@ -89,6 +107,16 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+summary:
+  description:
+    - "One sentence on membership, the same that status, verify and the health report print, for example
+      C(1/2 nodes alive, 1.0/2.0 GPUs (0.0 used); not joined: 10.213.0.12; dead: 10.213.0.12)."
+  returned: always
+  type: str
+source:
+  description: What the membership was judged on (the GCS node list, C(ray status), both, or none).
+  returned: always
+  type: str
 ready:
   description:
     - Whether the cluster met every expectation (without expectations, that it answered with at least one node).
@@ -160,8 +188,11 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.sparkops.cluster.plugins.module_utils.ray_status import (
+    GCS_NODES_SCRIPT,
     RayParseError,
+    describe_membership,
     looks_like_node_list,
+    membership,
     parse_ray_nodes,
     parse_ray_status,
 )
@@ -201,54 +232,10 @@ def observe(p: dict) -> dict:
             nodes = parse_ray_nodes(out)
         except (CommandError, RayParseError) as exc:
             errors.append(str(exc))
-    r = {
-        "nodes_alive": 0,
-        "gpus_total": 0.0,
-        "gpus_used": 0.0,
-        "gpus_reserved": 0.0,
-        "node_ips": [],
-        "node_ids": [],
-        "dead_node_ips": [],
-        "pending": [],
-        "failures": [],
-        "demands": [],
-        "ips_known": False,
-        "available": False,
-        "error": "; ".join(errors) or None,
-    }
-    if status is not None:
-        r.update(
-            {
-                k: status[k]
-                for k in (
-                    "nodes_alive",
-                    "gpus_total",
-                    "gpus_used",
-                    "gpus_reserved",
-                    "node_ids",
-                    "pending",
-                    "failures",
-                    "demands",
-                    "node_ips",
-                )
-            }
-        )
-        r["available"] = status["available"]
-        r["ips_known"] = bool(status["node_ips"])
-        if not status["available"]:
-            r["error"] = r["error"] or status["message"]
-    if nodes is not None:
-        alive = [n for n in nodes if n["alive"]]
-        r["nodes_alive"] = len(alive)
-        r["node_ids"] = [n["node_id"] for n in alive]
-        r["node_ips"] = sorted({n["node_ip"] for n in alive if n["node_ip"]})
-        r["dead_node_ips"] = sorted(
-            {n["node_ip"] for n in nodes if not n["alive"] and n["node_ip"]} - set(r["node_ips"])
-        )
-        r["ips_known"] = True
-        if status is None or not status["available"]:
-            r["gpus_total"] = sum(n["gpus"] for n in alive)
-        r["available"] = True
+    r = membership(status, nodes)
+    if status is not None and not status["available"]:
+        errors.append(status["message"])
+    r["error"] = "; ".join(errors) or None
     return r
 
 
@@ -270,28 +257,30 @@ def judge(r: dict, p: dict) -> tuple[bool, list[str]]:
 
 
 def describe(r: dict, p: dict, elapsed: float) -> str:
-    nodes = f"{r['nodes_alive']}/{p['expected_nodes']}" if p["expected_nodes"] is not None else str(r["nodes_alive"])
-    gpus = (
-        f"{r['gpus_total']:.1f}/{p['expected_gpus']:.1f}"
-        if p["expected_gpus"] is not None
-        else f"{r['gpus_total']:.1f}"
-    )
-    msg = f"Ray cluster has {nodes} nodes and {gpus} GPUs after {elapsed:.0f} s"
-    if r["missing_node_ips"]:
-        msg += f"; not joined: {', '.join(r['missing_node_ips'])}"
-    if r["dead_node_ips"]:
-        msg += f"; dead: {', '.join(r['dead_node_ips'])}"
-    if r["failures"]:
-        msg += f"; recent failures: {'; '.join(r['failures'][:3])}"
+    msg = f"Ray cluster after {elapsed:.0f} s: " + describe_membership(r, p["expected_nodes"], p["expected_gpus"])
     if r.get("error"):
         msg += f"; last error: {r['error']}"
     return msg
 
 
+def default_commands(p: dict) -> None:
+    """Fill command/nodes_command from `container` (the one place the GCS node-list script is named)."""
+    if p["container"]:
+        address = ["--address", p["gcs_address"]] if p["gcs_address"] else []
+        if p["command"] is None:
+            p["command"] = ["docker", "exec", p["container"], "ray", "status", *address]
+        if p["nodes_command"] is None and p["nodes_text"] is None:
+            p["nodes_command"] = ["docker", "exec", p["container"], "python3", "-c", GCS_NODES_SCRIPT]
+    elif p["command"] is None:
+        p["command"] = ["ray", "status"]
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
-            "command": {"type": "list", "elements": "str", "default": ["ray", "status"]},
+            "container": {"type": "str"},
+            "gcs_address": {"type": "str"},
+            "command": {"type": "list", "elements": "str"},
             "nodes_command": {"type": "list", "elements": "str"},
             "text": {"type": "str"},
             "nodes_text": {"type": "str"},
@@ -305,6 +294,7 @@ def main() -> None:
         supports_check_mode=True,
     )
     p = module.params
+    default_commands(p)
     if not p["command"] and p["text"] is None:
         module.fail_json(msg="command is empty and no text was given: pass the ray status command or its output")
     if p["wait_timeout_s"] < 0 or p["poll_interval_s"] <= 0 or p["command_timeout_s"] <= 0:
@@ -315,7 +305,7 @@ def main() -> None:
     while True:
         polls += 1
         r = observe(p)
-        ready, _ = judge(r, p)
+        ready = judge(r, p)[0]
         elapsed = round(time.monotonic() - start, 3)
         if p["expected_node_ips"] and r["available"] and not r["ips_known"]:
             module.fail_json(
@@ -329,7 +319,14 @@ def main() -> None:
         if ready or time.monotonic() >= deadline:
             break
         time.sleep(max(0.0, min(p["poll_interval_s"], deadline - time.monotonic())))
-    result = {"changed": False, "ready": ready, "polls": polls, "elapsed_s": elapsed, **_public(r)}
+    result = {
+        "changed": False,
+        "ready": ready,
+        "polls": polls,
+        "elapsed_s": elapsed,
+        "summary": describe_membership(r, p["expected_nodes"], p["expected_gpus"]),
+        **_public(r),
+    }
     has_expectations = p["expected_nodes"] is not None or p["expected_gpus"] is not None or p["expected_node_ips"]
     if not r["available"] and not has_expectations:
         module.fail_json(msg=f"cannot read the Ray cluster: {r['error']}", **result)

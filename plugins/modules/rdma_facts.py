@@ -18,7 +18,7 @@ description:
   - Read-only.
 version_added: "0.1.0"
 author:
-  - sparkops maintainers
+  - sparkops maintainers (!UNKNOWN)
 options:
   sysfs_root:
     description: Root of sysfs (tests point it at a copied tree).
@@ -39,12 +39,9 @@ options:
     description: Fail when any I(expect) entry does not check out (otherwise only report it in I(gid_checks)).
     type: bool
     default: false
-attributes:
-  check_mode:
-    support: full
-    description: Runs in check mode too; it only reads.
-  diff_mode:
-    support: none
+extends_documentation_fragment:
+  - sparkops.cluster.attributes
+  - sparkops.cluster.attributes.read_only
 """
 
 EXAMPLES = r"""
@@ -151,7 +148,7 @@ def main():
     expect = {}
     for netdev, ipv4 in (p["expect"] or {}).items():
         try:
-            expect[str(netdev)] = str(ipaddress.IPv4Address(str(ipv4).split("/")[0]))
+            expect[str(netdev)] = str(ipaddress.IPv4Address(str(ipv4).split("/", maxsplit=1)[0]))
         except ValueError:
             module.fail_json(
                 msg=f"expect[{netdev!r}] must be an IPv4 address (for example 192.168.100.11), got {ipv4!r}"

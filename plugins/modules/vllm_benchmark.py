@@ -18,7 +18,8 @@ description:
   - Never changes anything (C(changed) is always false). In check mode it returns the plan and sends
     nothing.
 version_added: "0.1.0"
-author: sparkops
+author:
+  - sparkops maintainers (!UNKNOWN)
 options:
   base_url:
     description: OpenAI-compatible base URL, including C(/v1) (e.g. C(http://10.0.0.1:8000/v1)).
@@ -73,10 +74,15 @@ options:
     description: Verify TLS certificates for https URLs.
     type: bool
     default: true
+extends_documentation_fragment:
+  - sparkops.cluster.attributes
 attributes:
   check_mode:
     support: full
-    description: Returns the plan (levels, requests, tokens) without sending any request.
+    details: Returns the plan (levels, requests, tokens) without sending any request.
+  diff_mode:
+    support: none
+    details: A measurement; it changes nothing.
 """
 
 EXAMPLES = r"""
@@ -92,7 +98,7 @@ EXAMPLES = r"""
 - name: Write the report on the control node
   sparkops.cluster.benchmark_report:
     results: "{{ bench.levels }}"
-    output_dir: "{{ playbook_dir }}/../benchmarks"
+    output_dir: "{{ sparkops_reports_dir }}/benchmarks"
     cluster_name: two-sparks
   delegate_to: localhost
 """
@@ -226,7 +232,7 @@ def main():
             "model": {"type": "str", "required": True},
             "concurrency": {"type": "list", "elements": "int", "default": [1, 2, 4]},
             "requests_per_level": {"type": "int", "required": False},
-            "max_tokens": {"type": "int", "default": 256},
+            "max_tokens": {"type": "int", "default": 256, "no_log": False},  # a count, not a secret
             "prompt_prefix": {
                 "type": "str",
                 "default": "You are benchmarking a language model server. Answer in plain prose. ",

@@ -21,7 +21,7 @@ description:
     progress file.
 version_added: "0.1.0"
 author:
-  - sparkops maintainers
+  - sparkops maintainers (!UNKNOWN)
 options:
   base_url:
     description: Server URL without C(/v1), for example C(http://10.0.0.1:8000).
@@ -93,12 +93,9 @@ options:
         C({"time", "elapsed_s", "attempt", "phase", "kind", "message"}), so a playbook can show
         progress while this module waits (for example with a parallel C(tail)).
     type: path
-attributes:
-  check_mode:
-    support: full
-    description: Runs in check mode too; it only reads.
-  diff_mode:
-    support: none
+extends_documentation_fragment:
+  - sparkops.cluster.attributes
+  - sparkops.cluster.attributes.read_only
 notes:
   - Target side needs only the Python standard library.
   - I(tok_s) is (completion_tokens - 1) / (time of last token - time of first token).
@@ -340,7 +337,7 @@ def main() -> None:
             "model": {"type": "str"},
             "checks": {"type": "list", "elements": "str", "choices": list(CHECK_ORDER), "default": list(CHECK_ORDER)},
             "prompt": {"type": "str", "default": "Count from one to twenty in words."},
-            "max_tokens": {"type": "int", "default": 16},
+            "max_tokens": {"type": "int", "default": 16, "no_log": False},  # a count, not a secret
             "timeout_s": {"type": "float", "default": 60},
             "request_timeout_s": {"type": "float", "default": 30},
             "retry_until_healthy": {"type": "bool", "default": False},

@@ -1,33 +1,52 @@
 """TEST DOUBLE for vLLM's `vllm serve`: used ONLY in the sparkops simulated cluster. It is NOT vLLM.
 
 It is installed as `vllm` in the stand-in image so the serving role can be run end to end on
-machines without GPUs. What it proves, when a deployment passes against it:
-  - the role passes flags real vLLM accepts (real flag names; unknown flags and bad values exit 2
-    with an argparse error, like vLLM);
+machines without GPUs. Its command line, value sets, VLLM_* names and /metrics families are NOT
+written here: they come from the contract recorded from the official vLLM wheel
+(vllm-contract.json next to this file, a copy of plugins/plugin_utils/vllm_contracts/vllm-<v>.json
+made by sim/record_vllm_contract.py). What it proves, when a deployment passes against it:
+  - the role passes a command line that real vLLM <v> accepts: every option of that release's parser
+    is accepted (aliases, --no- forms, underscores, `--x.y` JSON keys, -O<n>), anything else exits 2
+    with argparse's message, like vLLM's FlexibleArgumentParser; values vLLM only checks at engine
+    config (quantization, attention backend, executor backend) fail there with exit 1;
+    `vllm --version` and `vllm serve --help=all` answer from the recording;
   - the model's weights are where the Hugging Face cache layout says (HF_HUB_CACHE, HF_HOME/hub or
     --download-dir; models--org--name/snapshots/<rev>/ with config.json, a weight file and every
     shard named by an index; --revision honoured); otherwise it refuses to start;
   - with --distributed-executor-backend ray (or TP*PP > 1 without a backend) the Ray cluster really
-    has TP*PP GPUs on distinct nodes: it places a STRICT_SPREAD placement group of {"GPU": 1}
-    bundles, holds one GPU actor per bundle, and only then listens (like vLLM, which listens once
-    its engine is up); a node holding a bundle that dies turns /health and completions into 500s;
-  - the API surface a client sees: /health, /v1/models, /v1/chat/completions, /v1/completions
-    (SSE streaming with stream_options.include_usage, non-streaming with usage), /metrics with
-    vLLM's metric names, Bearer-key checks on /v1/* only; tokens paced at SPARKOPS_TEST_DOUBLE_TOK_S
-    per request (default 40) and prefix-cache hits counted per 16-token block.
+    has TP*PP GPUs on distinct nodes: a STRICT_SPREAD placement group of {"GPU": 1} bundles, one GPU
+    actor per bundle, and only then it listens (like vLLM, which listens once its engine is up);
+  - a TP member (a Ray actor on another node) that dies kills the engine the way vLLM 0.19.0's does:
+    RayDistributedExecutor.check_health is a no-op ("Assume that the Ray workers are healthy",
+    vllm/v1/executor/ray_executor.py), so an idle engine keeps answering /health 200; the next step
+    (a request) calls the actors, fails, and the engine is dead (EngineDeadError): that request gets
+    500 InternalServerError "EngineCore encountered an issue. ...", /health answers 503
+    (vllm/entrypoints/serve/instrumentator/health.py), and the API server shuts down
+    (engine_error_handler -> terminate_if_errored, or the 5 s watchdog_loop for a stream;
+    vllm/entrypoints/launcher.py) and the process exits with status 0 (a graceful uvicorn shutdown;
+    no sys.exit on that path): a restart policy `on-failure` does not restart it;
+  - the API surface a client sees: /health, /version, /v1/models, /v1/chat/completions,
+    /v1/completions (SSE streaming with stream_options.include_usage, non-streaming with usage),
+    Bearer-key checks on /v1/* only; /metrics with the recorded families (vllm:*, http_*,
+    process_*, python_*) with values that move: counters count requests and tokens, histograms
+    observe the double's real timings (TTFT, inter-token, end-to-end, queue, prefill, decode);
+    --disable-log-stats removes the vllm:* families, as in vLLM (no stat logger is made). Tokens
+    are paced at SPARKOPS_TEST_DOUBLE_TOK_S per request (default 40), prefix-cache hits counted per
+    16-token block.
 What it CANNOT prove: anything about GPUs, CUDA, NCCL/RDMA, model quality or real speed, memory
-fit (--gpu-memory-utilization, --max-model-len are only range-checked), quantization or attention
-backends actually working, or that real vLLM's defaults match. Its "tokens" are words.
-Only the standard library and `ray` are used. Logs go to stdout.
+fit, quantization or attention backends actually working, or that real vLLM's defaults match. Its
+"tokens" are words. Only the standard library and `ray` are used. Logs go to stdout.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import json
 import os
 import re
+import resource
 import sys
 import threading
 import time
@@ -35,100 +54,205 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-VERSION = os.environ.get("SPARKOPS_TEST_DOUBLE_VERSION", "0.0.0+sparkops.test.double")
+HERE = Path(__file__).resolve().parent
+CONTRACT_FILE = Path(os.environ.get("SPARKOPS_TEST_DOUBLE_CONTRACT", HERE / "vllm-contract.json"))
 BLOCK = 16
-QUANT = (  # noqa: SIM905 - one word per choice, kept compact
-    "aqlm awq awq_marlin bitblas bitsandbytes compressed-tensors deepspeedfp experts_int8 fbgemm_fp8 "
-    "fp8 gguf gptq gptq_bitblas gptq_marlin gptq_marlin_24 hqq inc ipex marlin modelopt modelopt_fp4 "
-    "moe_wna16 mxfp4 petit_nvfp4 ptpc_fp8 quark torchao tpu_int8 fp_quant auto-round "
-).split()
-KV_DTYPES = ["auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla"]
-ATTN = (  # noqa: SIM905 - one word per choice, kept compact
-    "FLASH_ATTN FLASH_ATTN_MLA FLASHINFER FLASHINFER_MLA TRITON_ATTN TRITON_MLA FLEX_ATTENTION "
-    "TREE_ATTN XFORMERS TORCH_SDPA CUTLASS_MLA FLASHMLA FLASHMLA_SPARSE ROCM_ATTN ROCM_AITER_MLA "
-    "ROCM_AITER_FA ROCM_AITER_UNIFIED_ATTN PALLAS CPU_ATTN NO_ATTENTION "
-).split()
-LOAD_FORMATS = (  # noqa: SIM905 - one word per choice, kept compact
-    "auto pt safetensors npcache dummy tensorizer sharded_state gguf bitsandbytes mistral "
-    "runai_streamer runai_streamer_sharded fastsafetensors "
-).split()
 WORDS = "the quick brown fox jumps over the lazy dog while sparks serve tokens across the ring".split()  # noqa: SIM905
+ENGINE_DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+WATCHDOG_S = 5.0  # vllm/entrypoints/launcher.py VLLM_WATCHDOG_TIME_S
+START = time.time()
 
 
 def log(msg: str, level: str = "INFO") -> None:
     print(f"{level} {time.strftime('%m-%d %H:%M:%S')} [test-double] {msg}", flush=True)
 
 
-def human_int(text: str) -> int:
-    """vLLM-style sizes: 32768, 32k (x1000), 32K (x1024), 1m/1M, -1 for auto."""
-    m = re.fullmatch(r"(-?\d+(?:\.\d+)?)([kKmMgG]?)", text.strip())
-    if not m:
-        raise argparse.ArgumentTypeError(f"invalid size {text!r}")
-    mult = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "K": 2**10, "M": 2**20, "G": 2**30}[m.group(2)]
-    return int(float(m.group(1)) * mult)
+def die(msg: str, code: int = 1) -> None:
+    log(msg, "ERROR")
+    sys.exit(code)
 
 
-def unit_fraction(text: str) -> float:
-    value = float(text)
-    if not 0.0 < value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value}")
-    return value
-
-
-def json_dict(text: str) -> dict:
+def load_contract() -> dict:
     try:
-        value = json.loads(text)
+        return json.loads(CONTRACT_FILE.read_text())
+    except (OSError, ValueError) as exc:
+        print(f"vllm test double: cannot read its contract {CONTRACT_FILE}: {exc}", file=sys.stderr)
+        sys.exit(1)
+
+
+# --- the command line, from the recorded parser -----------------------------------------------------
+
+
+def human_int(text: str) -> int:
+    """vllm/engine/arg_utils.py human_readable_int: 32768, 25.6k (x1000), 32K (x1024), 1m/1M, 1g/1G."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", text.strip())
+    if m:
+        number, suffix = m.groups()
+        decimal = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+        binary = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+        mult = decimal.get(suffix) or binary[suffix]
+        if suffix in binary and "." in number:
+            raise argparse.ArgumentTypeError(f"Decimals are not allowed with binary suffixes like {suffix}.")
+        return int(float(number) * mult)
+    try:
+        return int(text)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from exc
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("must be a JSON object")
-    return value
+        raise argparse.ArgumentTypeError(f"Invalid number: {text!r}") from exc
 
 
-def compilation(text: str):
-    return int(text) if re.fullmatch(r"\d", text.strip()) else json_dict(text)
+def human_int_or_auto(text: str) -> int:
+    return -1 if text.strip().lower() in ("auto", "-1") else human_int(text)
 
 
-def parser() -> argparse.ArgumentParser:
+def json_value(text: str):
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"Value {text} cannot be converted to json: {exc}") from exc
+
+
+TYPES = {
+    "int": int,
+    "float": float,
+    "human_readable_int": human_int,
+    "human_readable_int_or_auto": human_int_or_auto,
+    "loads": json_value,
+    "parse_dataclass": json_value,
+}
+
+
+def converter(spec: dict):
+    """The value converter vLLM's parser uses for this option (recorded `type` and `inner_type`)."""
+    typ, inner = spec.get("type"), spec.get("inner_type")
+    if typ in TYPES:
+        return TYPES[typ]
+    if typ in ("_optional_type", "_parse_type") and inner in TYPES:
+        conv = TYPES[inner]
+
+        def parse(val: str):
+            if typ == "_optional_type" and val in ("", "None"):
+                return None
+            try:
+                return conv(val)
+            except (ValueError, argparse.ArgumentTypeError) as exc:
+                raise argparse.ArgumentTypeError(f"Value {val} cannot be converted to {inner}.") from exc
+
+        parse.__name__ = typ
+        return parse
+    if typ == "union_dict_and_str":
+        return lambda val: json_value(val) if re.match(r"(?s)^\s*{.*}\s*$", val) else val
+    return None
+
+
+def flexible(args: list[str]) -> list[str]:
+    """vLLM's FlexibleArgumentParser.parse_args preprocessing (vllm/utils/argparse_utils.py, 0.19.0):
+    underscores become dashes in option names (up to the first '.'), `--x.y v` sets key y of JSON option
+    --x, -O3 / -O 3 mean --optimization-level 3, --help=<keyword> is a help search."""
+    out, i = [], 0
+    while i < len(args):
+        arg = args[i]
+        i += 1
+        if arg.startswith("--help="):
+            out.append("--help=" + arg.split("=", 1)[1])
+        elif arg.startswith("--"):
+            key, eq, value = arg.partition("=")
+            head, dot, tail = key[2:].partition(".")
+            key = "--" + head.replace("_", "-")
+            if dot:
+                if not eq:
+                    value = args[i] if i < len(args) else ""
+                    i += 1
+                out.append(f"{key}={json.dumps(_nest(tail.split('.'), value))}")
+                continue
+            out.append(key + eq + value)
+        elif arg.startswith("-O") and arg != "-O":
+            out += ["--optimization-level", arg[3:] if arg[2:3] == "=" else arg[2:]]
+        elif arg == "-O" and i < len(args) and args[i] in {"0", "1", "2", "3"}:
+            out.append("--optimization-level")
+        else:
+            out.append(arg)
+    return out
+
+
+def _nest(keys: list[str], value: str):
+    try:
+        leaf = json.loads(value)
+    except ValueError:
+        leaf = value
+    for key in reversed(keys):
+        leaf = {key.rstrip("+"): leaf}
+    return leaf
+
+
+def build_parser(contract: dict) -> argparse.ArgumentParser:
+    version = contract["vllm_version"]
     top = argparse.ArgumentParser(prog="vllm", allow_abbrev=False)
-    top.add_argument("-v", "--version", action="version", version=VERSION)
+    top.add_argument("-v", "--version", action="version", version=version)
     sub = top.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("serve", allow_abbrev=False)
-    boolean = argparse.BooleanOptionalAction
-    p.add_argument("model")
-    p.add_argument("--host", default=None)
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--api-key", default=None)
-    p.add_argument("--served-model-name", nargs="+", default=None)
-    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
-    p.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1)
-    p.add_argument("--enable-expert-parallel", "-ep", action=boolean, default=False)
-    p.add_argument("--distributed-executor-backend", choices=["ray", "mp", "uni", "external_launcher"])
-    p.add_argument("--quantization", "-q", choices=QUANT)
-    p.add_argument("--kv-cache-dtype", choices=KV_DTYPES, default="auto")
-    p.add_argument("--attention-backend", choices=ATTN)
-    p.add_argument("--gpu-memory-utilization", type=unit_fraction, default=0.9)
-    p.add_argument("--max-model-len", type=human_int)
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-num-batched-tokens", type=human_int)
-    p.add_argument("--max-cudagraph-capture-size", type=int)
-    p.add_argument("--enable-prefix-caching", action=boolean, default=True)
-    p.add_argument("--speculative-config", type=json_dict)
-    p.add_argument("--default-chat-template-kwargs", type=json_dict)
-    p.add_argument("--compilation-config", "-O", type=compilation)
-    p.add_argument("--revision", default=None)
-    p.add_argument("--download-dir", default=None)
-    p.add_argument("--trust-remote-code", action=boolean, default=False)
-    p.add_argument("--enforce-eager", action=boolean, default=False)
-    p.add_argument("--load-format", choices=LOAD_FORMATS, default="auto")
-    p.add_argument("--dtype", choices=["auto", "half", "float16", "bfloat16", "float", "float32"], default="auto")
-    p.add_argument("--seed", type=int)
-    p.add_argument("--enable-auto-tool-choice", action="store_true")
-    p.add_argument("--tool-call-parser")
-    p.add_argument("--reasoning-parser")
-    p.add_argument("--chat-template")
-    p.add_argument("--disable-log-stats", action="store_true")
+    serve = sub.add_parser("serve", allow_abbrev=False, add_help=False, usage="vllm serve [model_tag] [options]")
+    serve.add_argument("model_tag", nargs="?")
+    done: set[str] = set()
+    for name, spec in contract["serve_options"].items():
+        if spec["dest"] in done:
+            continue
+        done.add(spec["dest"])
+        strings = [name, *spec["aliases"]]
+        kind = spec["action"]
+        if kind == "help":
+            serve.add_argument(*strings, action="help")
+        elif kind == "boolean_optional":
+            positive = [s for s in strings if not s.startswith("--no-")]
+            serve.add_argument(*positive, dest=spec["dest"], action=argparse.BooleanOptionalAction, default=None)
+        elif kind in ("store_true", "store_false", "store_const", "count"):
+            serve.add_argument(*strings, dest=spec["dest"], action="store_true", default=None)
+        else:
+            kw = {"dest": spec["dest"], "default": None}
+            if spec.get("nargs") is not None:
+                kw["nargs"] = spec["nargs"]
+            if spec.get("choices"):
+                kw["choices"] = spec["choices"]
+            elif converter(spec) is not None:
+                kw["type"] = converter(spec)
+            serve.add_argument(*strings, action="append" if kind == "append" else "store", **kw)
     return top
+
+
+def engine_config_problems(args, contract: dict) -> list[str]:
+    """What vLLM refuses after argparse, when it builds the engine config (exit 1): the value sets whose
+    option is a free string, and the range checks of the config dataclasses."""
+    out = []
+    sets = contract["value_sets"]
+    q = getattr(args, "quantization", None)
+    if q and q != "None" and sets.get("quantization") and q not in sets["quantization"]:
+        out.append(f"Unknown quantization method: {q}. Must be one of {sets['quantization']}.")
+    a = getattr(args, "attention_backend", None)
+    if a and a.lower() != "auto" and sets.get("attention_backend") and a.upper() not in sets["attention_backend"]:
+        out.append(
+            f"Unknown attention backend: '{a.upper()}'. Valid options are: {', '.join(sets['attention_backend'])}"
+        )
+    d = getattr(args, "distributed_executor_backend", None)
+    if (
+        d
+        and "." not in d
+        and sets.get("distributed_executor_backend")
+        and d not in sets["distributed_executor_backend"]
+    ):
+        out.append(f"Unknown distributed executor backend: {d}")
+    gmu = getattr(args, "gpu_memory_utilization", None)
+    if gmu is not None and not 0 < gmu <= 1:
+        out.append(
+            f"1 validation error for CacheConfig\ngpu_memory_utilization\n  Input should be in (0, 1], got {gmu}"
+        )
+    for flag in ("tensor_parallel_size", "pipeline_parallel_size", "max_num_seqs"):
+        value = getattr(args, flag, None)
+        if value is not None and value < 1:
+            out.append(f"{flag} must be >= 1, got {value}")
+    return out
+
+
+def unknown_vllm_env(contract: dict) -> list[str]:
+    known = set(contract["env_vars"])
+    return sorted(n for n in os.environ if n.startswith("VLLM_") and n not in known)
 
 
 def find_weights(model: str, revision: str | None, download_dir: str | None) -> Path:
@@ -165,31 +289,186 @@ def find_weights(model: str, revision: str | None, download_dir: str | None) -> 
     return snap
 
 
-def die(msg: str, code: int = 1) -> None:
-    log(msg, "ERROR")
-    sys.exit(code)
+# --- metrics, from the recorded families --------------------------------------------------------------
+
+
+class Metrics:
+    """The recorded families in Prometheus text format, with values the double really measures."""
+
+    def __init__(self, contract: dict, model_name: str, log_stats: bool, cache_info: dict):
+        self.fams = [
+            f for f in contract["metrics"] if log_stats or not f["name"].startswith("vllm:")
+        ]  # --disable-log-stats: no PrometheusStatLogger, no vllm:* families (vllm/v1/engine/async_llm.py)
+        self.base = {"engine": "0", "model_name": model_name}
+        self.cache_info = cache_info
+        self.lock = threading.Lock()
+        self.values: dict[tuple, float] = {}
+        self.hist: dict[tuple, list] = {}
+        self.summ: dict[tuple, list] = {}
+        self.created = time.time()
+        self.by_name = {f["name"]: f for f in self.fams}
+
+    def _family(self, name: str) -> dict | None:
+        return self.by_name.get(name) or self.by_name.get(name + "_total")
+
+    def inc(self, name: str, amount: float = 1.0, **labels) -> None:
+        fam = self._family(name)
+        if fam is None:
+            return
+        key = (fam["name"], tuple(sorted(labels.items())))
+        with self.lock:
+            self.values[key] = self.values.get(key, 0.0) + amount
+
+    def set(self, name: str, value: float, **labels) -> None:
+        fam = self._family(name)
+        if fam is None:
+            return
+        with self.lock:
+            self.values[(fam["name"], tuple(sorted(labels.items())))] = float(value)
+
+    def observe(self, name: str, value: float, **labels) -> None:
+        fam = self._family(name)
+        if fam is None:
+            return
+        key = (fam["name"], tuple(sorted(labels.items())))
+        with self.lock:
+            if fam["type"] == "summary":
+                s = self.summ.setdefault(key, [0, 0.0])
+                s[0] += 1
+                s[1] += value
+                return
+            bounds = [float(b) for b in fam["buckets"]]
+            h = self.hist.setdefault(key, [[0] * len(bounds), 0, 0.0])
+            for i, bound in enumerate(bounds):
+                if value <= bound:
+                    h[0][i] += 1
+            h[1] += 1
+            h[2] += value
+
+    def _labels(self, fam: dict, extra: tuple) -> str:
+        pairs = dict(self.base) if {"engine", "model_name"} <= set(fam["labels"]) else {}
+        pairs.update(dict(extra))
+        return "{" + ",".join(f'{k}="{v}"' for k, v in sorted(pairs.items())) + "}" if pairs else ""
+
+    def _children(self, fam: dict, store: dict) -> list[tuple]:
+        keys = [k[1] for k in store if k[0] == fam["name"]]
+        # children vLLM creates up front (each finished_reason, sleep_state, source) exist from the start
+        for lname, values in (fam.get("label_values") or {}).items():
+            for v in values:
+                if ((lname, v),) not in keys:
+                    keys.append(((lname, v),))
+        if not keys and set(fam["labels"]) <= {"engine", "model_name"}:
+            keys.append(())
+        return keys
+
+    def render(self) -> str:
+        self._process_values()
+        out = []
+        for fam in self.fams:
+            name, typ = fam["name"], fam["type"]
+            out.append(f"# HELP {name} {fam['help']}\n# TYPE {name} {typ}\n")
+            created = []
+            if name == "vllm:cache_config_info":
+                labels = ",".join(f'{k}="{self.cache_info.get(k, "")}"' for k in sorted(fam["labels"]))
+                out.append(f"{name}{{{labels}}} 1.0\n")
+                continue
+            if typ == "histogram":
+                base = name
+                for key in self._children(fam, self.hist) or [()]:
+                    counts, n, total = self.hist.get((name, key), [[0] * len(fam["buckets"]), 0, 0.0])
+                    lab = self._labels(fam, key)
+                    for bound, c in zip(fam["buckets"], counts, strict=True):
+                        le = f'le="{bound}"'
+                        out.append(f"{base}_bucket{{{(lab[1:-1] + ',' if lab else '') + le}}} {float(c)}\n")
+                    out.append(f"{base}_count{lab} {float(n)}\n{base}_sum{lab} {total}\n")
+                    created.append(lab)
+            elif typ == "summary":
+                for key in [k[1] for k in self.summ if k[0] == name]:
+                    n, total = self.summ[(name, key)]
+                    lab = self._labels(fam, key)
+                    out.append(f"{name}_count{lab} {float(n)}\n{name}_sum{lab} {total}\n")
+                    created.append(lab)
+            else:
+                for key in self._children(fam, self.values):
+                    lab = self._labels(fam, key)
+                    out.append(f"{name}{lab} {self.values.get((name, key), 0.0)}\n")
+                    created.append(lab)
+            if typ in ("counter", "histogram", "summary") and created and not name.startswith(("process_", "python_")):
+                stem = name[: -len("_total")] if typ == "counter" and name.endswith("_total") else name
+                out.append(f"# HELP {stem}_created {fam['help']}\n# TYPE {stem}_created gauge\n")
+                out.extend(f"{stem}_created{lab} {self.created}\n" for lab in created)
+        return "".join(out)
+
+    def _process_values(self) -> None:
+        """process_* and python_* as prometheus_client's collectors compute them, from /proc and gc."""
+        try:
+            statm = Path("/proc/self/statm").read_text().split()
+            page = os.sysconf("SC_PAGE_SIZE")
+            self.set("process_virtual_memory_bytes", int(statm[0]) * page)
+            self.set("process_resident_memory_bytes", int(statm[1]) * page)
+            self.set("process_open_fds", len(os.listdir("/proc/self/fd")))
+        except OSError:
+            pass
+        t = os.times()
+        self.set("process_cpu_seconds_total", t.user + t.system)
+        self.set("process_start_time_seconds", START)
+        self.set("process_max_fds", resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+        for gen, stats in enumerate(gc.get_stats()):
+            self.set("python_gc_objects_collected_total", stats["collected"], generation=str(gen))
+            self.set("python_gc_objects_uncollectable_total", stats["uncollectable"], generation=str(gen))
+            self.set("python_gc_collections_total", stats["collections"], generation=str(gen))
+        v = sys.version_info
+        self.set(
+            "python_info",
+            1,
+            implementation=sys.implementation.name.capitalize().replace("Cpython", "CPython"),
+            major=str(v.major),
+            minor=str(v.minor),
+            patchlevel=str(v.micro),
+            version=f"{v.major}.{v.minor}.{v.micro}",
+        )
+
+
+# --- the engine -------------------------------------------------------------------------------------
 
 
 class Engine:
     """Serving state: placement, liveness, counters, the prefix cache."""
 
-    def __init__(self, args, snap: Path):
-        self.args, self.snap = args, snap
-        self.name = (args.served_model_name or [args.model])[0]
-        self.names = args.served_model_name or [args.model]
-        self.api_key = args.api_key or os.environ.get("VLLM_API_KEY") or None
+    def __init__(self, args, snap: Path, contract: dict):
+        self.args, self.snap, self.contract = args, snap, contract
+        self.names = args.served_model_name or [args.model_tag]
+        self.name = self.names[0]
+        keys = args.api_key or [os.environ.get("VLLM_API_KEY")]
+        self.api_keys = [k for k in keys if k]
         self.tok_s = float(os.environ.get("SPARKOPS_TEST_DOUBLE_TOK_S", "40"))
-        self.max_model_len = args.max_model_len or 32768
+        self.max_model_len = args.max_model_len if args.max_model_len and args.max_model_len > 0 else 32768
+        self.max_num_seqs = args.max_num_seqs or 256
         self.lock = threading.Lock()
         self.running = self.waiting = 0
-        self.prompt_total = self.gen_total = self.queries = self.hits = 0
         self.blocks: dict[str, None] = {}
-        self.slots = threading.Semaphore(args.max_num_seqs)
+        self.slots = threading.Semaphore(self.max_num_seqs)
         self.dead: str | None = None
-        self.bundle_nodes: set[str] = set()
+        self.workers: list = []
+        self.ray = None
+        self.server: ThreadingHTTPServer | None = None
+        prefix = True if args.enable_prefix_caching is None else args.enable_prefix_caching
+        self.prefix_caching = prefix
+        cache_info = {
+            "block_size": str(args.block_size or BLOCK),
+            "cache_dtype": args.kv_cache_dtype or "auto",
+            "enable_prefix_caching": str(prefix),
+            "engine": "0",
+            "gpu_memory_utilization": str(args.gpu_memory_utilization or 0.9),
+            "num_gpu_blocks": "1024",
+        }
+        self.metrics = Metrics(contract, self.name, not args.disable_log_stats, cache_info)
+        self.metrics.set("vllm:engine_sleep_state", 1, sleep_state="awake")
 
     def place(self) -> None:
-        world = self.args.tensor_parallel_size * self.args.pipeline_parallel_size
+        tp = self.args.tensor_parallel_size or 1
+        pp = self.args.pipeline_parallel_size or 1
+        world = tp * pp
         backend = self.args.distributed_executor_backend or ("ray" if world > 1 else "uni")
         if backend != "ray":
             if world > 1:
@@ -199,6 +478,7 @@ class Engine:
         from ray.util.placement_group import placement_group, placement_group_table  # noqa: PLC0415
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # noqa: PLC0415
 
+        self.ray = ray
         timeout = float(os.environ.get("SPARKOPS_TEST_DOUBLE_PG_TIMEOUT_S", "120"))
         ray.init(address="auto", log_to_driver=False, logging_level="WARNING")
         gpus = ray.cluster_resources().get("GPU", 0)
@@ -216,77 +496,96 @@ class Engine:
                 f"cluster has {ray.cluster_resources().get('GPU', 0):g} GPUs"
             )
 
-        @ray.remote(num_gpus=1, num_cpus=0)
+        @ray.remote(num_gpus=1, num_cpus=0, max_restarts=0)
         class Worker:
-            def ping(self):
+            def execute_model(self):
                 return ray.get_runtime_context().get_node_id()
+
+            def pid(self):
+                return os.getpid()
 
         self.workers = [
             Worker.options(scheduling_strategy=PlacementGroupSchedulingStrategy(pg, i)).remote() for i in range(world)
         ]
-        ray.get([w.ping.remote() for w in self.workers], timeout=timeout)
-        self.bundle_nodes = set(placement_group_table(pg)["bundles_to_node_id"].values())
-        log(f"placement group placed on {len(self.bundle_nodes)} nodes; GPU workers up")
-        threading.Thread(target=self.watch, args=(ray,), daemon=True).start()
+        ray.get([w.execute_model.remote() for w in self.workers], timeout=timeout)
+        nodes = set(placement_group_table(pg)["bundles_to_node_id"].values())
+        pids = ray.get([w.pid.remote() for w in self.workers], timeout=timeout)
+        log(f"placement group placed on {len(nodes)} nodes; GPU workers up; worker pids {','.join(map(str, pids))}")
 
-    def watch(self, ray) -> None:
-        while self.dead is None:
-            time.sleep(float(os.environ.get("SPARKOPS_TEST_DOUBLE_WATCH_S", "3")))
-            try:
-                self.dead = dead_bundle_nodes(ray.nodes(), self.bundle_nodes)
-            except Exception as exc:  # noqa: BLE001 - the GCS itself gone is a dead engine too
-                self.dead = f"Ray GCS unreachable: {exc}"
+    def step(self) -> None:
+        """One engine step: every TP worker must answer, as vLLM's execute_model needs all of them.
+
+        A dead actor (its node or its Ray gone) raises here, as it does in vLLM's Ray executor; the engine
+        is then dead for good (EngineDeadError), like vLLM's EngineCore.
+        """
+        if self.dead:
+            raise EngineDead(self.dead)
+        if not self.workers:
+            return
+        ray = self.ray
+        timeout = float(os.environ.get("SPARKOPS_TEST_DOUBLE_STEP_TIMEOUT_S", "10"))
+        try:
+            ray.get([w.execute_model.remote() for w in self.workers], timeout=timeout)
+        except Exception as exc:  # noqa: BLE001 - RayActorError, ActorDiedError, GetTimeoutError, ...
+            self.kill(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+            raise EngineDead(self.dead) from exc
+
+    def kill(self, reason: str) -> None:
+        with self.lock:
             if self.dead:
-                log(f"EngineDeadError: {self.dead}", "ERROR")
-        # Like vLLM, whose API server shuts down once its engine is dead: answer
-        # 500 for a short while (so a health check can see why), then exit non-zero
-        # and leave the restart to the container's policy.
-        time.sleep(float(os.environ.get("SPARKOPS_TEST_DOUBLE_DEAD_EXIT_S", "15")))
-        log("shutting down: engine dead", "ERROR")
-        os._exit(1)
+                return
+            self.dead = reason
+        log(f"EngineCore encountered a fatal error: {reason}", "ERROR")
+        log(f"EngineDeadError: {ENGINE_DEAD_MESSAGE}", "ERROR")
+        threading.Thread(target=self.watchdog, daemon=True).start()
+
+    def watchdog(self) -> None:
+        """vLLM's watchdog_loop: every 5 s, an errored engine makes the API server exit (uvicorn's
+        graceful shutdown, exit status 0). A failed non-streaming request triggers it at once."""
+        time.sleep(float(os.environ.get("SPARKOPS_TEST_DOUBLE_WATCHDOG_S", WATCHDOG_S)))
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        log("Shutting down FastAPI HTTP server.", "INFO")
+        if self.server is not None:
+            threading.Thread(target=self.server.shutdown, daemon=True).start()
 
     def prefix(self, tokens: list[str]) -> int:
         """Count queried and hit tokens per full 16-token block, like vLLM's prefix cache."""
         hit, h, hitting = 0, hashlib.sha256(), True
         with self.lock:
-            self.queries += len(tokens)
             for i in range(0, len(tokens) - len(tokens) % BLOCK, BLOCK):
                 h.update(" ".join(tokens[i : i + BLOCK]).encode())
                 key = h.hexdigest()
-                if hitting and key in self.blocks and self.args.enable_prefix_caching:
+                if hitting and key in self.blocks and self.prefix_caching:
                     hit += BLOCK
                 else:
                     hitting = False
                 self.blocks[key] = None
             while len(self.blocks) > 100_000:
                 self.blocks.pop(next(iter(self.blocks)))
-            self.hits += hit
+        m = self.metrics
+        if self.prefix_caching:
+            m.inc("vllm:prefix_cache_queries", len(tokens))
+            m.inc("vllm:prefix_cache_hits", hit)
         return hit
 
-    def metrics(self) -> str:
-        lab = f'engine="0",model_name="{self.name}"'
-        usage = min(1.0, self.running * 256 / max(1, self.max_model_len))
-        rows = [
-            ("num_requests_running", "gauge", self.running),
-            ("num_requests_waiting", "gauge", self.waiting),
-            ("kv_cache_usage_perc", "gauge", usage),
-            ("prefix_cache_queries_total", "counter", self.queries),
-            ("prefix_cache_hits_total", "counter", self.hits),
-            ("prompt_tokens_total", "counter", self.prompt_total),
-            ("generation_tokens_total", "counter", self.gen_total),
-        ]
-        return "".join(f"# TYPE vllm:{n} {t}\nvllm:{n}{{{lab}}} {float(v)}\n" for n, t, v in rows)
+    def gauges(self) -> None:
+        m = self.metrics
+        m.set("vllm:num_requests_running", self.running)
+        m.set("vllm:num_requests_waiting", self.waiting)
+        m.set("vllm:kv_cache_usage_perc", min(1.0, len(self.blocks) * BLOCK / (1024 * BLOCK)))
 
 
-def dead_bundle_nodes(nodes: list[dict], bundle_nodes: set[str]) -> str | None:
-    alive = {n["NodeID"] for n in nodes if n.get("Alive")}
-    gone = sorted(bundle_nodes - alive)
-    return f"node(s) {', '.join(g[:12] for g in gone)} holding engine workers died" if gone else None
+class EngineDead(Exception):
+    pass
 
 
 class Handler(BaseHTTPRequestHandler):
     server_version = "uvicorn"
     engine: Engine
+    # vllm/entrypoints/serve/instrumentator/metrics.py: paths the instrumentator does not count
+    NOT_COUNTED = ("/metrics", "/health", "/load", "/ping", "/version", "/server_info")
 
     def log_message(self, fmt, *args):
         log(f'{self.client_address[0]} "{self.requestline}" {args[1] if len(args) > 1 else ""}')
@@ -298,43 +597,65 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+        self.count(status, len(data))
+
+    def count(self, status: int, size: int) -> None:
+        path = self.path.split("?")[0]
+        if path in self.NOT_COUNTED:
+            return
+        handler = path if path in ("/v1/models", "/v1/chat/completions", "/v1/completions") else "none"
+        m = self.engine.metrics
+        elapsed = time.monotonic() - getattr(self, "t0", time.monotonic())
+        m.inc("http_requests_total", handler=handler, method=self.command, status=f"{str(status)[0]}xx")
+        m.observe("http_request_size_bytes", int(self.headers.get("Content-Length") or 0), handler=handler)
+        m.observe("http_response_size_bytes", size, handler=handler)
+        m.observe("http_request_duration_highr_seconds", elapsed)
+        m.observe("http_request_duration_seconds", elapsed, handler=handler, method=self.command)
 
     def error(self, status: int, kind: str, message: str) -> None:
-        self.send(status, {"error": {"message": message, "type": kind, "code": status}})
+        self.send(status, {"error": {"message": message, "type": kind, "param": None, "code": status}})
 
     def authorized(self) -> bool:
-        key = self.engine.api_key
-        if key and self.path.startswith("/v1") and self.headers.get("Authorization") != f"Bearer {key}":
+        keys = self.engine.api_keys
+        if (
+            keys
+            and self.path.startswith("/v1")
+            and self.headers.get("Authorization") not in [f"Bearer {k}" for k in keys]
+        ):
             self.send(401, {"error": "Unauthorized"})
             return False
         return True
 
     def do_GET(self):
+        self.t0 = time.monotonic()
         e = self.engine
         if self.path == "/health":
-            self.send(500 if e.dead else 200, b"" if not e.dead else {"error": e.dead})
+            self.send(503 if e.dead else 200, b"")
         elif self.path == "/metrics":
-            self.send(200, e.metrics().encode(), "text/plain; version=0.0.4; charset=utf-8")
+            e.gauges()
+            self.send(200, e.metrics.render().encode(), "text/plain; version=0.0.4; charset=utf-8")
         elif self.path == "/version":
-            self.send(200, {"version": VERSION})
-        elif self.path == "/v1/models" and self.authorized():
-            data = [
-                {
-                    "id": n,
-                    "object": "model",
-                    "created": int(time.time()),
-                    "owned_by": "sparkops-test-double",
-                    "root": e.args.model,
-                    "parent": None,
-                    "max_model_len": e.max_model_len,
-                }
-                for n in e.names
-            ]
-            self.send(200, {"object": "list", "data": data})
-        elif not self.path.startswith("/v1/models"):
+            self.send(200, {"version": e.contract["vllm_version"]})
+        elif self.path == "/v1/models":
+            if self.authorized():
+                data = [
+                    {
+                        "id": n,
+                        "object": "model",
+                        "created": int(time.time()),
+                        "owned_by": "sparkops-test-double",
+                        "root": e.args.model_tag,
+                        "parent": None,
+                        "max_model_len": e.max_model_len,
+                    }
+                    for n in e.names
+                ]
+                self.send(200, {"object": "list", "data": data})
+        else:
             self.send(404, {"detail": "Not Found"})
 
     def do_POST(self):
+        self.t0 = time.monotonic()
         e = self.engine
         chat = self.path == "/v1/chat/completions"
         if self.path not in ("/v1/chat/completions", "/v1/completions"):
@@ -348,103 +669,174 @@ class Handler(BaseHTTPRequestHandler):
             return self.error(400, "BadRequestError", f"invalid request: {exc!r}")
         if req.get("model") not in e.names:
             return self.error(404, "NotFoundError", f"The model `{req.get('model')}` does not exist.")
-        if e.dead:
-            msg = f"EngineCore encountered an issue. See stack trace for the root cause. EngineDeadError: {e.dead}"
-            return self.error(500, "InternalServerError", msg)
         prompt = text.split()
-        n = int(req.get("max_tokens") or req.get("max_completion_tokens") or 16)
-        n = max(0, min(n, e.max_model_len - len(prompt)))
+        max_tokens = int(req.get("max_tokens") or req.get("max_completion_tokens") or 16)
+        n = max(0, min(max_tokens, e.max_model_len - len(prompt)))
+        arrived = time.monotonic()
         with e.lock:
             e.waiting += 1
         e.slots.acquire()
         with e.lock:
             e.waiting -= 1
             e.running += 1
-            e.prompt_total += len(prompt)
         try:
+            try:
+                e.step()  # the prefill step
+            except EngineDead:
+                # engine_error_handler: 500 with EngineDeadError's message, then terminate_if_errored
+                self.error(500, "InternalServerError", ENGINE_DEAD_MESSAGE)
+                e.shutdown()
+                return None
+            scheduled = time.monotonic()
             hit = e.prefix(prompt)
             time.sleep(0.005 + (len(prompt) - hit) / 5000)  # prefill: cached blocks are free
-            self.generate(req, chat, len(prompt), n)
+            self.generate(req, chat, prompt, hit, n, max_tokens, arrived, scheduled)
         finally:
             with e.lock:
                 e.running -= 1
             e.slots.release()
         return None
 
-    def generate(self, req: dict, chat: bool, n_prompt: int, n: int) -> None:
-        e, rid, created = self.engine, ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex, int(time.time())
+    def generate(self, req, chat, prompt, hit, n, max_tokens, arrived, scheduled) -> None:  # noqa: PLR0913, PLR0917 - one request's facts
+        e, m = self.engine, self.engine.metrics
+        rid, created = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex, int(time.time())
         obj = "chat.completion" if chat else "text_completion"
-        usage = {"prompt_tokens": n_prompt, "total_tokens": n_prompt + n, "completion_tokens": n}
-        finish = "length"
+        usage = {"prompt_tokens": len(prompt), "total_tokens": len(prompt) + n, "completion_tokens": n}
         base = {"id": rid, "created": created, "model": req["model"]}
+        times: list[float] = []
+
+        def token(i: int) -> str:
+            if i:
+                time.sleep(1.0 / e.tok_s)
+            if i % 8 == 0 and i:
+                e.step()  # decode steps call the workers too; a TP member lost mid-stream kills the engine
+            times.append(time.monotonic())
+            m.inc("vllm:generation_tokens")
+            m.observe("vllm:iteration_tokens_total", 1)
+            return WORDS[i % len(WORDS)]
+
+        m.inc("vllm:prompt_tokens", len(prompt))
+        m.inc("vllm:prompt_tokens_by_source", len(prompt) - hit, source="local_compute")
+        m.inc("vllm:prompt_tokens_by_source", hit, source="local_cache_hit")
+        m.inc("vllm:prompt_tokens_cached", hit)
+        m.observe("vllm:iteration_tokens_total", len(prompt) - hit)
         if not req.get("stream"):
-            time.sleep(n / e.tok_s)
-            with e.lock:
-                e.gen_total += n
-            out = " ".join(WORDS[i % len(WORDS)] for i in range(n))
-            choice = {"index": 0, "logprobs": None, "finish_reason": finish}
+            try:
+                out = " ".join(token(i) for i in range(n))
+            except EngineDead:
+                self.error(500, "InternalServerError", ENGINE_DEAD_MESSAGE)
+                e.shutdown()
+                return
+            self.finished(times, len(prompt), hit, n, max_tokens, arrived, scheduled)
+            choice = {"index": 0, "logprobs": None, "finish_reason": "length"}
             choice.update({"message": {"role": "assistant", "content": out}} if chat else {"text": out})
-            return self.send(200, {**base, "object": obj, "choices": [choice], "usage": usage})
+            self.send(200, {**base, "object": obj, "choices": [choice], "usage": usage})
+            return
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream; charset=utf-8")
         self.send_header("Connection", "close")
         self.end_headers()
         self.close_connection = True
         chunk_obj = "chat.completion.chunk" if chat else "text_completion"
+        size = 0
 
-        def emit(choice_delta, finish_reason=None):
-            c = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
-            c.update({"delta": choice_delta} if chat else {"text": choice_delta.get("content", "")})
-            self.wfile.write(f"data: {json.dumps({**base, 'object': chunk_obj, 'choices': [c]})}\n\n".encode())
+        def emit(payload: dict) -> None:
+            nonlocal size
+            data = f"data: {json.dumps(payload)}\n\n".encode()
+            size += len(data)
+            self.wfile.write(data)
             self.wfile.flush()
+
+        def chunk(delta, finish_reason=None):
+            c = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
+            c.update({"delta": delta} if chat else {"text": delta.get("content", "")})
+            emit({**base, "object": chunk_obj, "choices": [c]})
 
         try:
             if chat:
-                emit({"role": "assistant", "content": ""})
-            for i in range(n):
-                if i:
-                    time.sleep(1.0 / e.tok_s)
-                emit({"content": (" " if i else "") + WORDS[i % len(WORDS)]}, finish if i == n - 1 else None)
-                with e.lock:
-                    e.gen_total += 1
+                chunk({"role": "assistant", "content": ""})
+            try:
+                for i in range(n):
+                    chunk({"content": (" " if i else "") + token(i)}, "length" if i == n - 1 else None)
+            except EngineDead:
+                # the 200 is already sent: vLLM sends the error as the next chunk; its watchdog stops the server
+                emit({"error": {"message": ENGINE_DEAD_MESSAGE, "type": "InternalServerError", "code": 500}})
+                self.wfile.write(b"data: [DONE]\n\n")
+                return
+            self.finished(times, len(prompt), hit, n, max_tokens, arrived, scheduled)
             if (req.get("stream_options") or {}).get("include_usage"):
-                self.wfile.write(
-                    f"data: {json.dumps({**base, 'object': chunk_obj, 'choices': [], 'usage': usage})}\n\n".encode()
-                )
+                emit({**base, "object": chunk_obj, "choices": [], "usage": usage})
             self.wfile.write(b"data: [DONE]\n\n")
         except (BrokenPipeError, ConnectionResetError):
             log("client went away mid-stream", "WARNING")
-        return None
+            m.inc("vllm:request_success", 0, finished_reason="abort")
+        finally:
+            self.count(200, size)
+
+    def finished(self, times, n_prompt, hit, n, max_tokens, arrived, scheduled) -> None:  # noqa: PLR0913, PLR0917 - one request's facts
+        """What vLLM's PrometheusStatLogger records for a finished request (vllm/v1/metrics/loggers.py)."""
+        m, now = self.engine.metrics, time.monotonic()
+        first = times[0] if times else now
+        m.inc("vllm:request_success", finished_reason="length")
+        m.observe("vllm:time_to_first_token_seconds", first - arrived)
+        for a, b in zip(times, times[1:], strict=False):
+            m.observe("vllm:inter_token_latency_seconds", b - a)
+        if n > 1:
+            m.observe("vllm:request_time_per_output_token_seconds", (times[-1] - first) / (n - 1))
+        m.observe("vllm:e2e_request_latency_seconds", now - arrived)
+        m.observe("vllm:request_queue_time_seconds", scheduled - arrived)
+        m.observe("vllm:request_inference_time_seconds", now - scheduled)
+        m.observe("vllm:request_prefill_time_seconds", first - scheduled)
+        m.observe("vllm:request_decode_time_seconds", now - first)
+        m.observe("vllm:request_prompt_tokens", n_prompt)
+        m.observe("vllm:request_generation_tokens", n)
+        m.observe("vllm:request_max_num_generation_tokens", max_tokens)
+        m.observe("vllm:request_params_max_tokens", max_tokens)
+        m.observe("vllm:request_params_n", 1)
+        m.observe("vllm:request_prefill_kv_computed_tokens", n_prompt - hit)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    # vLLM's FlexibleArgumentParser accepts --max_model_len as well as --max-model-len.
-    argv = [
-        a.split("=", 1)[0].replace("_", "-") + ("=" + a.split("=", 1)[1] if "=" in a else "")
-        if a.startswith("--")
-        else a
-        for a in argv
-    ]
-    args = parser().parse_args(argv)
-    for flag in ("tensor_parallel_size", "pipeline_parallel_size", "max_num_seqs"):
-        if getattr(args, flag) < 1:
-            parser().error(f"argument --{flag.replace('_', '-')}: must be >= 1")
-    log(f"vLLM API server version {VERSION} (TEST DOUBLE, not vLLM)")
-    log(f"non-default args: {json.dumps({k: v for k, v in vars(args).items() if v not in (None, False)}, default=str)}")
-    snap = find_weights(args.model, args.revision, args.download_dir)
+    contract = load_contract()
+    version = contract["vllm_version"]
+    argv = flexible(argv)
+    if argv[:1] == ["serve"] and any(a.startswith("--help=") for a in argv):
+        # `vllm serve --help=all`: the recorded text of that release (a keyword search prints the same)
+        sys.stdout.write(contract.get("help_all", ""))
+        return 0
+    args = build_parser(contract).parse_args(argv)
+    if not args.model_tag:
+        die("`model` should be provided as the first positional argument when using `vllm serve`.")
+    log(f"vLLM API server version {version} (TEST DOUBLE, not vLLM)")
+    log(f"non-default args: {json.dumps({k: v for k, v in vars(args).items() if v is not None}, default=str)}")
+    for name in unknown_vllm_env(contract):
+        # vllm/envs.py validate_environ: a warning, or a ValueError with --fail-on-environ-validation
+        if getattr(args, "fail_on_environ_validation", None):
+            log(f"ValueError: Unknown vLLM environment variable detected: {name}", "ERROR")
+            return 1
+        log(f"Unknown vLLM environment variable detected: {name}", "WARNING")
+    problems = engine_config_problems(args, contract)
+    if problems:
+        for p in problems:
+            log(f"ValueError: {p}", "ERROR")
+        return 1
+    snap = find_weights(args.model_tag, args.revision, args.download_dir)
     log(f"weights found in {snap}")
-    engine = Engine(args, snap)
+    engine = Engine(args, snap, contract)
     engine.place()
     Handler.engine = engine
-    srv = ThreadingHTTPServer((args.host or "0.0.0.0", args.port), Handler)
+    srv = ThreadingHTTPServer((args.host or "0.0.0.0", args.port or 8000), Handler)  # noqa: S104 - vLLM's default
     srv.daemon_threads = True
+    engine.server = srv
     log(f"Starting vLLM API server 0 on http://{args.host or '0.0.0.0'}:{srv.server_port}")
     log("Application startup complete.")
     try:
         srv.serve_forever(poll_interval=0.2)
     except KeyboardInterrupt:
         log("Shutting down")
+    if engine.dead:
+        log("Application shutdown complete.")
     return 0
 
 

@@ -140,7 +140,7 @@ def run_adhoc(host: str, module: str, args: dict, timeout: float = 300) -> dict:
 
 
 def api_key() -> str:
-    return (ROOT / "credentials" / "spark-sim" / "api_key").read_text().strip()
+    return (SIM_STATE / "credentials" / "api_key").read_text().strip()
 
 
 HEAD_FAST = "10.213.0.11"

@@ -1,6 +1,9 @@
 """The vLLM test double (sim/standin/vllm_test_double.py) as a subprocess on 127.0.0.1.
 
-A one-node Ray (1 CPU, 1 declared GPU) is started for this module on 127.0.0.1 only
+It must agree with the contract recorded from the official vLLM 0.19.0 wheel
+(plugins/plugin_utils/vllm_contracts/vllm-0.19.0.json; the double loads its copy
+sim/standin/vllm-contract.json): every option accepted, anything else refused like vLLM.
+A one-node Ray (1 CPU, 2 declared GPUs) is started for this module on 127.0.0.1 only
 (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 keeps Ray on loopback), in its own session and temp dir,
 and killed by process group afterwards (never `ray stop`, which would stop other people's Ray).
 The double must refuse what real vLLM refuses, serve what it serves, and pass vllm_health.
@@ -19,12 +22,26 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from ansible_collections.sparkops.cluster.plugins.module_utils import openai_probe as op
 from ansible_collections.sparkops.cluster.plugins.modules import vllm_health
+from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving_profile import (
+    normalize_profile,
+    profile_violations,
+    vllm_serve_args,
+)
+from ansible_collections.sparkops.cluster.plugins.plugin_utils.vllm_contract import load_contract, recorded_versions
 from conftest import ROOT
 from module_runner import run_module
 
 DOUBLE = ROOT / "sim" / "standin" / "vllm_test_double.py"
+PROFILES = yaml.safe_load(
+    (ROOT / "roles" / "sparkops_defaults" / "defaults" / "main" / "serving_profiles.yml").read_text()
+)["sparkops_serving_profiles"]
+PINNED = yaml.safe_load((ROOT / "roles" / "sparkops_defaults" / "defaults" / "main" / "versions.yml").read_text())[
+    "sparkops_vllm_version"
+]
+SIM_GROUP_VARS = ROOT / "inventory" / "sim" / "group_vars" / "all"
 RAY_BIN = Path(sys.executable).parent / "ray"
 MODEL = "sparkops-org/tiny-model"
 KEY = "sk-double-key"
@@ -63,7 +80,7 @@ def ray_head(tmp_path_factory):
         "--node-ip-address=127.0.0.1",
         f"--port={port}",
         "--num-cpus=1",
-        "--num-gpus=1",
+        "--num-gpus=2",
         "--include-dashboard=false",
         "--disable-usage-stats",
         f"--temp-dir={temp}",
@@ -183,14 +200,148 @@ def test_refuses_wrong_revision_and_missing_shard(hf_home, tmp_path):
 
 
 def test_refuses_unknown_flag_and_bad_values(hf_home):
+    """What argparse refuses in vLLM 0.19.0 exits 2; what its engine config refuses exits 1."""
     r = run_double(["serve", MODEL, "--tensor-parallel", "2"], env_for(hf_home))
     assert r.returncode == 2 and "unrecognized arguments: --tensor-parallel" in r.stderr
-    r = run_double(["serve", MODEL, "--gpu-memory-utilization", "1.2"], env_for(hf_home))
-    assert r.returncode == 2 and "must be in (0, 1]" in r.stderr
     r = run_double(["serve", MODEL, "--kv-cache-dtype", "fp4"], env_for(hf_home))
     assert r.returncode == 2 and "invalid choice: 'fp4'" in r.stderr
     r = run_double(["serve", MODEL, "--speculative-config", "{not json"], env_for(hf_home))
-    assert r.returncode == 2 and "not valid JSON" in r.stderr
+    assert r.returncode == 2 and "argument --speculative-config/-sc: Value {not json cannot be converted" in r.stderr
+    r = run_double(["serve", MODEL, "--max-num-seqs", "many"], env_for(hf_home))
+    assert r.returncode == 2 and "argument --max-num-seqs: invalid int value: 'many'" in r.stderr
+    r = run_double(["serve", MODEL, "--enforce-eager=1"], env_for(hf_home))
+    assert r.returncode == 2 and "ignored explicit argument '1'" in r.stderr
+    r = run_double(["serve", MODEL, "--gpu-memory-utilization", "1.2"], env_for(hf_home))
+    assert r.returncode == 1 and "gpu_memory_utilization" in r.stdout
+    for flag, value, message in (
+        ("--quantization", "aqlm", "Unknown quantization method: aqlm"),
+        ("--quantization", "marlin", "Unknown quantization method: marlin"),
+        ("--attention-backend", "XFORMERS", "Unknown attention backend: 'XFORMERS'"),
+        ("--attention-backend", "PALLAS", "Unknown attention backend: 'PALLAS'"),
+    ):
+        r = run_double(["serve", MODEL, flag, value], env_for(hf_home))
+        assert r.returncode == 1 and message in r.stdout, (flag, value, r.stdout)
+        assert "Starting vLLM API server" not in r.stdout
+
+
+def test_version_and_help_answer_from_the_recorded_release(hf_home):
+    contract = load_contract("0.19.0")
+    r = run_double(["--version"], env_for(hf_home))
+    assert r.returncode == 0 and r.stdout.strip() == "0.19.0"
+    r = run_double(["serve", "--help=all"], env_for(hf_home))
+    recorded = (ROOT / "plugins" / "plugin_utils" / "vllm_contracts" / contract["source"]["help_text"]).read_text()
+    assert r.returncode == 0 and r.stdout == recorded
+
+
+def _load_double():
+    sys.path.insert(0, str(DOUBLE.parent))
+    try:
+        import vllm_test_double as d
+    finally:
+        sys.path.pop(0)
+    return d
+
+
+def _sample_value(spec: dict) -> list[str]:
+    if spec.get("choices"):
+        return [spec["choices"][0]]
+    kind = spec.get("inner_type") if spec.get("type") in ("_optional_type", "_parse_type") else spec.get("type")
+    return [{"int": "1", "float": "0.5", "loads": "{}", "parse_dataclass": "{}"}.get(kind, "1")]
+
+
+def test_double_accepts_every_option_of_the_recorded_parser_and_nothing_else():
+    """The double's parser is the fixture's: each of 0.19.0's 295 options (and every alias) parses; options
+    only a newer vLLM has are refused with argparse's exit 2."""
+    d = _load_double()
+    contract = load_contract(PINNED)
+    assert d.load_contract() == {**contract, "help_all": d.load_contract()["help_all"]}
+    parser = d.build_parser(d.load_contract())
+    accepted = 0
+    for name, spec in contract["serve_options"].items():
+        if spec["action"] == "help":
+            continue
+        for opt in [name, *spec["aliases"]]:
+            argv = ["serve", "some/model", opt] + (_sample_value(spec) if spec["takes_value"] else [])
+            args = parser.parse_args(d.flexible(argv))
+            assert hasattr(args, spec["dest"]), opt
+            accepted += 1
+    assert accepted > len(contract["serve_options"])  # aliases and --no- forms too
+    newest = load_contract(recorded_versions()[-1])
+    only_newer = sorted(set(newest["serve_options"]) - set(contract["serve_options"]))
+    assert "--linear-backend" in only_newer
+    for opt in only_newer[:25]:
+        with pytest.raises(SystemExit) as exc:
+            parser.parse_args(["serve", "some/model", opt, "x"])
+        assert exc.value.code == 2, opt
+
+
+def _profile_argv(profile: dict, port: int) -> list[str]:
+    argv = vllm_serve_args(profile, "127.0.0.1", port, gpus_per_node=1)
+    assert argv[:2] == ["vllm", "serve"]
+    return argv[2:]
+
+
+@pytest.mark.parametrize("name", sorted(PROFILES))
+def test_every_shipped_profile_passes_the_double_s_parser_and_engine_config(name):
+    d = _load_double()
+    contract = d.load_contract()
+    args = d.build_parser(contract).parse_args(d.flexible(["serve", *_profile_argv(PROFILES[name], 8000)]))
+    assert d.engine_config_problems(args, contract) == []
+    env = normalize_profile(PROFILES[name])["env"]
+    assert [n for n in env if n.startswith("VLLM_") and n not in contract["env_vars"]] == []
+
+
+def _sim_fits(profile: dict) -> bool:
+    cluster = yaml.safe_load((SIM_GROUP_VARS / "cluster.yml").read_text()) or {}
+    nodes = 2  # inventory/sim: spark-sim-1 and spark-sim-2, one (declared) GPU each
+    memory = float(cluster.get("sparkops_node_memory_gib", 128))
+    return profile_violations(profile, nodes, node_memory_gib=memory, gpus_per_node=1) == []
+
+
+def test_the_sim_profile_fits_the_simulated_cluster():
+    assert _sim_fits(PROFILES["sim-tiny-tp2"])
+
+
+@pytest.mark.parametrize(
+    "name", sorted(n for n, p in PROFILES.items() if normalize_profile(p)["tensor_parallel_size"] == 1)
+)
+def test_every_single_gpu_shipped_profile_starts_under_the_double(name, tmp_path):
+    """Each shipped one-GPU profile's real argv and env start the double and serve /health.
+    (TP=2 profiles need two nodes: sim-tiny-tp2 is started by the simulated cluster's site.yml.)"""
+    p = normalize_profile(PROFILES[name])
+    repo = tmp_path / "hub" / ("models--" + p["model"].replace("/", "--"))
+    snap = repo / "snapshots" / "c0ffee"
+    snap.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / p["revision"]).write_text("c0ffee")
+    (snap / "config.json").write_text("{}")
+    (snap / "model.safetensors").write_bytes(b"\0" * 8)
+    port = free_port()
+    argv = _profile_argv(PROFILES[name], port)
+    env = env_for(tmp_path, **p["env"])
+    proc = subprocess.Popen(
+        [sys.executable, str(DOUBLE), "serve", *argv],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                assert op.get_health(f"http://127.0.0.1:{port}", timeout=1)["status"] == 200
+                break
+            except op.ProbeError:
+                time.sleep(0.3)
+        else:
+            pytest.fail(f"{name} did not start within 60 s")
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        out, _ = proc.communicate(timeout=20)
+    assert "Unknown vLLM environment variable" not in out, out
 
 
 def test_refuses_when_tp_exceeds_the_gpus(ray_head, hf_home):
@@ -211,7 +362,7 @@ def test_refuses_when_tp_exceeds_the_gpus(ray_head, hf_home):
         env_for(hf_home, ray_head, SPARKOPS_TEST_DOUBLE_PG_TIMEOUT_S="3"),
     )
     assert r.returncode == 1, r.stdout + r.stderr
-    assert "not placed after 3 s: cluster has 1 GPUs" in r.stdout
+    assert "not placed after 3 s: cluster has 2 GPUs" in r.stdout  # two GPUs, one node: no STRICT_SPREAD
     assert "Starting vLLM API server" not in r.stdout  # never listened
     assert time.monotonic() - t0 < 45
 
@@ -274,17 +425,102 @@ def test_metrics_names_and_prefix_cache_hits(served):
     assert after["prefix_cache_queries"] - before["prefix_cache_queries"] == 80
     assert after["prefix_cache_hits"] - before["prefix_cache_hits"] == 32  # second request hits both blocks
     assert after["prompt_tokens_total"] - before["prompt_tokens_total"] == 80
+
+
+def _families(text: str) -> dict:
+    """Parsed with prometheus_client's own text parser (what a scraper sees)."""
+    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
+
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def test_metrics_are_the_recorded_families_of_0_19_0_and_promtool_accepts_them(served):
+    base, _ = served
     text = urlopen_text(base + "/metrics")
-    for name in (
-        "vllm:num_requests_running",
-        "vllm:num_requests_waiting",
-        "vllm:kv_cache_usage_perc",
-        "vllm:prefix_cache_queries_total",
-        "vllm:prefix_cache_hits_total",
-        "vllm:prompt_tokens_total",
-        "vllm:generation_tokens_total",
-    ):
-        assert f'{name}{{engine="0",model_name="tiny"}}' in text
+    contract = load_contract("0.19.0")
+    fams = _families(text)
+    for rec in contract["metrics"]:
+        fam = fams.get(rec["family"]) or fams.get(rec["name"])
+        assert fam is not None, rec["name"]
+        assert fam.type == rec["type"], rec["name"]
+        for sample in fam.samples:
+            extra = set(sample.labels) - set(rec["labels"]) - {"le", "quantile"}
+            assert not extra, (rec["name"], extra)
+    exposed = {n for n in fams if n.startswith("vllm:") and not n.endswith("_created")}
+    assert exposed == {r["family"] for r in contract["metrics"] if r["source"] == "vllm"}
+    assert "vllm:gpu_cache_usage_perc" not in text and "vllm:time_per_output_token_seconds" not in text
+    r = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, check=False)
+    assert "error" not in (r.stdout + r.stderr).lower(), r.stdout + r.stderr
+
+
+def _sample(fams: dict, family: str, suffix: str = "", **labels) -> float:
+    for s in fams[family].samples:
+        if s.name == family + suffix and all(s.labels.get(k) == v for k, v in labels.items()):
+            return s.value
+    raise AssertionError(f"no {family}{suffix} {labels}")
+
+
+def test_metrics_move_with_real_timings(served):
+    base, _ = served
+    before = _families(urlopen_text(base + "/metrics"))
+    r = op.stream_chat(base, "tiny", prompt="one two three", max_tokens=6, api_key=KEY, timeout=20)
+    assert r["completion_tokens"] == 6
+    after = _families(urlopen_text(base + "/metrics"))
+    ok = {"finished_reason": "length"}
+    assert (
+        _sample(after, "vllm:request_success", "_total", **ok) - _sample(before, "vllm:request_success", "_total", **ok)
+        == 1
+    )
+    assert _sample(after, "vllm:generation_tokens", "_total") - _sample(before, "vllm:generation_tokens", "_total") == 6
+    ttft = "vllm:time_to_first_token_seconds"
+    assert _sample(after, ttft, "_count") - _sample(before, ttft, "_count") == 1
+    assert _sample(after, ttft, "_sum") > _sample(before, ttft, "_sum")
+    itl = "vllm:inter_token_latency_seconds"
+    assert _sample(after, itl, "_count") - _sample(before, itl, "_count") == 5
+    spent = _sample(after, itl, "_sum") - _sample(before, itl, "_sum")
+    assert 5 / 40 * 0.8 < spent < 5 / 40 * 3  # 40 tok/s: five gaps of ~25 ms, really waited
+    e2e = "vllm:e2e_request_latency_seconds"
+    assert _sample(after, e2e, "_sum") - _sample(before, e2e, "_sum") >= spent
+    http = "http_requests"
+    sel = {"handler": "/v1/chat/completions", "method": "POST", "status": "2xx"}
+    assert _sample(after, http, "_total", **sel) - _sample(before, http, "_total", **sel) == 1
+
+
+def test_disable_log_stats_removes_vllm_families(hf_home):
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(DOUBLE),
+            "serve",
+            MODEL,
+            "--port",
+            str(port),
+            "--host",
+            "127.0.0.1",
+            "--disable-log-stats",
+        ],
+        env=env_for(hf_home),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                op.get_health(base, timeout=1)
+                break
+            except op.ProbeError:
+                time.sleep(0.2)
+        text = urlopen_text(base + "/metrics")
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=15)
+    fams = _families(text)
+    assert not [n for n in fams if n.startswith("vllm:")]
+    assert "http_requests" in fams and "process_resident_memory_bytes" in fams
 
 
 def urlopen_text(url: str) -> str:
@@ -312,13 +548,56 @@ def test_vllm_health_fails_401_on_a_wrong_key(served):
     assert "the API key is wrong" in r["msg"] and "sk-nope" not in json.dumps(r)
 
 
-def test_dead_bundle_node_detection():
-    sys.path.insert(0, str(DOUBLE.parent))
+def test_a_dead_tp_member_kills_the_engine_like_vllm_0_19_0(ray_head, hf_home, tmp_path):
+    """A TP worker process killed (SIGKILL, a real death): idle /health stays 200 (vLLM 0.19.0's Ray executor
+    does not probe its workers), the next request fails with EngineDeadError's 500, /health turns 503 or the
+    port closes, and the API server exits by itself with status 0."""
+    port = free_port()
+    logf = tmp_path / "double.log"
+    with logf.open("w") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(DOUBLE),
+                "serve",
+                MODEL,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--served-model-name",
+                "tiny",
+                "--distributed-executor-backend",
+                "ray",
+            ],
+            env=env_for(hf_home, ray_head),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    base = f"http://127.0.0.1:{port}"
     try:
-        import vllm_test_double as d
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and "GPU workers up" not in logf.read_text():
+            assert proc.poll() is None, logf.read_text()
+            time.sleep(0.2)
+        pids = [int(p) for p in logf.read_text().split("worker pids ")[1].split()[0].split(",")]
+        while time.monotonic() < deadline:
+            try:
+                op.get_health(base, timeout=1)
+                break
+            except op.ProbeError:
+                time.sleep(0.2)
+        os.kill(pids[0], signal.SIGKILL)
+        time.sleep(2)
+        assert op.get_health(base)["status"] == 200  # idle: nothing asks the workers
+        status, data = _post(base, "/v1/completions", {"model": "tiny", "prompt": "a b", "max_tokens": 4}, key=None)
+        assert status == 500, data
+        assert json.loads(data)["error"]["message"].startswith("EngineCore encountered an issue")
+        with pytest.raises(op.ProbeError):
+            op.get_health(base, timeout=2)  # 503, or already refused
+        assert proc.wait(timeout=20) == 0
+        assert "EngineDeadError" in logf.read_text()
     finally:
-        sys.path.pop(0)
-    nodes = [{"NodeID": "aaa", "Alive": True}, {"NodeID": "bbb", "Alive": False}]
-    assert d.dead_bundle_nodes(nodes, {"aaa"}) is None
-    assert "bbb" in d.dead_bundle_nodes(nodes, {"aaa", "bbb"})
-    assert d.dead_bundle_nodes(nodes[:1], {"aaa", "ccc"}) is not None  # vanished from the list counts as dead
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)

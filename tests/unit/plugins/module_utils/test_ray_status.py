@@ -135,3 +135,20 @@ def test_dead_node_in_list():
 def test_table_format_is_refused_with_a_hint():
     with pytest.raises(rs.RayParseError, match="--format json"):
         rs.parse_ray_nodes((RAY / "ray-2.52.1_nodes_2nodes_table.txt").read_text())
+
+
+def test_membership_prefers_the_node_list_and_never_counts_more_gpus_than_ray_status():
+    """Ray 2.52.1 after a worker died: `ray status` lists 2 Active nodes (1.0 GPU), the GCS list 1 ALIVE."""
+    membership, describe_membership = rs.membership, rs.describe_membership
+    st = status("ray-2.52.1_status_worker_died.txt")
+    nodes = rs.parse_ray_nodes((RAY / "ray-2.52.1_nodes_worker_died.json").read_text())
+    only_status = membership(st, None)
+    assert (only_status["nodes_alive"], only_status["gpus_total"]) == (2, 1.0)
+    assert "can still hold a dead node" in only_status["source"]
+    both = membership(st, nodes)
+    assert (both["nodes_alive"], both["gpus_total"], both["dead_node_ips"]) == (1, 1.0, ["127.0.0.3"])
+    # A node list that still counts a GPU ray status has dropped: the smaller figure wins.
+    alive_both = [dict(n, alive=True) for n in nodes]
+    assert membership(st, alive_both)["gpus_total"] == 1.0
+    assert membership(None, alive_both)["gpus_total"] == 2.0
+    assert describe_membership(both, 2, 2) == "1/2 nodes alive, 1.0/2.0 GPUs (0.0 used); dead: 127.0.0.3"

@@ -174,3 +174,88 @@ def test_bad_inputs_fail(tmp_path):
         {"results": _levels({1: 1.0}), "output_dir": str(tmp_path), "cluster_name": "c", "previous": str(broken)},
     )
     assert res["failed"] and "previous run" in res["msg"]
+
+
+def test_test_double_figures_are_marked_and_never_compared_with_hardware(tmp_path):
+    """Issue 16.5: on the simulated cluster the Markdown said `+333.8% ok` against the two-Spark
+    reference. With source=test-double every file says whose figures these are, and the hardware
+    reference is neither shown nor used; a hardware run in the same folder is not a baseline."""
+    out = tmp_path / "out"
+    out.mkdir()
+    _write_previous(out, "spark-sim", "20261122T070000Z", {1: 17.0, 2: 24.1, 4: 36.4})  # a hardware-era file
+    res = run_module(
+        benchmark_report,
+        {
+            "results": _levels({1: 73.8, 2: 147.0, 4: 290.1}),
+            "output_dir": str(out),
+            "cluster_name": "spark-sim",
+            "timestamp": "20261123T070000Z",
+            "source": "test-double",
+            "model": "sim-tiny",
+        },
+    )
+    assert not res.get("failed"), res
+    assert res["source"] == "test-double"
+    assert res["previous_path"] is None, "a hardware run must not be the test double's baseline"
+    doc = json.loads(Path(res["json_path"]).read_text())
+    assert doc["source"] == "test-double" and doc["reference"] is None and doc["model"] == "sim-tiny"
+    assert all(r["reference"] is None and r["change"] is None for r in doc["rows"])
+    md = Path(res["markdown_path"]).read_text()
+    assert md.splitlines()[0].endswith(": vLLM TEST DOUBLE")
+    assert "reference tok/s" not in md and "36.4" not in md and "%" not in md.split("| flag |")[1].replace("90.0%", "")
+    assert "not compared with the two-Spark reference" in md and "`sim-tiny`" in md
+    png = Path(res["png_path"]).read_bytes()
+    assert png.startswith(PNG_MAGIC)
+
+    # A second double run compares with the first double run only.
+    res2 = run_module(
+        benchmark_report,
+        {
+            "results": _levels({1: 30.0, 2: 147.0, 4: 290.1}),
+            "output_dir": str(out),
+            "cluster_name": "spark-sim",
+            "timestamp": "20261123T080000Z",
+            "source": "test-double",
+        },
+    )
+    assert res2["previous_path"] == res["json_path"]
+    assert [r["concurrency"] for r in res2["regressions"]] == [1]
+    assert res2["regressions"][0]["baseline_kind"] == "previous"
+
+
+def test_png_title_names_the_source(tmp_path, monkeypatch):
+    """The chart carries the source in its title (and a TEST DOUBLE mark), read back from the figure."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    titles, texts = [], []
+    real_savefig = plt.Figure.savefig
+
+    def spy(fig, *args, **kwargs):
+        for ax in fig.axes:
+            titles.append(ax.get_title())
+            texts.extend(t.get_text() for t in ax.texts)
+        return real_savefig(fig, *args, **kwargs)
+
+    monkeypatch.setattr(plt.Figure, "savefig", spy)
+    for source in ("hardware", "test-double"):
+        run_module(
+            benchmark_report,
+            {
+                "results": _levels({1: 20.0}),
+                "output_dir": str(tmp_path / source),
+                "cluster_name": "c",
+                "source": source,
+            },
+        )
+    assert "measured on hardware" in titles[0] and "TEST DOUBLE" not in titles[0]
+    assert "vLLM TEST DOUBLE" in titles[1] and "TEST DOUBLE" in texts
+
+
+def test_printed_paths_have_no_dot_dot(tmp_path):
+    (tmp_path / "a").mkdir()
+    res = run_module(
+        benchmark_report,
+        {"results": _levels({1: 20.0}), "output_dir": str(tmp_path / "a" / ".." / "reports"), "cluster_name": "c"},
+    )
+    assert ".." not in res["json_path"] and res["json_path"].startswith(str(tmp_path / "reports"))

@@ -55,7 +55,7 @@ def test_gpu_in_use_and_node_ips_from_list():
 def test_dead_worker_is_caught_by_gpus_even_though_status_lists_it():
     r = run_module(mod, {"text": fx("status_worker_dead.txt"), "expected_nodes": 2, "expected_gpus": 2})
     assert r["failed"] is True
-    assert r["msg"].startswith("Ray cluster has 2/2 nodes and 1.0/2.0 GPUs after 0 s")
+    assert r["msg"].startswith("Ray cluster after 0 s: 2/2 nodes alive, 1.0/2.0 GPUs")
 
 
 def test_dead_worker_named_from_node_list():
@@ -72,7 +72,7 @@ def test_dead_worker_named_from_node_list():
     assert r["failed"] is True
     assert r["nodes_alive"] == 1
     assert r["missing_node_ips"] == ["127.0.0.3"] and r["dead_node_ips"] == ["127.0.0.3"]
-    assert "Ray cluster has 1/2 nodes and 1.0/2.0 GPUs" in r["msg"]
+    assert "Ray cluster after 0 s: 1/2 nodes alive, 1.0/2.0 GPUs" in r["msg"]
     assert "not joined: 127.0.0.3" in r["msg"] and "dead: 127.0.0.3" in r["msg"]
 
 
@@ -117,7 +117,9 @@ def test_wait_times_out_naming_the_missing_node(tmp_path):
     )
     took = time.monotonic() - t0
     assert r["failed"] is True
-    assert r["msg"].startswith("Ray cluster has 1/2 nodes and 1.0/2.0 GPUs after 1 s; not joined: 10.0.0.2"), r["msg"]
+    assert r["msg"].startswith(
+        "Ray cluster after 1 s: 1/2 nodes alive, 1.0/2.0 GPUs (0.0 used); not joined: 10.0.0.2"
+    ), r["msg"]
     assert r["polls"] >= 3
     assert took < 3
 
@@ -144,3 +146,46 @@ def test_result_is_json_clean():
     r = run_module(mod, {"text": fx("status_1node.txt")})
     assert r["ready"] is True and r["nodes_alive"] == 1
     json.dumps(r)
+
+
+def test_status_and_verify_read_the_same_membership_from_one_function():
+    """Issue 16.1: status.yml printed `2 nodes, 1.0 GPUs` (ray status only) while verify said 1/2 nodes.
+    Read without expectations (as status does) and with them (as verify does), the same recorded
+    outputs give the same alive nodes, GPUs and summary sentence."""
+    common = {"text": fx("status_worker_dead.txt"), "nodes_text": fx("nodes_worker_died.json")}
+    status_view = run_module(mod, common)
+    verify_view = run_module(mod, {**common, "expected_nodes": 2, "expected_gpus": 2})
+    assert verify_view["failed"] is True
+    for key in ("nodes_alive", "gpus_total", "node_ips", "dead_node_ips"):
+        assert status_view[key] == verify_view[key], key
+    assert (status_view["nodes_alive"], status_view["gpus_total"]) == (1, 1.0)
+    assert status_view["summary"] == "1 nodes alive, 1.0 GPUs (0.0 used); dead: 127.0.0.3"
+    assert verify_view["summary"].startswith("1/2 nodes alive, 1.0/2.0 GPUs (0.0 used)")
+    assert verify_view["summary"] in verify_view["msg"]
+    assert status_view["source"] == "ray status and the GCS node list"
+
+
+def test_container_builds_both_commands(tmp_path):
+    """With `container`, the module runs ray status AND the GCS node list inside it (status.yml used to
+    read `ray status` alone, whose Active list still held the dead worker)."""
+    log = tmp_path / "argv"
+    docker = tmp_path / "docker"
+    docker.write_text(
+        "#!/bin/sh\n"
+        f'echo "$@" >> {log}\n'
+        f'case "$4" in status) cat {RAY / "ray-2.52.1_status_worker_dead.txt"};; '
+        f"*) cat {RAY / 'ray-2.52.1_nodes_worker_died.json'};; esac\n"
+    )
+    docker.chmod(0o755)
+    import os
+
+    old = os.environ["PATH"]
+    os.environ["PATH"] = f"{tmp_path}:{old}"
+    try:
+        r = run_module(mod, {"container": "sparkops-ray", "gcs_address": "10.0.0.1:6379"})
+    finally:
+        os.environ["PATH"] = old
+    calls = log.read_text().splitlines()
+    assert calls[0] == "exec sparkops-ray ray status --address 10.0.0.1:6379"
+    assert calls[1].startswith("exec sparkops-ray python3 -c import json, ray;")
+    assert r["nodes_alive"] == 1 and r["dead_node_ips"] == ["127.0.0.3"], r

@@ -78,7 +78,7 @@ class FakeVllm:
                 self.end_headers()
                 time.sleep(TTFT_S)
                 n = body["max_tokens"]
-                for _ in range(n):
+                for _i in range(n):
                     chunk = {"choices": [{"index": 0, "delta": {"content": "tok "}}]}
                     self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
                     self.wfile.flush()

@@ -10,10 +10,12 @@ import yaml
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving_profile import (
     KV_HEADROOM_GIB,
     PROFILE_FIELDS,
+    contract_violations,
     normalize_profile,
     profile_violations,
     vllm_serve_args,
 )
+from ansible_collections.sparkops.cluster.plugins.plugin_utils.vllm_contract import load_contract
 from conftest import ROOT
 
 PROFILES_FILE = ROOT / "roles" / "sparkops_defaults" / "defaults" / "main" / "serving_profiles.yml"
@@ -358,3 +360,61 @@ def test_managed_flag_in_extra_args_refused(reference):
     reference["extra_args"] = ["--max-model-len", "1024"]
     msg = _one(profile_violations(reference, gpus_total=2), "--max-model-len")
     assert "set max_model_len instead" in msg
+
+
+# --- profiles against the vLLM release they are served with (recorded contracts) ---------------------
+
+VERSIONS_FILE = ROOT / "roles" / "sparkops_defaults" / "defaults" / "main" / "versions.yml"
+
+
+def _pinned() -> str:
+    return yaml.safe_load(VERSIONS_FILE.read_text())["sparkops_vllm_version"]
+
+
+def test_every_shipped_profile_fits_the_pinned_vllm_contract(profiles):
+    """Fails if a shipped profile uses an option, a value or a VLLM_* variable the pinned vLLM lacks."""
+    contract = load_contract(_pinned())
+    for name, profile in profiles.items():
+        assert contract_violations(profile, contract) == [], name
+        assert contract_violations(profile, contract, gpus_per_node=2) == [], name
+
+
+def test_a_profile_with_an_option_the_pinned_vllm_lacks_is_refused(reference):
+    contract = load_contract(_pinned())
+    bad = dict(reference, extra_args=["--linear-backend", "marlin"], env={"VLLM_DISTRIBUTED_EXECUTOR_CONFIG": "{}"})
+    found = contract_violations(bad, contract)
+    assert any(f.startswith(f"--linear-backend: unrecognized argument for vLLM {_pinned()}") for f in found), found
+    assert any(f.startswith("VLLM_DISTRIBUTED_EXECUTOR_CONFIG: vLLM") for f in found), found
+    found = profile_violations(bad, 2, contract=contract)
+    assert any("--linear-backend" in f for f in found), found
+
+
+def test_fp4_knobs_are_the_ones_each_release_has(profiles):
+    nvfp4 = profiles["qwen3.5-122b-a10b-nvfp4"]
+    gptoss = profiles["gpt-oss-120b-mxfp4"]
+    old, new = load_contract("0.19.0"), load_contract("0.33.0")
+    assert contract_violations(nvfp4, old) == []
+    on_new = contract_violations(nvfp4, new)
+    # 0.33.0 dropped the env knobs: named as unknown, and the linear-layer rule asks for its new knob
+    assert any(f.startswith("VLLM_NVFP4_GEMM_BACKEND: vLLM 0.33.0 does not read") for f in on_new), on_new
+    assert any("add extra_args ['--linear-backend', 'marlin']" in f for f in on_new), on_new
+    fixed = dict(nvfp4, env={"VLLM_MARLIN_USE_ATOMIC_ADD": "1"}, extra_args=["--linear-backend", "marlin"])
+    assert contract_violations(fixed, new) == []
+    assert any("VLLM_MXFP4_USE_MARLIN" in f for f in contract_violations(gptoss, new))
+    # Marlin MoE must be pinned where the release has the option
+    loose = dict(nvfp4, moe_backend=None)
+    assert any("set moe_backend: marlin" in f for f in contract_violations(loose, old))
+
+
+def test_a_release_without_the_knob_a_rule_needs_is_refused(profiles):
+    """A vLLM with no --moe-backend and no FP4 env switches cannot keep FP4 off CUTLASS: refused, not passed."""
+    old = copy.deepcopy(load_contract("0.19.0"))
+    old["vllm_version"] = "0.0.1-test"
+    del old["serve_options"]["--moe-backend"]
+    old["env_vars"] = [n for n in old["env_vars"] if n not in ("VLLM_MXFP4_USE_MARLIN", "VLLM_NVFP4_GEMM_BACKEND")]
+    nvfp4 = dict(profiles["qwen3.5-122b-a10b-nvfp4"], moe_backend=None, env={})
+    found = contract_violations(nvfp4, old)
+    assert any("vLLM 0.0.1-test has no knob to put FP4 MoE on Marlin" in f for f in found), found
+    assert any("vLLM 0.0.1-test has no knob to put FP4 linear layers on Marlin" in f for f in found), found
+    # a non-FP4 profile needs no such knob
+    assert contract_violations(dict(profiles["qwen3-30b-a3b"]), old) == []

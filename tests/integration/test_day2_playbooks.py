@@ -1,0 +1,155 @@
+"""The day-2 playbooks a user runs after `make sim`, run the way the README says, on the simulated
+cluster: status (issue 13/15: it failed on every run), verify, benchmark, teardown then site,
+a copy of the inventory outside the checkout, and the ready-to-paste curl (issue 16).
+Upgrade runs in test_faults_and_day2.py. Each test leaves the cluster serving.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import NODES, ROOT, VENV_BIN, WORKER_FAST, ansible_env, node_sh, run_playbook
+
+pytestmark = pytest.mark.usefixtures("sim_cluster")
+
+HEAD_FAST = "10.213.0.11"
+
+
+def flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def ray_line(output: str) -> str:
+    """The `ray: ...` line status.yml prints (debug lists one string per line)."""
+    m = re.search(r"ray: (ok|DEGRADED): (.*?)(?:'|\"|$)", flat(output))
+    assert m, output[-3000:]
+    return m.group(0)
+
+
+def test_status_runs_and_agrees_with_verify_on_a_dead_worker():
+    res = run_playbook("playbooks/status.yml", timeout=300)
+    assert res.returncode == 0, res.stdout[-4000:]
+    out = flat(res.stdout)
+    assert "ray: ok: 2/2 nodes alive, 2.0/2.0 GPUs" in out, res.stdout[-3000:]
+    assert f"endpoint: http://{HEAD_FAST}:8000/v1 HEALTHY" in out
+    for node in NODES:
+        assert f"node {node}: driver" in out
+    print(f"\nstatus.yml on a healthy cluster: {res.elapsed:.1f} s")
+
+    node_sh("spark-sim-2", "docker update --restart=no sparkops-ray >/dev/null && docker stop -t 2 sparkops-ray")
+    try:
+        status = run_playbook("playbooks/status.yml", timeout=300)
+        assert status.returncode == 0, "status is read-only: it reports, it does not fail\n" + status.stdout[-4000:]
+        line = ray_line(status.stdout)
+        assert line.startswith("ray: DEGRADED: 1/2 nodes alive, 1.0/2.0 GPUs"), line
+        assert WORKER_FAST in line, line
+        print(f"status.yml with the worker's Ray stopped: {line}")
+
+        verify = run_playbook("playbooks/verify.yml", extra_vars={"ray_cluster_join_timeout_s": 15}, timeout=300)
+        assert verify.returncode != 0
+        # The same membership, from the same reading, in both (GPUs in use may change in between).
+        sentence = line.split("DEGRADED: ", 1)[1].split(" (")[0]
+        assert sentence == "1/2 nodes alive, 1.0/2.0 GPUs", line
+        assert f"{sentence} " in flat(verify.stdout), (sentence, verify.stdout[-3000:])
+        assert f"dead: {WORKER_FAST}" in flat(verify.stdout)
+    finally:
+        repair = run_playbook("site.yml")
+    assert repair.returncode == 0, repair.stdout[-4000:]
+
+
+def test_benchmark_on_the_sim_is_marked_as_the_test_double():
+    res = run_playbook(
+        "playbooks/benchmark.yml",
+        extra_vars={"benchmark_concurrency": [1, 2], "benchmark_max_tokens": 32},
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stdout[-4000:]
+    m = re.search(r"JSON: (\S+\.json)", res.stdout)
+    assert m, res.stdout[-3000:]
+    path = Path(m.group(1))
+    assert ".." not in str(path)
+    doc = json.loads(path.read_text())
+    assert doc["source"] == "test-double" and doc["reference"] is None and doc["model"] == "sim-tiny"
+    assert [r["concurrency"] for r in doc["rows"]] == [1, 2]
+    assert all(r["reference"] is None for r in doc["rows"])
+    md = path.with_suffix(".md").read_text()
+    assert md.splitlines()[0].endswith(": vLLM TEST DOUBLE") and "reference tok/s" not in md
+    assert "+333" not in res.stdout and "vLLM TEST DOUBLE" in res.stdout
+    print(f"\nbenchmark.yml (levels 1, 2; 32 tokens): {res.elapsed:.1f} s")
+
+
+def test_teardown_then_site_brings_serving_back():
+    res = run_playbook("playbooks/teardown.yml", timeout=300)
+    assert res.returncode == 0, res.stdout[-4000:]
+    for node in NODES:
+        left = node_sh(node, "docker ps -a --format '{{.Names}}'").stdout.split()
+        assert "sparkops-vllm" not in left and "sparkops-ray" not in left, (node, left)
+    print(f"\nteardown.yml: {res.elapsed:.1f} s")
+    res = run_playbook("site.yml")
+    assert res.returncode == 0, res.stdout[-4000:]
+    print(f"site.yml after teardown: {res.elapsed:.1f} s")
+
+
+def make(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`make` as a user runs it: no SPARKOPS_SIM_STATE in the environment. (`-o .venv/.installed`: in
+    this session's worktrees .venv is a link to a shared venv, which make must not try to rebuild.)"""
+    env = ansible_env()
+    env.pop("SPARKOPS_SIM_STATE", None)
+    return subprocess.run(
+        ["make", "-s", "-o", ".venv/.installed", *args],
+        check=False, cwd=ROOT, capture_output=True, text=True, env=env, timeout=timeout,
+    )  # fmt: skip
+
+
+def test_report_and_make_sim_info_print_a_curl_that_works_and_never_the_key():
+    res = run_playbook("playbooks/report.yml", timeout=300)
+    assert res.returncode == 0, res.stdout[-4000:]
+    assert "synthetic shards seeded by sim/simctl.py" in flat(res.stdout)  # not a Hub link that 404s
+    info = make("sim-info")
+    assert info.returncode == 0, info.stdout + info.stderr
+    assert "served model name: `sim-tiny`" in info.stdout
+    assert ".." not in info.stdout
+    curls = [line.strip() for line in info.stdout.splitlines() if line.strip().startswith("curl -sS ")]
+    assert len(curls) == 1, info.stdout
+    curl = curls[0]
+    assert '"model": "sim-tiny"' in curl and "$(cat /" in curl
+    key_file = re.search(r"\$\(cat (\S+)\)", curl).group(1)
+    key = Path(key_file).read_text().strip()
+    assert key not in res.stdout and key not in info.stdout, "the API key itself must never be printed"
+    out = subprocess.run(["bash", "-c", curl], capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    answer = json.loads(out.stdout)
+    assert answer["model"] == "sim-tiny" and answer["choices"][0]["message"]["content"], answer
+
+
+def test_make_status_target():
+    status = make("status")
+    assert status.returncode == 0, status.stdout[-3000:]
+    assert "ray: ok: 2/2 nodes alive" in flat(status.stdout)
+
+
+def test_a_copy_of_the_inventory_outside_the_checkout_connects(tmp_path):
+    copy = Path("/tmp") / f"sparkops-inv-{os.getpid()}" / "sim"
+    shutil.rmtree(copy.parent, ignore_errors=True)
+    shutil.copytree(ROOT / "inventory" / "sim", copy)
+    try:
+        play = tmp_path / "ping.yml"
+        play.write_text(
+            "- hosts: spark_cluster\n  gather_facts: false\n  tasks:\n    - name: Ping\n      ansible.builtin.ping:\n"
+        )
+        env = ansible_env()
+        env.pop("SPARKOPS_SIM_STATE", None)  # what a user's shell has
+        res = subprocess.run(
+            [str(VENV_BIN / "ansible-playbook"), "-i", str(copy), str(play)],
+            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120, check=False,
+        )  # fmt: skip
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+        assert res.stdout.count("ok: [spark-sim-") == 2
+    finally:
+        shutil.rmtree(copy.parent, ignore_errors=True)
