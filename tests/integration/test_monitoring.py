@@ -14,7 +14,7 @@ from urllib.parse import quote
 
 import pytest
 import yaml
-from conftest import NODES, ROOT, node_sh
+from conftest import NODES, ROOT, SIM_STATE, node_sh
 
 HEAD = NODES[0]
 HOSTS = yaml.safe_load((ROOT / "inventory" / "sim" / "hosts.yml").read_text())
@@ -114,7 +114,7 @@ def test_the_last_start_is_recorded_phase_by_phase(sim_cluster):
         assert phases["first_token"]["since_start_s"] >= phases["api_ready"]["since_start_s"]
     for skipped in ("weights_loading", "weights_loaded", "torch_compile", "cuda_graphs", "engine_ready"):
         assert phases[skipped]["note"] == "not applicable (test double)"
-    report = (ROOT / "reports" / "spark-sim" / "health.md").read_text()
+    report = (SIM_STATE / "reports" / "health.md").read_text()
     assert "## Last start, phase by phase" in report and "| api_ready |" in report
     print(
         "\nlast start of the double: " + ", ".join(f"{k} +{v['since_start_s']} s" for k, v in phases.items() if v["at"])
