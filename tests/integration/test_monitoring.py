@@ -9,6 +9,7 @@ The sim inventory shortens intervals and every alert's `for:` to 15 s
 from __future__ import annotations
 
 import json
+import sys
 import time
 from urllib.parse import quote
 
@@ -84,6 +85,16 @@ def test_prometheus_scrapes_vllm_and_every_node_over_the_fast_link(sim_cluster):
     assert gpu == dict.fromkeys(NODES, "0"), gpu  # no GPU in the simulation, and it says so
     assert len(query("sparkops_watchdog_restarts_total")) == len(NODES)
     assert len(query("node_memory_MemAvailable_bytes")) == len(NODES)
+
+
+def test_every_vllm_metric_the_dashboard_and_rules_use_is_scraped_from_the_double(sim_cluster):
+    """The unit test checks the names against the recorded 0.19.0 families; here against a live scrape."""
+    sys.path.insert(0, str(ROOT / "tests" / "unit"))
+    from test_monitoring_queries import dashboard_exprs, metric_names, rule_exprs
+
+    used = {n for _, e in dashboard_exprs() + rule_exprs() for n in metric_names(e) if n.startswith("vllm:")}
+    scraped = {r["metric"]["__name__"] for r in query('count by (__name__) ({job="vllm"})')}
+    assert used <= scraped, f"used but not scraped from the double: {sorted(used - scraped)}"
 
 
 def test_the_daemons_listen_on_the_fast_link_only(sim_cluster):
