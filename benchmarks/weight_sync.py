@@ -2,7 +2,9 @@
 """Weight-sync benchmark: hf_cache_sync against the community's single `rsync -a` over ssh, in one run.
 
 Each variant copies the same synthetic Hugging Face cache (``--gib`` in ``--shards`` blobs) into a
-fresh target, and the script prints MB/s for each, the ratio to the baseline and the core count.
+fresh target, and the script prints MB/s for each, the ratio to the baseline, the ratio to a local
+copy of the same files on one machine (``cp -a``, then ``sync``: issue 17's "disk speed") and the core
+count. hf_cache_sync runs without and with ``hash_copied`` (the target hashes what it received).
 
 ``--where sim`` (the default when the simulated cluster is up and deployed): from spark-sim-1 to
 spark-sim-2 over the simulated QSFP network (10.213.0.0/24) with the fabric key, the module run by
@@ -30,10 +32,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "collections"))
 sys.path.insert(0, str(ROOT / "tests" / "unit"))
+sys.path.insert(0, str(ROOT / "tests" / "system"))
 
 from ansible_collections.sparkops.cluster.plugins.modules import hf_cache_sync  # noqa: E402
-from hf_cache_helpers import MODEL, LoopbackSshd, free_port, make_model, sshd_available  # noqa: E402
+from hf_cache_helpers import MODEL, make_model  # noqa: E402
 from module_runner import run_module  # noqa: E402
+from sshd_helpers import LoopbackSshd, free_port, sshd_available  # noqa: E402
 
 
 def baseline(sshd: LoopbackSshd, src: Path, dst: Path, timeout: float) -> float:
@@ -48,7 +52,7 @@ def baseline(sshd: LoopbackSshd, src: Path, dst: Path, timeout: float) -> float:
     return time.monotonic() - t0
 
 
-def ours(sshd: LoopbackSshd, src: Path, dst: Path, transport: str, streams: int) -> tuple:
+def ours(sshd: LoopbackSshd, src: Path, dst: Path, transport: str, *, streams: int, hash_copied: bool) -> tuple:
     dst.mkdir(parents=True, exist_ok=True)
     args = {
         "cache_dir": str(src),
@@ -58,6 +62,7 @@ def ours(sshd: LoopbackSshd, src: Path, dst: Path, transport: str, streams: int)
         "streams": streams,
         "transport": transport,
         "rsyncd_port": free_port(),
+        "hash_copied": hash_copied,
         **sshd.module_args(),
     }
     t0 = time.monotonic()
@@ -66,6 +71,15 @@ def ours(sshd: LoopbackSshd, src: Path, dst: Path, transport: str, streams: int)
     if res.get("failed"):
         raise SystemExit(f"hf_cache_sync failed: {res['msg']}")
     return elapsed, res["totals"]["bytes_copied"]
+
+
+# The module's copy alone, and with the target hashing what it received (the default: the hash is
+# recorded when a blob is written, issue 16).
+VARIANTS = (("ssh", False), ("rsyncd", False), ("rsyncd", True))
+
+
+def variant_name(transport: str, hashed: bool, streams: int) -> str:
+    return f"hf_cache_sync {transport}, {streams} streams" + (", + hash on target" if hashed else "")
 
 
 SIM_SOURCE, SIM_TARGET = "spark-sim-1", "spark-sim-2"
@@ -142,7 +156,15 @@ def run_sim(args) -> tuple:
         )
         rows.append(("rsync -a over ssh, 1 stream (community baseline)", time.monotonic() - t0, total))
         docker_exec(SIM_TARGET, f"rm -rf {SIM_DIR}/dst-baseline", 120)
-        for transport in ("ssh", "rsyncd"):
+        # The same bytes copied on one node, timed inside it: what "disk speed" means here.
+        stamps = docker_exec(
+            SIM_SOURCE,
+            f"s=$(date +%s.%N); cp -a {SIM_DIR}/src {SIM_DIR}/local-copy; sync; e=$(date +%s.%N); echo $s $e",
+            args.timeout_s,
+        ).split()
+        rows.append(("local copy on one node (cp -a, the reference)", float(stamps[1]) - float(stamps[0]), total))
+        docker_exec(SIM_SOURCE, f"rm -rf {SIM_DIR}/local-copy", 120)
+        for transport, hashed in VARIANTS:
             out = sim_module(
                 {
                     "cache_dir": f"{SIM_DIR}/src",
@@ -153,6 +175,7 @@ def run_sim(args) -> tuple:
                     "source_address": SIM_SOURCE_FAST,
                     "transport": transport,
                     "streams": args.streams,
+                    "hash_copied": hashed,
                     "ssh_key": "/root/.ssh/sparkops_fabric_ed25519",
                     "ssh_extra_args": ["-o", "UserKnownHostsFile=/root/.ssh/sparkops_fabric_known_hosts"],
                 },
@@ -160,11 +183,7 @@ def run_sim(args) -> tuple:
             )
             # The module's own wall time (plan, copy, links, check), not Ansible's start-up.
             rows.append(
-                (
-                    f"hf_cache_sync transport={transport}, {args.streams} streams",
-                    out["elapsed_s"],
-                    out["totals"]["bytes_copied"],
-                )
+                (variant_name(transport, hashed, args.streams), out["elapsed_s"], out["totals"]["bytes_copied"])
             )
             docker_exec(SIM_TARGET, f"rm -rf {SIM_DIR}/dst-{transport}", 120)
     finally:
@@ -189,10 +208,15 @@ def run_loopback(args) -> tuple:
             t = baseline(sshd, work / "src", work / "dst-baseline", args.timeout_s)
             rows.append(("rsync -a over ssh, 1 stream (community baseline)", t, total))
             shutil.rmtree(work / "dst-baseline")
-            for transport in ("ssh", "rsyncd"):
+            t0 = time.monotonic()
+            subprocess.run(["cp", "-a", str(work / "src"), str(work / "local-copy")], check=True)
+            os.sync()
+            rows.append(("local copy (cp -a, the reference)", time.monotonic() - t0, total))
+            shutil.rmtree(work / "local-copy")
+            for transport, hashed in VARIANTS:
                 dst = work / f"dst-{transport}"
-                t, copied = ours(sshd, work / "src", dst, transport, args.streams)
-                rows.append((f"hf_cache_sync transport={transport}, {args.streams} streams", t, copied))
+                t, copied = ours(sshd, work / "src", dst, transport, streams=args.streams, hash_copied=hashed)
+                rows.append((variant_name(transport, hashed, args.streams), t, copied))
                 shutil.rmtree(dst)
         finally:
             sshd.stop()
@@ -215,11 +239,15 @@ def main() -> None:
         raise SystemExit(f"weight_sync benchmark: {sim_ready()}")
     rows, total, where_text = run_sim(args) if where == "sim" else run_loopback(args)
     base_rate = rows[0][2] / rows[0][1]
+    local_rate = rows[1][2] / rows[1][1]
     print(f"weight sync, {total / 1e9:.2f} GB in {args.shards} blobs, {where_text}, {os.cpu_count()} cores here")
+    print(f"  {'variant':<55} {'seconds':>9}  {'MB/s':>8}  {'vs rsync':>8}  {'vs local copy':>13}")
     out = []
     for name, secs, nbytes in rows:
         rate = nbytes / secs
-        print(f"  {name:<55} {secs:7.2f} s  {rate / 1e6:8.1f} MB/s  x{rate / base_rate:.2f}")
+        print(
+            f"  {name:<55} {secs:7.2f} s  {rate / 1e6:8.1f}  x{rate / base_rate:7.2f}  {100 * rate / local_rate:12.0f}%"
+        )
         out.append(
             {
                 "variant": name,
@@ -227,6 +255,7 @@ def main() -> None:
                 "bytes": nbytes,
                 "MB_per_s": round(rate / 1e6, 1),
                 "ratio_to_baseline": round(rate / base_rate, 2),
+                "ratio_to_local_copy": round(rate / local_rate, 2),
             }
         )
     if args.json:

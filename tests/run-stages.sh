@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Runs the project's checks as named stages and prints what each one cost.
-#   tests/run-stages.sh lint | unit | promtool | collection | sim | all
-# `all` is what `make test` and CI run: lint, unit tests (and the alert rules under
-# promtool), the collection as a user installs it (tests/collection-checks.sh), then the simulated
+#   tests/run-stages.sh lint | unit | promtool | system | collection | sim | all
+# `all` is what `make test` and CI run: lint, unit tests (pure, and the alert rules under
+# promtool), system tests (real daemons and
+# clients on loopback: sshd, rsync, a Hub-speaking HTTP server with the real huggingface_hub),
+# the collection as a user installs it (tests/collection-checks.sh), then the simulated
 # two-node cluster with molecule (converge, idempotence, verify) and the
 # integration and fault tests on it, then the cluster is removed.
 set -uo pipefail
@@ -59,7 +61,7 @@ lint() {
 }
 
 unit() {
-    SPARKOPS_REQUIRE_SSHD=1 stage pytest-unit pytest_stage -q tests/unit
+    stage pytest-unit pytest_stage -q tests/unit
     stage promtool promtool_rules
 }
 
@@ -71,6 +73,13 @@ promtool_rules() {
     fi
     promtool --version | head -n 1
     promtool check rules roles/monitoring/files/sparkops-alerts.yml && promtool test rules tests/promtool/*.test.yml
+}
+
+system() {
+    # The huggingface_hub versions the tests run (tests/system/conftest.py) are installed up front,
+    # so a missing PyPI shows as its own failure, not as a test's.
+    stage hub-clients python -c 'import sys; sys.path.insert(0, "tests/system"); import conftest as c; [c.install_hub_client(v) for v in c.HUB_CLIENT_VERSIONS]'
+    SPARKOPS_REQUIRE_SSHD=1 SPARKOPS_REQUIRE_HUB_CLIENTS=1 stage pytest-system pytest_stage -q tests/system
 }
 
 # The built tarball, installed next to only the collections galaxy.yml declares
@@ -96,10 +105,11 @@ case "$what" in
     lint) lint ;;
     unit) unit ;;
     promtool) stage promtool promtool_rules ;;
+    system) system ;;
     collection) collection ;;
     sim) sim ;;
-    all) lint; unit; collection; sim ;;
-    *) echo "usage: $0 lint|unit|promtool|collection|sim|all" >&2; exit 2 ;;
+    all) lint; unit; system; collection; sim ;;
+    *) echo "usage: $0 lint|unit|promtool|system|collection|sim|all" >&2; exit 2 ;;
 esac
 
 echo

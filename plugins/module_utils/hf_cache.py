@@ -23,6 +23,24 @@ A manifest is a plain dict (JSON-safe):
 * ``files``: ``snapshots/<rev>/<path>`` -> size, for regular files in a snapshot (not links);
 * ``refs``: ref name -> revision (with a revision: only the refs that point at it);
 * ``total_bytes``: blobs plus snapshot files.
+
+With a revision, the manifest also says whether the snapshot is COMPLETE, judged by the best list of
+what the revision holds that this node has (``expected_from``):
+
+1. ``hub listing``: ``.sparkops/<commit>.json``, the Hub's file list with sizes that
+   ``roles/weight_cache/files/hub_download.py`` records before it downloads;
+2. ``hub tree cache``: ``trees/<commit>.json``, the same list as huggingface_hub >= 1.x caches it
+   (``_tree_cache.py``, format_version 1);
+3. ``model index``: the shards named in ``model.safetensors.index.json`` (presence only, no sizes);
+4. ``links only``: what the snapshot links point at (nothing else is known).
+
+``missing_files`` (listed but not in the snapshot), ``wrong_size_files`` (path -> [expected, found]),
+``incomplete_downloads`` (``blobs/<name>.incomplete`` left by an interrupted download -> bytes so far),
+``complete`` and ``records`` (the list files, copied with the model by hf_cache_sync).
+
+Each node also keeps ``.sparkops/hashed-blobs.json``: blob -> size and mtime when it was last hashed and
+matched its name (written after a download, a sync copy or a full verify), so a later size check can
+tell which blobs changed since they were hashed without reading them again.
 """
 
 from __future__ import annotations
@@ -48,6 +66,9 @@ REF_RE = re.compile(r"^[A-Za-z0-9._/-]+$")
 CHUNK = 8 * 1024 * 1024
 # Markers on the helper's stdout, so that shell start-up noise on a node is never parsed as a result.
 RESULT_MARK = "SPARKOPS-RESULT "
+RECORD_DIR = ".sparkops"
+HASH_RECORD = "hashed-blobs.json"
+INDEX_FILE = "model.safetensors.index.json"
 READY_MARK = "SPARKOPS-READY "
 
 
@@ -127,6 +148,13 @@ def build_manifest(repo_path: str, revision: str | None = None, all_blobs: bool 
         "blobs": {},
         "missing_blobs": [],
         "total_bytes": 0,
+        "expected_from": None,
+        "expected_files": 0,
+        "missing_files": [],
+        "wrong_size_files": {},
+        "incomplete_downloads": {},
+        "records": {},
+        "complete": False,
     }
     if not manifest["present"]:
         if revision is not None:
@@ -167,7 +195,170 @@ def build_manifest(repo_path: str, revision: str | None = None, all_blobs: bool 
     manifest["blobs"] = dict(sorted(blobs.items()))
     manifest["missing_blobs"] = sorted(wanted - set(on_disk))
     manifest["total_bytes"] = sum(blobs.values()) + sum(files.values())
+    if revision is not None:
+        manifest.update(_completeness(repo_path, manifest["revision"], manifest, on_disk, blob_dir))
     return manifest
+
+
+def _read_json(path: str):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def expected_files(repo_path: str, commit: str) -> tuple:
+    """(path -> {"size": int|None, "blob": name|None}, where the list came from), best source first."""
+    data = _read_json(os.path.join(repo_path, RECORD_DIR, f"{commit}.json"))
+    sources = (("hub listing", data),)
+    tree = _read_json(os.path.join(repo_path, "trees", f"{commit}.json"))
+    if isinstance(tree, dict) and tree.get("format_version") == 1:
+        sources += (("hub tree cache", tree),)
+    for name, doc in sources:
+        if isinstance(doc, dict) and isinstance(doc.get("files"), dict):
+            return {
+                p: {"size": v.get("size"), "blob": v.get("lfs_sha256") or v.get("blob_id")}
+                for p, v in doc["files"].items()
+                if isinstance(v, dict)
+            }, name
+    index = _read_json(os.path.join(repo_path, "snapshots", commit, INDEX_FILE))
+    if isinstance(index, dict) and isinstance(index.get("weight_map"), dict):
+        shards = {str(v) for v in index["weight_map"].values()}
+        return {p: {"size": None, "blob": None} for p in sorted(shards | {INDEX_FILE})}, "model index"
+    return {}, "links only"
+
+
+def _completeness(repo_path: str, commit: str | None, manifest: dict, on_disk: dict, blob_dir: str) -> dict:
+    incomplete = {}
+    if os.path.isdir(blob_dir):
+        with os.scandir(blob_dir) as it:
+            for entry in it:
+                if entry.name.endswith(".incomplete") and entry.is_file(follow_symlinks=False):
+                    incomplete[entry.name.removesuffix(".incomplete")] = entry.stat().st_size
+    out = {
+        "expected_from": None,
+        "expected_files": 0,
+        "missing_files": [],
+        "wrong_size_files": {},
+        "incomplete_downloads": {},
+        "records": {},
+        "complete": False,
+    }
+    if not manifest["revision_found"] or not commit:
+        out["incomplete_downloads"] = dict(sorted(incomplete.items()))
+        return out
+    expected, source = expected_files(repo_path, commit)
+    out["expected_from"], out["expected_files"] = source, len(expected)
+    links, files = manifest["links"], manifest["files"]
+    for path, want in sorted(expected.items()):
+        rel = f"snapshots/{commit}/{path}"
+        if rel in files:
+            size = files[rel]
+        elif rel in links and (blob := _blob_of(rel, links[rel])) in on_disk:
+            size = on_disk[blob]
+        else:
+            out["missing_files"].append(path)
+            continue
+        if want["size"] is not None and size != want["size"]:
+            out["wrong_size_files"][path] = [want["size"], size]
+    listed = {v["blob"] for v in expected.values() if v["blob"]}
+    # With a list, only this revision's partial blobs count; without one, any partial blob does.
+    relevant = {n: b for n, b in incomplete.items() if n in listed} if listed else incomplete
+    out["incomplete_downloads"] = dict(sorted(relevant.items()))
+    for rel in (f"{RECORD_DIR}/{commit}.json", f"trees/{commit}.json"):
+        full = os.path.join(repo_path, rel)
+        if os.path.isfile(full) and not os.path.islink(full):
+            out["records"][rel] = os.path.getsize(full)
+    out["complete"] = not (
+        manifest["missing_blobs"] or out["missing_files"] or out["wrong_size_files"] or out["incomplete_downloads"]
+    )
+    return out
+
+
+def completeness_problems(manifest: dict, limit: int = 5) -> list:
+    """What keeps a manifest from being complete, as short phrases for a message (empty when complete)."""
+    problems = []
+    if not manifest.get("revision_found"):
+        return ["the revision's snapshot is absent"]
+    frm = manifest.get("expected_from")
+    if manifest.get("missing_files"):
+        miss = manifest["missing_files"]
+        problems.append(
+            f"{len(miss)} of {manifest.get('expected_files')} files listed by the {frm} are absent: "
+            + ", ".join(miss[:limit])
+        )
+    if manifest.get("missing_blobs"):
+        problems.append(
+            f"{len(manifest['missing_blobs'])} linked blob(s) are absent: "
+            + ", ".join(manifest["missing_blobs"][:limit])
+        )
+    if manifest.get("wrong_size_files"):
+        wrong = manifest["wrong_size_files"]
+        problems.append(
+            f"{len(wrong)} file(s) have the wrong size: "
+            + ", ".join(f"{p} ({g} bytes, the {frm} says {w})" for p, (w, g) in list(wrong.items())[:limit])
+        )
+    if manifest.get("incomplete_downloads"):
+        inc = manifest["incomplete_downloads"]
+        problems.append(
+            f"{len(inc)} interrupted download(s) (blobs/*.incomplete): "
+            + ", ".join(f"{n[:12]}... at {b} bytes" for n, b in list(inc.items())[:limit])
+        )
+    return problems
+
+
+def load_hash_record(repo_path: str) -> dict:
+    data = _read_json(os.path.join(repo_path, RECORD_DIR, HASH_RECORD))
+    return data.get("blobs", {}) if isinstance(data, dict) and isinstance(data.get("blobs"), dict) else {}
+
+
+def save_hash_record(repo_path: str, names) -> None:
+    """Record that ``names`` were hashed just now and matched: their size and mtime, per node."""
+    names = list(names)
+    if not names:
+        return
+    record = load_hash_record(repo_path)
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    for name in names:
+        try:
+            st = os.stat(os.path.join(repo_path, "blobs", name))
+        except OSError:
+            continue
+        record[name] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "hashed_at": now}
+    folder = os.path.join(repo_path, RECORD_DIR)
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f".{HASH_RECORD}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump({"format": "sparkops-hashed-blobs/1", "blobs": dict(sorted(record.items()))}, f, indent=1)
+    os.replace(tmp, os.path.join(folder, HASH_RECORD))
+
+
+def hash_record_status(repo_path: str, names) -> dict:
+    """Which of ``names`` are unchanged since they were hashed (same size and mtime), changed, or never hashed."""
+    record = load_hash_record(repo_path)
+    out = {"unchanged": [], "changed_since_hashed": [], "never_hashed": []}
+    for name in sorted(names):
+        rec = record.get(name)
+        try:
+            st = os.stat(os.path.join(repo_path, "blobs", name))
+        except OSError:
+            continue
+        if rec is None:
+            out["never_hashed"].append(name)
+        elif rec.get("size") == st.st_size and rec.get("mtime_ns") == st.st_mtime_ns:
+            out["unchanged"].append(name)
+        else:
+            out["changed_since_hashed"].append(name)
+    return out
+
+
+def verify_and_record(repo_path: str, names, workers: int | None = None, progress=None) -> list:
+    """Hash ``names`` (see :func:`failing_blobs`), record the ones that match, return the ones that fail."""
+    names = [n for n in names if hash_kind(n)]
+    bad = failing_blobs(os.path.join(repo_path, "blobs"), names, workers=workers, progress=progress)
+    save_hash_record(repo_path, sorted(set(names) - set(bad)))
+    return bad
 
 
 def referenced_blobs(manifest: dict) -> set:
@@ -195,6 +386,9 @@ def diff_manifests(src: dict, dst: dict) -> dict:
     refs_update = {k: v for k, v in src.get("refs", {}).items() if dst.get("refs", {}).get(k) != v}
     copy = {f"blobs/{n}": sblobs[n] for n in missing + mismatched}
     copy.update({p: sfiles[p] for p in files_missing + files_mismatched})
+    # The Hub's file list travels with the model, so every node can judge completeness by it.
+    srec, drec = src.get("records", {}), dst.get("records", {})
+    copy.update({p: n for p, n in srec.items() if drec.get(p) != n})
     needed = sum(sblobs[n] for n in missing) + sum(max(0, sblobs[n] - dblobs[n]) for n in mismatched)
     needed += sum(sfiles[p] for p in files_missing) + sum(max(0, sfiles[p] - dfiles[p]) for p in files_mismatched)
     return {
@@ -242,11 +436,12 @@ def verify_blob(path: str, name: str) -> bool:
     return h.hexdigest() == name
 
 
-def failing_blobs(blob_dir: str, names, workers: int | None = None) -> list:
+def failing_blobs(blob_dir: str, names, workers: int | None = None, progress=None) -> list:
     """Names among ``names`` whose file in ``blob_dir`` is absent or does not hash to its name.
 
     Names that cannot be verified (neither sha256 nor git sha1) are skipped. hashlib releases the
-    GIL on large buffers, so a few threads hash a few blobs at once.
+    GIL on large buffers, so a few threads hash a few blobs at once. ``progress(name, ok)`` is called
+    as each blob is done.
     """
     names = [n for n in names if hash_kind(n)]
     if not names:
@@ -254,9 +449,12 @@ def failing_blobs(blob_dir: str, names, workers: int | None = None) -> list:
 
     def bad(name: str) -> bool:
         try:
-            return not verify_blob(os.path.join(blob_dir, name), name)
+            failed = not verify_blob(os.path.join(blob_dir, name), name)
         except OSError:
-            return True
+            failed = True
+        if progress is not None:
+            progress(name, not failed)
+        return failed
 
     workers = workers or max(1, min(8, os.cpu_count() or 1, len(names)))
     with ThreadPoolExecutor(max_workers=workers) as pool:
@@ -312,13 +510,21 @@ def node_manifest(args: dict) -> dict:
     manifest = build_manifest(repo, args.get("revision"), all_blobs=bool(args.get("all_blobs")))
     expected = args.get("hash") or {}
     wanted = [n for n, size in expected.items() if manifest["blobs"].get(n) == size]
+    status = hash_record_status(repo, list(manifest["blobs"]))
+    hash_failed = []
+    if wanted and args.get("record", True):
+        hash_failed = verify_and_record(repo, wanted)
+    elif wanted:  # check mode: nothing may be written, not even the hash record
+        hash_failed = failing_blobs(os.path.join(repo, "blobs"), wanted)
     return {
+        "hash_record": {k: len(v) for k, v in status.items()}
+        | {"changed_since_hashed_names": status["changed_since_hashed"][:20]},
         "repo_path": repo,
         "manifest": manifest,
         "free_bytes": free_bytes(repo),
         "free_path": nearest_existing(repo),
         "rsync": shutil.which("rsync"),
-        "hash_failed": failing_blobs(os.path.join(repo, "blobs"), wanted) if wanted else [],
+        "hash_failed": hash_failed,
         "uid": os.getuid(),
         "gid": os.getgid(),
     }

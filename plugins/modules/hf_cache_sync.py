@@ -20,10 +20,14 @@ description:
     stops when the copy ends (or this module dies). No encryption, so use it on a private cable only.
   - Before anything is copied, every target's free space is checked against what the copy needs
     plus I(min_free_bytes_margin); the module fails naming the target and the figures.
+  - The source must be complete first (every file of the revision as the Hub listed it at download
+    time, or as C(model.safetensors.index.json) names them, and no interrupted download); the list
+    files travel with the model and each target must be complete by them after the copy.
+  - With I(verify=sizes) contents are not hashed (C(compared) says so); blobs that were copied are.
   - Check mode reads every manifest and returns the plan.
 version_added: "0.1.0"
 author:
-  - sparkops maintainers
+  - sparkops maintainers (!UNKNOWN)
 options:
   cache_dir:
     description: The hub cache on the source (C($HF_HOME/hub)).
@@ -102,6 +106,22 @@ options:
     description: rsync's I/O timeout (C(--timeout)); a stalled stream fails after this.
     type: int
     default: 300
+  hash_copied:
+    description:
+      - After the copy, hash every copied blob on the target and record the match there
+        (C(.sparkops/hashed-blobs.json)), so a later size check can tell a blob changed since.
+        Costs one read of the copied bytes on the target.
+    type: bool
+    default: true
+extends_documentation_fragment:
+  - sparkops.cluster.attributes
+attributes:
+  check_mode:
+    support: full
+    details: Reads every node's manifest over SSH and returns the plan; copies nothing.
+  diff_mode:
+    support: none
+    details: The plan (files and bytes to copy per target) is in the result instead.
 """
 
 EXAMPLES = r"""
@@ -135,6 +155,10 @@ targets:
   returned: always
   type: list
   elements: dict
+compared:
+  description: C(sizes) (names and sizes; contents not hashed) or C(sha256) (every blob hashed).
+  returned: always
+  type: str
 elapsed_s:
   description: Wall time of the whole module run (manifests, copy, links, checks).
   returned: success
@@ -164,7 +188,7 @@ from ansible_collections.sparkops.cluster.plugins.module_utils import hf_cache
 REMOTE_BOOT = (
     "import sys;n=int(sys.stdin.buffer.readline());src=sys.stdin.buffer.read(n);"
     "g={'__name__':'sparkops_hf_cache_remote'};exec(compile(src,'sparkops_hf_cache.py','exec'),g);"
-    "sys.exit(g['remote_main']())"
+    "raise SystemExit(g['remote_main']())"
 )
 RSYNC_USER = "sparkops"
 
@@ -375,7 +399,7 @@ class Rsyncd:
         deadline = time.monotonic() + p["connect_timeout_s"] + 20
         fd = self.proc.stdout.fileno()
         while time.monotonic() < deadline:
-            ready, _, _ = select.select([fd], [], [], 0.5)
+            ready = select.select([fd], [], [], 0.5)[0]
             if ready:
                 chunk = os.read(fd, 65536)
                 if not chunk:
@@ -426,6 +450,7 @@ def plan_for(target: Target, src_manifest: dict, hash_names) -> dict:
         revision=src_manifest["revision"],
         all_blobs=True,  # a blob no link points at yet (an interrupted run) still counts
         hash={n: src_manifest["blobs"][n] for n in hash_names},
+        record=not target.m.check_mode,
     )
     if not probe.get("rsync"):
         raise SyncError(f"{target.address}: rsync is not installed on the target (apt-get install rsync)")
@@ -450,6 +475,9 @@ def plan_for(target: Target, src_manifest: dict, hash_names) -> dict:
         "bytes_to_copy": diff["bytes_to_copy"],
         "bytes_needed": diff["bytes_needed"],
         "in_sync": diff["in_sync"],
+        "complete": bool(dst.get("complete")),
+        "problems": hf_cache.completeness_problems(dst),
+        "hash_record": probe.get("hash_record", {}),
     }
 
 
@@ -527,12 +555,19 @@ def main() -> None:
             "progress_file": {"type": "path"},
             "connect_timeout_s": {"type": "int", "default": 15},
             "io_timeout_s": {"type": "int", "default": 300},
+            "hash_copied": {"type": "bool", "default": True},
         },
         supports_check_mode=True,
     )
     p = module.params
     started = time.monotonic()
-    result = {"changed": False, "revision": None, "targets": [], "totals": {}}
+    result = {
+        "changed": False,
+        "revision": None,
+        "targets": [],
+        "totals": {},
+        "compared": "sha256" if p["verify"] == "full" else "sizes",
+    }
 
     def fail(msg: str) -> None:
         module.fail_json(msg=msg, **result)
@@ -571,13 +606,14 @@ def main() -> None:
     result["revision"] = src["revision"]
     if not src["revision_found"]:
         fail(f"{p['model']}@{p['revision']} is not in {p['cache_dir']} on this node: download it first")
-    if src["missing_blobs"]:
+    if not src["complete"]:
         fail(
-            f"{p['model']}@{p['revision']} is incomplete on the source: {len(src['missing_blobs'])} blob(s) missing "
-            f"({', '.join(src['missing_blobs'][:3])}). Download it again before syncing."
+            f"{p['model']}@{p['revision']} is incomplete on the source, nothing was copied: "
+            + "; ".join(hf_cache.completeness_problems(src))
+            + ". Download it again (weight_cache_source: hub resumes an interrupted download) before syncing."
         )
     if p["verify"] == "full":
-        bad = hf_cache.failing_blobs(os.path.join(src_repo, "blobs"), list(src["blobs"]))
+        bad = hf_cache.verify_and_record(src_repo, list(src["blobs"]))
         if bad:
             fail(
                 f"{len(bad)} blob(s) on the source do not match their hash ({', '.join(bad[:3])}): "
@@ -631,17 +667,19 @@ def main() -> None:
         result["totals"]["files_copied"] += done["files_copied"]
         # ---- check what is there now
         try:
-            # Sizes of everything again, and (verify=full) the hash of what was just copied: the
-            # other blobs were hashed by the plan a moment ago.
+            # Sizes of everything again, and the hash of what was just copied (recorded on the target,
+            # so later checks there need not read it again): the other blobs were hashed by the plan a
+            # moment ago (verify=full) or were there before.
             copied = [path.removeprefix("blobs/") for path in plan["copy"] if path.startswith("blobs/")]
-            after = plan_for(target, src, copied if p["verify"] == "full" else ())
+            after = plan_for(target, src, copied if p["verify"] == "full" or p["hash_copied"] else ())
         except SyncError as exc:
             fail(str(exc))
-        if not after["in_sync"]:
+        if not after["in_sync"] or not after["complete"]:
             fail(
                 f"{target.address}: after the copy the target still differs from the source "
                 f"(missing {after['missing'][:3]}, wrong size {after['mismatched'][:3]}, "
-                f"wrong hash {after['hash_failed'][:3]}). Check the target's disk and run again."
+                f"wrong hash {after['hash_failed'][:3]}; {'; '.join(after['problems']) or 'complete'}). "
+                "Check the target's disk and run again."
             )
     result["totals"]["seconds"] = round(copy_seconds, 2)
     result["totals"]["MB_per_s"] = (

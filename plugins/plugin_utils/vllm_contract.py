@@ -118,7 +118,7 @@ def contract_from_help(text, version, env_vars=None) -> dict:
         parts = _split_invocation(m.group(1))
         names, value_of = [], {}
         for part in parts:
-            name, _, args = part.partition(" ")
+            name, _sep, args = part.partition(" ")
             if not re.match(r"^-{1,2}[A-Za-z0-9][A-Za-z0-9_.-]*$", name):
                 names = []
                 break
@@ -239,7 +239,9 @@ def check_serve_args(argv, env, contract) -> list[str]:
         if not arg.startswith("-") or arg == "-" or re.match(r"^-\d", arg):
             positionals += 1
             continue
-        if arg.startswith("-O") and not arg.startswith("--") and arg != "-O":
+        if arg == "-O" and i < len(args) and args[i] in ("0", "1", "2", "3"):
+            arg = "--optimization-level"  # FlexibleArgumentParser: -O <n>
+        elif arg.startswith("-O") and not arg.startswith("--") and arg != "-O":
             # -O3 / -O=3 / -Odecode: FlexibleArgumentParser turns it into --optimization-level
             if "--optimization-level" not in options:
                 problems.append(f"{arg}: vLLM {version} has no --optimization-level (-O)")
@@ -249,7 +251,7 @@ def check_serve_args(argv, env, contract) -> list[str]:
             name = _normalise(name)
         dotted = None
         if name.startswith("--") and "." in name:
-            name, _, dotted = name.partition(".")
+            name, _sep, dotted = name.partition(".")
         canonical = aliases.get(name)
         if canonical is None:
             near = _nearest(name, options)
@@ -371,7 +373,7 @@ def _check_env(env, contract) -> list[str]:
 def _nearest(name: str, candidates) -> str | None:
     import difflib  # noqa: PLC0415 - only on the error path
 
-    found = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.8)
+    found = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.9)
     return found[0] if found else None
 
 

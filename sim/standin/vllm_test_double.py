@@ -523,7 +523,9 @@ class Engine:
         if not self.workers:
             return
         ray = self.ray
-        timeout = float(os.environ.get("SPARKOPS_TEST_DOUBLE_STEP_TIMEOUT_S", "10"))
+        # A worker that is alive but stuck (SIGSTOP, a hung collective) makes vLLM hang, not die: its NCCL
+        # collectives wait for torch.distributed's default timeout (10 minutes). So does this step.
+        timeout = float(os.environ.get("SPARKOPS_TEST_DOUBLE_STEP_TIMEOUT_S", "600"))
         try:
             ray.get([w.execute_model.remote() for w in self.workers], timeout=timeout)
         except Exception as exc:  # noqa: BLE001 - RayActorError, ActorDiedError, GetTimeoutError, ...

@@ -81,7 +81,7 @@ def fault_model():
 def test_deployed_model_is_the_same_on_both_nodes():
     assert run_playbook("playbooks/weights.yml").returncode == 0
     src, dst = blobs(SOURCE, REPO), blobs(TARGET, REPO)
-    assert src and {n: s for n, (_, s) in src.items()} == {n: s for n, (_, s) in dst.items()}
+    assert src and {n: v[1] for n, v in src.items()} == {n: v[1] for n, v in dst.items()}
     # Every snapshot link on the target resolves (the layout, not only the bytes).
     res = node_sh(TARGET, f"find {REPO}/snapshots -type l ! -exec test -e {{}} \\; -print")
     assert res.stdout.strip() == ""
@@ -132,7 +132,7 @@ def test_interrupted_sync_resumes_with_only_what_is_missing(fault_model):
 
 
 def test_corrupt_blob_on_target_is_found_and_only_it_is_resynced():
-    shard = sorted(n for n, (_, size) in blobs(TARGET, REPO).items() if size > 1 << 20)[0]
+    shard = sorted(n for n, (_inode, size) in blobs(TARGET, REPO).items() if size > 1 << 20)[0]
     others = {n: v for n, v in blobs(TARGET, REPO).items() if n != shard}
     # Flip one byte in the middle: same size, so only a hash can see it.
     node_sh(TARGET, f"printf '\\x00' | dd of={REPO}/blobs/{shard} bs=1 seek=4194304 count=1 conv=notrunc 2>/dev/null")
@@ -145,7 +145,7 @@ def test_corrupt_blob_on_target_is_found_and_only_it_is_resynced():
 
 
 def test_target_disk_too_small_is_refused_before_copying():
-    shard = sorted(n for n, (_, size) in blobs(TARGET, REPO).items() if size > 1 << 20)[0]
+    shard = sorted(n for n, (_inode, size) in blobs(TARGET, REPO).items() if size > 1 << 20)[0]
     node_sh(TARGET, f"rm -f {REPO}/blobs/{shard}")
     try:
         res = run_playbook("playbooks/weights.yml", extra_vars={"weight_cache_min_free_gib": 1000000})
@@ -166,3 +166,73 @@ def test_sync_never_uses_the_management_lan():
     )
     assert res.get("failed")
     assert "ssh to 192.168.213.12 from 192.168.213.11 failed" in res["msg"]
+
+
+def flat(text: str) -> str:
+    """Output with the YAML callback's line wrapping undone."""
+    return " ".join(text.split())
+
+
+def shard_of(node: str, index: int = 1) -> tuple:
+    """(snapshot file name, blob name) of the deployed model's shard ``index``."""
+    name = f"model-{index:05d}-of-00004.safetensors"
+    target = node_sh(node, f"readlink {REPO}/snapshots/{REVISION}/{name}").stdout.strip()
+    return name, target.rsplit("/", 1)[1]
+
+
+def test_incomplete_snapshot_on_the_head_is_refused_not_called_complete():
+    # Issue 16 item 2: one shard's blob and link gone, a partial blob left as an interrupted download.
+    name, blob = shard_of(SOURCE, 3)
+    saved = f"/var/tmp/sparkops-saved-{blob}"
+    node_sh(
+        SOURCE,
+        f"mv {REPO}/blobs/{blob} {saved} && rm {REPO}/snapshots/{REVISION}/{name} "
+        f"&& head -c 1048576 {saved} > {REPO}/blobs/{blob}.incomplete",
+    )
+    try:
+        m = run_adhoc(
+            SOURCE, "sparkops.cluster.hf_cache_manifest", {"cache_dir": HUB, "model": MODEL, "revision": REVISION}
+        )
+        assert not m["complete"], m["message"]
+        assert m["expected_from"] == "model index"
+        assert m["missing_files"] == [name] and m["incomplete_downloads"] == {blob: 1048576}
+        res = run_playbook("site.yml")
+        out = flat(res.stdout)
+        assert res.returncode != 0, out[-3000:]
+        assert "nothing to copy" not in out
+        assert "is NOT complete (model index)" in out and name in out and "interrupted download" in out
+        assert "Nothing was synced" in out
+    finally:
+        node_sh(
+            SOURCE,
+            f"mv {saved} {REPO}/blobs/{blob} 2>/dev/null; rm -f {REPO}/blobs/{blob}.incomplete; "
+            f"ln -sfn ../../blobs/{blob} {REPO}/snapshots/{REVISION}/{name}",
+            check=False,
+        )
+    assert run_playbook("playbooks/weights.yml").returncode == 0
+
+
+def test_flipped_byte_sizes_check_says_so_and_verify_finds_it():
+    # Issue 16 item 3. verify.yml first: every blob hashed on both nodes, the hashes recorded.
+    first = run_playbook("playbooks/verify.yml")
+    assert first.returncode == 0, first.stdout[-3000:]
+    assert "every blob hashed" in flat(first.stdout)
+    _name, blob = shard_of(TARGET, 2)
+    node_sh(TARGET, f"printf '\\xff' | dd of={REPO}/blobs/{blob} bs=1 seek=1000 count=1 conv=notrunc 2>/dev/null")
+    assert node_sh(TARGET, f"sha256sum {REPO}/blobs/{blob}").stdout.split()[0] != blob
+    try:
+        res = run_playbook("site.yml")
+        assert res.returncode == 0, res.stdout[-3000:]
+        # The default check says what it compared, and the hash record shows the blob changed since.
+        out = flat(res.stdout)
+        assert "sizes match; contents not hashed" in out, out[-3000:]
+        assert "changed (size or mtime) since they were last hashed" in out and blob in out
+        bad = run_playbook("playbooks/verify.yml")
+        out = flat(bad.stdout)
+        assert bad.returncode != 0, out[-3000:]
+        assert "spark-sim-2" in out and "do not match their hash" in out and blob in out
+        assert "weight_cache_verify=full" in out
+    finally:
+        fix = run_playbook("playbooks/weights.yml", extra_vars={"weight_cache_verify": "full"})
+    assert fix.returncode == 0, fix.stdout[-3000:]
+    assert node_sh(TARGET, f"sha256sum {REPO}/blobs/{blob}").stdout.split()[0] == blob

@@ -8,7 +8,7 @@ import os
 
 import pytest
 from ansible_collections.sparkops.cluster.plugins.module_utils import hf_cache
-from hf_cache_helpers import MODEL, REVISION, make_model
+from hf_cache_helpers import MODEL, REVISION, make_model, write_listing
 
 
 def test_repo_dir_refuses_unsafe_ids(tmp_path):
@@ -46,7 +46,7 @@ def test_manifest_of_absent_model_and_unknown_revision(tmp_path):
     assert m["revision"] is None and not m["revision_found"]
 
 
-def test_missing_blob_is_reported_and_incomplete_downloads_ignored(tmp_path):
+def test_missing_blob_is_reported_and_an_incomplete_download_makes_it_incomplete(tmp_path):
     model = make_model(tmp_path)
     shard = model["names"]["model-00001-of-00003.safetensors"]
     blob = model["repo"] / "blobs" / shard
@@ -54,6 +54,90 @@ def test_missing_blob_is_reported_and_incomplete_downloads_ignored(tmp_path):
     m = hf_cache.build_manifest(str(model["repo"]), REVISION)
     assert m["missing_blobs"] == [shard]
     assert shard not in m["blobs"]
+    assert m["incomplete_downloads"] == {shard: 256 * 1024}
+    assert not m["complete"]
+
+
+def test_complete_model_is_complete_by_each_source(tmp_path):
+    model = make_model(tmp_path, index=True)
+    m = hf_cache.build_manifest(str(model["repo"]), "main")
+    assert m["complete"] and m["expected_from"] == "model index" and m["expected_files"] == 4
+    write_listing(model["repo"])
+    m = hf_cache.build_manifest(str(model["repo"]), "main")
+    assert m["complete"] and m["expected_from"] == "hub listing" and m["expected_files"] == 5
+    assert m["records"] == {
+        f".sparkops/{REVISION}.json": (model["repo"] / ".sparkops" / f"{REVISION}.json").stat().st_size
+    }
+
+
+def test_shard_removed_with_its_link_and_a_partial_blob_is_incomplete(tmp_path):
+    # Issue 16 item 2: blob and link of one shard gone, a <blob>.incomplete left by the download.
+    model = make_model(tmp_path, index=True)
+    repo, shard = model["repo"], "model-00002-of-00003.safetensors"
+    name = model["names"][shard]
+    for source in ("model index", "hub listing"):
+        if source == "hub listing":
+            write_listing(repo, **{shard: {"size": 256 * 1024, "blob_id": name, "lfs_sha256": name}})
+        (repo / "snapshots" / REVISION / shard).unlink(missing_ok=True)
+        (repo / "blobs" / name).unlink(missing_ok=True)
+        (repo / "blobs" / (name + ".incomplete")).write_bytes(b"x" * 1000)
+        m = hf_cache.build_manifest(str(repo), "main")
+        assert m["missing_blobs"] == []  # no link points at it any more: the old check saw nothing
+        assert not m["complete"], source
+        assert m["expected_from"] == source
+        assert m["missing_files"] == [shard]
+        assert m["incomplete_downloads"] == {name: 1000}
+        problems = " ".join(hf_cache.completeness_problems(m))
+        assert f"1 of {m['expected_files']} files listed by the {source} are absent: {shard}" in problems
+        assert "interrupted download" in problems
+
+
+def test_listed_size_decides_and_the_hub_tree_cache_is_read(tmp_path):
+    model = make_model(tmp_path)
+    repo = model["repo"]
+    shard = "model-00001-of-00003.safetensors"
+    # huggingface_hub 1.x's own record (trees/<commit>.json, format_version 1) when ours is absent.
+    (repo / "trees").mkdir()
+    files = write_listing(repo)
+    (repo / ".sparkops" / f"{REVISION}.json").unlink()
+    files[shard] = dict(files[shard], size=999, lfs_size=999)
+    (repo / "trees" / f"{REVISION}.json").write_text(json.dumps({"format_version": 1, "files": files}))
+    m = hf_cache.build_manifest(str(repo), "main")
+    assert m["expected_from"] == "hub tree cache"
+    assert not m["complete"] and m["wrong_size_files"] == {shard: [999, 256 * 1024]}
+    # A listed file absent from the snapshot altogether.
+    files = write_listing(repo, **{"extra/tokenizer.json": {"size": 10, "blob_id": "a" * 40}})
+    m = hf_cache.build_manifest(str(repo), "main")
+    assert m["expected_from"] == "hub listing" and m["missing_files"] == ["extra/tokenizer.json"]
+
+
+def test_hash_record_sees_a_same_size_change_without_reading(tmp_path):
+    model = make_model(tmp_path)
+    repo = str(model["repo"])
+    names = list(model["names"].values())
+    assert hf_cache.verify_and_record(repo, names) == []
+    status = hf_cache.hash_record_status(repo, names)
+    assert sorted(status["unchanged"]) == sorted(names) and not status["changed_since_hashed"]
+    shard = model["names"]["model-00003-of-00003.safetensors"]
+    path = model["repo"] / "blobs" / shard
+    data = bytearray(path.read_bytes())
+    data[100] ^= 0xFF
+    st = path.stat()
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))  # a write moves mtime; make sure here
+    assert hf_cache.hash_record_status(repo, names)["changed_since_hashed"] == [shard]
+    assert hf_cache.verify_and_record(repo, names) == [shard]
+    # The bad blob is not recorded as good.
+    assert hf_cache.hash_record_status(repo, names)["changed_since_hashed"] == [shard]
+
+
+def test_diff_copies_the_recorded_listing(tmp_path):
+    model = make_model(tmp_path / "a")
+    write_listing(model["repo"])
+    src = hf_cache.build_manifest(str(model["repo"]), REVISION)
+    dst = hf_cache.build_manifest(str(tmp_path / "b" / "models--x--y"), REVISION)
+    diff = hf_cache.diff_manifests(src, dst)
+    assert f".sparkops/{REVISION}.json" in diff["copy"]
 
 
 def test_diff_lists_only_what_the_target_lacks(tmp_path):

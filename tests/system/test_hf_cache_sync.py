@@ -13,8 +13,9 @@ import socket
 
 import pytest
 from ansible_collections.sparkops.cluster.plugins.modules import hf_cache_manifest, hf_cache_sync
-from hf_cache_helpers import MODEL, REVISION, LoopbackSshd, free_port, make_model, sshd_available
+from hf_cache_helpers import MODEL, REVISION, make_model
 from module_runner import run_module
+from sshd_helpers import LoopbackSshd, free_port, sshd_available
 
 REASON = sshd_available()
 
