@@ -194,6 +194,9 @@ NODE_PACKAGES = [
     "less",
     "tini",
     "kmod",
+    # The monitoring role's daemons (the nodes have no route out to install them).
+    "prometheus",
+    "prometheus-node-exporter",
 ]
 # The base of the stand-in serving image, loaded into each node's dockerd.
 VLLM_BASE_PACKAGES = ["python3", "python3-pip", "procps", "iproute2", "ca-certificates"]

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the project's checks as named stages and prints what each one cost.
-#   tests/run-stages.sh lint | unit | system | collection | sim | all
-# `all` is what `make test` and CI run: lint, unit tests (pure), system tests (real daemons and
+#   tests/run-stages.sh lint | unit | promtool | system | collection | sim | all
+# `all` is what `make test` and CI run: lint, unit tests (pure, and the alert rules under
+# promtool), system tests (real daemons and
 # clients on loopback: sshd, rsync, a Hub-speaking HTTP server with the real huggingface_hub),
 # the collection as a user installs it (tests/collection-checks.sh), then the simulated
 # two-node cluster with molecule (converge, idempotence, verify) and the
@@ -61,6 +62,17 @@ lint() {
 
 unit() {
     stage pytest-unit pytest_stage -q tests/unit
+    stage promtool promtool_rules
+}
+
+promtool_rules() {
+    # The alert rules under the real promtool (Debian's `prometheus` package; .ci/run installs it).
+    if ! command -v promtool >/dev/null; then
+        echo "promtool not found: apt-get install --no-install-recommends prometheus (or run .ci/run)"
+        return 1
+    fi
+    promtool --version | head -n 1
+    promtool check rules roles/monitoring/files/sparkops-alerts.yml && promtool test rules tests/promtool/*.test.yml
 }
 
 system() {
@@ -92,11 +104,12 @@ sim() {
 case "$what" in
     lint) lint ;;
     unit) unit ;;
+    promtool) stage promtool promtool_rules ;;
     system) system ;;
     collection) collection ;;
     sim) sim ;;
     all) lint; unit; system; collection; sim ;;
-    *) echo "usage: $0 lint|unit|system|collection|sim|all" >&2; exit 2 ;;
+    *) echo "usage: $0 lint|unit|promtool|system|collection|sim|all" >&2; exit 2 ;;
 esac
 
 echo
