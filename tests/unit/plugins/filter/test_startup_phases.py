@@ -13,10 +13,12 @@ from ansible_collections.sparkops.cluster.plugins.filter.startup_phases import p
 
 VLLM_COLD = """\
 2026-11-23T10:00:01.000000001Z INFO 11-23 10:00:01 [api_server.py:1351] vLLM API server version 0.19.0
-2026-11-23T10:00:30.500000000Z (RayWorkerWrapper pid=211, ip=10.0.0.12) INFO 11-23 10:00:30 [gpu_model_runner.py:4736] Starting to load model Qwen/Qwen3-235B-A22B-GPTQ-Int4...
+2026-11-23T10:00:30.500000000Z (RayWorkerWrapper pid=211, ip=10.0.0.12)\
+ INFO 11-23 10:00:30 [gpu_model_runner.py:4736] Starting to load model Qwen/Qwen3-235B-A22B-GPTQ-Int4...
 2026-11-23T10:00:31.000000000Z INFO 11-23 10:00:31 [gpu_model_runner.py:4736] Starting to load model Qwen/Qwen3-235B-A22B-GPTQ-Int4...
 2026-11-23T10:02:10.000000000Z INFO 11-23 10:02:10 [default_loader.py:385] Loading weights took 98.12 seconds
-2026-11-23T10:02:15.250000000Z (RayWorkerWrapper pid=211, ip=10.0.0.12) INFO 11-23 10:02:15 [gpu_model_runner.py:4821] Model loading took 57.61 GiB memory and 104.200000 seconds
+2026-11-23T10:02:15.250000000Z (RayWorkerWrapper pid=211, ip=10.0.0.12)\
+ INFO 11-23 10:02:15 [gpu_model_runner.py:4821] Model loading took 57.61 GiB memory and 104.200000 seconds
 2026-11-23T10:02:40.000000000Z INFO 11-23 10:02:40 [backends.py:391] Compiling a graph for compile range (1, 8192) takes 21.33 s
 2026-11-23T10:03:20.000000000Z INFO 11-23 10:03:20 [decorators.py:607] torch.compile and initial profiling/warmup run together took 64.20 s in total
 2026-11-23T10:04:30.000000000Z INFO 11-23 10:04:30 [gpu_model_runner.py:6047] Graph capturing finished in 70 secs, took 1.52 GiB
