@@ -126,7 +126,7 @@ def startup_phases(
             else:
                 why = "not seen in the logs"
             phases.append({"phase": phase, "at": None, "since_start_s": None, "source": None, "note": why})
-    msgs = [m for _, m in lines]
+    msgs = [m for _ts, m in lines]
     if any("Directly load the compiled graph" in m for m in msgs):
         cache = "hit"
     elif any("Compiling a graph for compile range" in m for m in msgs):

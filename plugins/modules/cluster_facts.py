@@ -14,14 +14,13 @@ description:
   - Contacts no host; runs as an action plugin on the controller.
   - On a broken inventory it fails with every problem at once, each naming the host, link or address
     and how to fix it.
-version_added: "0.2.0"
-author: sparkops
+version_added: "0.1.0"
+author:
+  - sparkops maintainers (!UNKNOWN)
 options: {}
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
+extends_documentation_fragment:
+  - sparkops.cluster.attributes
+  - sparkops.cluster.attributes.read_only
 """
 
 EXAMPLES = r"""

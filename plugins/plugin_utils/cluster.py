@@ -271,7 +271,7 @@ def _check_topology(topology: str, hosts: list, segs, cables: list, problems: li
                 "each) is three nodes. For more declare ring."
             )
     for cidr, members in segs.items():
-        names = [h for h, _ in members]
+        names = [h for h, _link in members]
         ends = ", ".join(f"{h} {link['netdev']} {link['ip']}" for h, link in members)
         if len(members) == 1:
             h, link = members[0]
@@ -352,8 +352,8 @@ def _ring_routes(order: list, nodes: dict, cables_by_pair: dict, segs) -> dict:
         for cidr, members in segs.items():
             if cidr in mine:
                 continue
-            dists_r = [(order.index(m) - i) % n for m, _ in members]
-            dists_l = [(i - order.index(m)) % n for m, _ in members]
+            dists_r = [(order.index(m) - i) % n for m, _link in members]
+            dists_l = [(i - order.index(m)) % n for m, _link in members]
             via = right if min(dists_r) <= min(dists_l) else left
             hops = min(*dists_r, *dists_l)
             lane = cables_by_pair[frozenset((h, via))]["lanes"][0]
@@ -567,7 +567,7 @@ def _assemble(topology, head, hosts, ranks, nodes, mgmt, segs, cables, order, se
     lock_file = str(_setting(settings, "sparkops_lock_file", "") or posixpath.join(inventory_dir, "sparkops.lock.json"))
     plan_file = str(_setting(settings, "sparkops_plan_file", "") or posixpath.join(inventory_dir, "sparkops-plan.json"))
 
-    segments = [{"cidr": cidr, "hosts": [h for h, _ in members]} for cidr, members in segs.items()]
+    segments = [{"cidr": cidr, "hosts": [h for h, _link in members]} for cidr, members in segs.items()]
     return {
         "name": str(_setting(settings, "sparkops_cluster_name", "sparks")),
         "hardware": str(_setting(settings, "sparkops_hardware", "dgx_spark")),

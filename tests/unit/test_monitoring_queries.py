@@ -134,7 +134,7 @@ def test_every_query_uses_only_metrics_the_exporters_produce(known, where, exprs
 
 
 def test_the_dashboard_covers_what_operators_watch():
-    used = set().union(*(metric_names(e) for _, e in dashboard_exprs()))
+    used = set().union(*(metric_names(e) for _where, e in dashboard_exprs()))
     for needed in (
         "vllm:time_to_first_token_seconds_bucket",
         "vllm:inter_token_latency_seconds_bucket",
@@ -148,7 +148,7 @@ def test_the_dashboard_covers_what_operators_watch():
         "node_memory_MemAvailable_bytes",
     ):
         assert needed in used, needed
-    quantiles = {e.split(",")[0] for _, e in dashboard_exprs() if e.startswith("histogram_quantile(")}
+    quantiles = {e.split(",")[0] for _where, e in dashboard_exprs() if e.startswith("histogram_quantile(")}
     assert quantiles == {"histogram_quantile(0.5", "histogram_quantile(0.95"}
 
 

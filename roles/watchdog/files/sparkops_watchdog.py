@@ -147,7 +147,7 @@ def available_bytes(meminfo: str, cgroup_limit: int | None, cgroup_used: int | N
     avail = None
     total = None
     for line in meminfo.splitlines():
-        key, _, rest = line.partition(":")
+        key, _sep, rest = line.partition(":")
         if key in ("MemAvailable", "MemTotal"):
             val = int(rest.split()[0]) * 1024
             if key == "MemAvailable":
@@ -180,7 +180,7 @@ def parse_docker_time(stamp: str) -> float:
     # Docker prints nanoseconds; datetime takes microseconds.
     if not stamp or stamp.startswith("0001-"):
         return 0.0
-    main, _, frac = stamp.rstrip("Z").partition(".")
+    main, _sep, frac = stamp.rstrip("Z").partition(".")
     frac = (frac + "000000")[:6]
     return datetime.strptime(f"{main}.{frac}", "%Y-%m-%dT%H:%M:%S.%f").replace(tzinfo=timezone.utc).timestamp()
 
@@ -197,7 +197,7 @@ def cgroup_memory() -> tuple[int | None, int | None]:
     except OSError:
         return None, None
     for line in lines:
-        _, ctrls, path = line.split(":", 2)
+        _hierarchy, ctrls, path = line.split(":", 2)
         if ctrls == "" and os.path.exists(f"/sys/fs/cgroup{path}/memory.max"):
             base = f"/sys/fs/cgroup{path}"
             limit = _read(f"{base}/memory.max").strip()
@@ -221,7 +221,7 @@ def cgroup_memory() -> tuple[int | None, int | None]:
 def _stat_value(path: str, key: str) -> int:
     try:
         for line in _read(path).splitlines():
-            k, _, v = line.partition(" ")
+            k, _sep, v = line.partition(" ")
             if k == key:
                 return int(v)
     except OSError:
@@ -467,7 +467,7 @@ class Watchdog:
         deadline = time.monotonic() + float(c["ready_timeout_s"])
         detail = ""
         while time.monotonic() < deadline:
-            result, detail, _ = probe(c, self.api_key, float(c["hang_timeout_s"]))
+            result, detail, _elapsed = probe(c, self.api_key, float(c["hang_timeout_s"]))
             if result == "ok":
                 return True, ""
             st = container_state(c["vllm_container"])

@@ -201,7 +201,7 @@ def test_ring_subnet_with_three_nodes():
 def test_ring_of_two_separate_loops():
     # two 3-rings declared as one 6-ring
     a, b = inv.ring(3), inv.ring(3)
-    hv = {h: v for h, v in a["hostvars"].items()}
+    hv = dict(a["hostvars"])
     for h, hvars in b["hostvars"].items():
         new = h.replace("spark-", "spark-b")
         moved = json.loads(json.dumps(hvars).replace('"10.', '"172.'))
