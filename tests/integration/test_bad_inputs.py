@@ -16,8 +16,15 @@ import pytest
 from conftest import NODES, copy_inventory, node_sh, run_playbook
 
 WATCHED = "/etc/sparkops /etc/apt/preferences.d /etc/netplan /var/lib/sparkops /root/.ssh /etc/iptables"
-# Live files of services that keep running during the test (Ray's session logs).
-IGNORED = "-path /var/lib/sparkops/ray -prune -o"
+# Live files of services that keep running during the test: Ray's session logs, and what the
+# watchdog and the memory floor write every few seconds (their events and state).
+LIVE = [
+    "/var/lib/sparkops/ray",
+    "/var/lib/sparkops/watchdog.jsonl",
+    "/var/lib/sparkops/watchdog-state.json",
+    "/var/lib/sparkops/memory-floor.jsonl",
+]
+IGNORED = " ".join(f"-path {p} -prune -o" for p in LIVE)
 
 
 @pytest.fixture
