@@ -11,7 +11,7 @@ import json
 import time
 
 import pytest
-from conftest import ROOT, api_key, node_sh, run_playbook
+from conftest import ROOT, SIM_STATE, api_key, node_sh, run_playbook
 
 HEAD, WORKER = "spark-sim-1", "spark-sim-2"
 EVENTS = "/var/lib/sparkops/watchdog.jsonl"
@@ -50,12 +50,11 @@ def completion_ok() -> bool:
 
 
 def doctor():
+    report_file = SIM_STATE / "reports" / "doctor.json"  # sparkops_reports_dir of inventory/sim
+    report_file.unlink(missing_ok=True)  # never read an older run's verdicts
     res = run_playbook("playbooks/doctor.yml", timeout=300)
-    # sparkops_reports_dir moves next to the inventory (GUIDE.md); read whichever doctor wrote.
-    paths = [
-        p for p in (ROOT / "inventory/sim/reports/doctor.json", ROOT / "reports/spark-sim/doctor.json") if p.exists()
-    ]
-    report = json.loads(max(paths, key=lambda p: p.stat().st_mtime).read_text())
+    assert report_file.exists(), f"doctor wrote no {report_file}:\n{res.stdout[-3000:]}"
+    report = json.loads(report_file.read_text())
     return res, report
 
 
@@ -75,6 +74,13 @@ def wait_serving(timeout: float) -> float:
 @pytest.fixture
 def healthy(sim_cluster):
     wait_serving(120)
+    # Each fault starts from a watchdog with no restart in its hourly window: the earlier tests'
+    # restarts would otherwise count against watchdog_max_restarts_per_hour (2 in inventory/sim).
+    node_sh(
+        HEAD,
+        "docker stop -t 5 sparkops-watchdog >/dev/null && rm -f /var/lib/sparkops/watchdog-state.json"
+        " && docker start sparkops-watchdog >/dev/null",
+    )
     yield
     # Leave the cluster serving for the next test (and the next helper).
     if not completion_ok():
