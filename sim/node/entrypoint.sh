@@ -67,8 +67,12 @@ if [ ! -s /etc/ssh/ssh_host_ed25519_key ]; then
 fi
 mkdir -p /root/.ssh /run/sshd
 chmod 700 /root/.ssh
+# Add the control key, keep what the deployment authorised (fabric_ssh): a real Spark keeps its
+# authorized_keys across a reboot, so a node that comes back must too.
 if [ -f /sim/authorized_keys ]; then
-    install -m 600 /sim/authorized_keys /root/.ssh/authorized_keys
+    touch /root/.ssh/authorized_keys
+    chmod 600 /root/.ssh/authorized_keys
+    grep -qxF -f /sim/authorized_keys /root/.ssh/authorized_keys || cat /sim/authorized_keys >> /root/.ssh/authorized_keys
 fi
 
 # The node's own Docker engine (Docker-in-Docker); its data lives on a volume.
