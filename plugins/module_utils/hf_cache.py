@@ -136,6 +136,19 @@ def _walk_snapshot(repo_path: str, rev: str, links: dict, files: dict) -> None:
                 files[rel] = os.path.getsize(full)
 
 
+def _completeness_unknown() -> dict:
+    """The completeness fields of a manifest before anything is known (a fresh dict each call)."""
+    return {
+        "expected_from": None,
+        "expected_files": 0,
+        "missing_files": [],
+        "wrong_size_files": {},
+        "incomplete_downloads": {},
+        "records": {},
+        "complete": False,
+    }
+
+
 def build_manifest(repo_path: str, revision: str | None = None, all_blobs: bool = False) -> dict:
     """Manifest of one model directory (see the module docstring). Never writes."""
     manifest = {
@@ -149,13 +162,7 @@ def build_manifest(repo_path: str, revision: str | None = None, all_blobs: bool 
         "blobs": {},
         "missing_blobs": [],
         "total_bytes": 0,
-        "expected_from": None,
-        "expected_files": 0,
-        "missing_files": [],
-        "wrong_size_files": {},
-        "incomplete_downloads": {},
-        "records": {},
-        "complete": False,
+        **_completeness_unknown(),
     }
     if not manifest["present"]:
         if revision is not None:
@@ -237,15 +244,7 @@ def _completeness(repo_path: str, commit: str | None, manifest: dict, on_disk: d
             for entry in it:
                 if entry.name.endswith(".incomplete") and entry.is_file(follow_symlinks=False):
                     incomplete[entry.name.removesuffix(".incomplete")] = entry.stat().st_size
-    out = {
-        "expected_from": None,
-        "expected_files": 0,
-        "missing_files": [],
-        "wrong_size_files": {},
-        "incomplete_downloads": {},
-        "records": {},
-        "complete": False,
-    }
+    out = _completeness_unknown()
     if not manifest["revision_found"] or not commit:
         out["incomplete_downloads"] = dict(sorted(incomplete.items()))
         return out
