@@ -165,8 +165,14 @@ def write_topology_inventory(n: int, topology: str) -> Path:
     }
     header = f"# Made by sim/simctl.py up --nodes {n} --topology {topology}; do not edit.\n"
     (inv / "hosts.yml").write_text(header + json.dumps(data, indent=2) + "\n")
+    # Another cluster than the pair: its own lock and reports (the pair's lock pins the pair's
+    # deployment and would refuse this one's profile); the API key stays the sim's one.
     (gv / "topology.yml").write_text(
-        header + f"sparkops_topology: {topology}\n" + f"sparkops_sim_state_dir: {json.dumps(str(STATE.resolve()))}\n"
+        header
+        + f"sparkops_topology: {topology}\n"
+        + f"sparkops_sim_state_dir: {json.dumps(str(STATE.resolve()))}\n"
+        + 'sparkops_lock_file: "{{ inventory_dir }}/sparkops.lock.json"\n'
+        + 'sparkops_reports_dir: "{{ inventory_dir }}/reports"\n'
     )
     return inv
 

@@ -42,6 +42,9 @@ def test_status_runs_and_agrees_with_verify_on_a_dead_worker():
         assert f"node {node}: driver" in out
     print(f"\nstatus.yml on a healthy cluster: {res.elapsed:.1f} s")
 
+    # The watchdog would (rightly) restart the group within one interval and heal what this test
+    # wants status to see; stop it for the test. The repair's site.yml starts it again.
+    node_sh("spark-sim-1", "docker stop -t 2 sparkops-watchdog >/dev/null")
     node_sh("spark-sim-2", "docker update --restart=no sparkops-ray >/dev/null && docker stop -t 2 sparkops-ray")
     try:
         status = run_playbook("playbooks/status.yml", timeout=300)
@@ -61,6 +64,8 @@ def test_status_runs_and_agrees_with_verify_on_a_dead_worker():
     finally:
         repair = run_playbook("site.yml")
     assert repair.returncode == 0, repair.stdout[-4000:]
+    state = node_sh("spark-sim-1", "docker inspect --format '{{.State.Status}}' sparkops-watchdog")
+    assert state.stdout.strip() == "running", state.stdout + state.stderr
 
 
 def test_benchmark_on_the_sim_is_marked_as_the_test_double():

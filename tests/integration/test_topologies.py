@@ -1,9 +1,11 @@
-"""A 4-node ring on the simulated cluster: site.yml converges, jumbo pings go along the cables and
-non-neighbours are reached through the routes (a TTL of 1 does not reach them, 2 does).
+"""A 4-node ring on the simulated cluster: site.yml converges serving TP=2 x PP=2 over the four
+nodes, jumbo pings go along the cables and non-neighbours are reached through the routes (a TTL of 1
+does not reach them, 2 does), and a second run changes nothing.
 
-Heavy on a small machine (four nodes, each with its own dockerd, Ray and the vLLM test double), so
-it runs only when asked: SPARKOPS_SIM_TOPOLOGIES=1, inside the simulated cluster's lock. It puts
-the 2-node pair back afterwards (`simctl up`), which the other integration tests use.
+Heavy on a small machine (four nodes, each with its own dockerd, Ray and the vLLM test double: about
+10 minutes on 2 cores), so `make test` runs it as its own stage after the pair's integration tests
+(tests/run-stages.sh sets SPARKOPS_SIM_TOPOLOGIES=1; SPARKOPS_SIM_TOPOLOGIES=0 skips it). It puts the
+2-node pair back afterwards (`simctl up`), which the other integration tests use.
 """
 
 from __future__ import annotations
@@ -33,8 +35,12 @@ def ring4():
         simctl()  # back to the 2-node pair
 
 
+# World size 4 over the ring: two pipeline stages of two tensor-parallel ranks each.
+RING_PROFILE = {"sparkops_serving_profile": "sim-tiny-tp2-pp2"}
+
+
 def test_ring_of_four_converges_with_routed_jumbo_pings(ring4):
-    res = run_playbook("site.yml", inventory=ring4, timeout=1500)
+    res = run_playbook("site.yml", inventory=ring4, extra_vars=RING_PROFILE, timeout=1500)
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-4000:]
     print(f"ring-4 converge: {res.elapsed:.0f} s")
@@ -49,7 +55,12 @@ def test_ring_of_four_converges_with_routed_jumbo_pings(ring4):
     assert two_hops.returncode == 0, two_hops.stdout
     env = node_sh("spark-sim-1", "cat /etc/sparkops/fabric.env").stdout
     assert "NCCL_ALGO=Ring" in env and "NCCL_IB_MERGE_NICS=0" in env
-    again = run_playbook("site.yml", inventory=ring4, timeout=900)
+    # vLLM (the double, over real Ray) placed one GPU bundle on each of the four nodes.
+    log = node_sh("spark-sim-1", "docker logs sparkops-vllm 2>&1").stdout
+    assert "placing 4 bundles" in log and "placement group placed on 4 nodes" in log, log[-2000:]
+    served = run_playbook("playbooks/verify.yml", inventory=ring4, extra_vars=RING_PROFILE, timeout=600)
+    assert served.returncode == 0, served.stdout[-3000:]
+    again = run_playbook("site.yml", inventory=ring4, extra_vars=RING_PROFILE, timeout=900)
     assert again.returncode == 0
     assert all(r["changed"] == 0 for r in recap(again.stdout).values()), again.stdout[-3000:]
     print(f"ring-4 no-op: {again.elapsed:.0f} s")

@@ -1,0 +1,86 @@
+"""Action plugin: the cluster model for this play, computed on the controller, contacting no host.
+
+Reads the groups, every cluster node's fast links and management address, and the cluster-wide
+settings; calls the pure build_cluster(); sets `sparkops_cluster` (the whole model) and
+`sparkops_node` (this host's entry) for the play. On a broken inventory it fails with every
+problem at once. The documentation lives in plugins/modules/cluster_facts.py.
+"""
+
+from __future__ import annotations
+
+from ansible.errors import AnsibleError, AnsibleUndefinedVariable
+from ansible.plugins.action import ActionBase
+from ansible_collections.sparkops.cluster.plugins.plugin_utils.cluster import ClusterError, build_cluster
+
+# Variables the model reads (host-independent settings, normally in group_vars/all).
+SETTINGS = (
+    "sparkops_topology",
+    "sparkops_hardware",
+    "sparkops_cluster_name",
+    "sparkops_fast_mtu",
+    "sparkops_mgmt_interface",
+    "sparkops_nvidia_driver_branch",
+    "nvidia_driver_version",
+    "spark_vllm_image_name",
+    "spark_vllm_image_repo",
+    "spark_vllm_image_ref",
+    "sparkops_image_build_host",
+    "sparkops_weights_source_host",
+    "ray_cluster_gcs_port",
+    "vllm_serve_port",
+    "vllm_serve_host",
+    "sparkops_credentials_dir",
+    "sparkops_reports_dir",
+    "sparkops_lock_file",
+    "sparkops_plan_file",
+    "inventory_dir",
+)
+HOST_VARS = ("sparkops_fast_links", "ansible_host")
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _requires_connection = False
+    _VALID_ARGS = frozenset()
+
+    def _value(self, source, name):
+        """A variable, templated; None when it is not defined (the model applies its defaults)."""
+        try:
+            if name not in source:
+                return None
+            return self._templar.template(source[name])
+        except AnsibleUndefinedVariable:
+            return None
+
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        task_vars = task_vars or {}
+        groups = task_vars.get("groups", {})
+        hostvars = task_vars.get("hostvars", {})
+        members = list(groups.get("spark_cluster", []))
+        inputs = {
+            "groups": {g: list(groups.get(g, [])) for g in ("spark_cluster", "spark_head", "spark_workers")},
+            "hostvars": {},
+            "settings": {name: self._value(task_vars, name) for name in SETTINGS},
+        }
+        for host in dict.fromkeys(members + list(groups.get("spark_head", []))):
+            if host not in hostvars:
+                continue
+            hv = hostvars[host]
+            inputs["hostvars"][host] = {name: self._value(hv, name) for name in HOST_VARS}
+        try:
+            model = build_cluster(inputs)
+        except ClusterError as err:
+            result.update(failed=True, msg=str(err), problems=err.problems)
+            return result
+        except (TypeError, ValueError, KeyError) as err:  # a bug, not the user's inventory
+            raise AnsibleError(f"cluster_facts: could not build the cluster model: {err}") from err
+        me = task_vars.get("inventory_hostname")
+        result["changed"] = False
+        result["ansible_facts"] = {
+            "sparkops_cluster": model,
+            "sparkops_node": model["nodes"].get(me, {}),
+        }
+        # Never written to the fact cache: every play computes the model afresh.
+        result["_ansible_facts_cacheable"] = False
+        return result

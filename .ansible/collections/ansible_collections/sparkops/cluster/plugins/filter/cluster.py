@@ -1,0 +1,20 @@
+"""Small pure views of the cluster model for templates and playbooks."""
+
+from __future__ import annotations
+
+from ansible_collections.sparkops.cluster.plugins.plugin_utils.cluster import summary
+
+
+def cluster_summary(model: dict) -> list:
+    """The plan as readable lines (nodes, peers, routes, segments, cables, stages)."""
+    return summary(model)
+
+
+def cluster_plan(model: dict) -> dict:
+    """The model as written by plan.yml: the whole model, keys in a stable order."""
+    return {key: model[key] for key in sorted(model)}
+
+
+class FilterModule:
+    def filters(self):
+        return {"cluster_summary": cluster_summary, "cluster_plan": cluster_plan}

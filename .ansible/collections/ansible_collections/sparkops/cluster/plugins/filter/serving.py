@@ -1,0 +1,123 @@
+"""Filters over serving profiles: hard-rule checks, normalisation and the `vllm serve` argv.
+
+    {{ profile | sparkops.cluster.serving_profile_violations(gpus_total) }}            -> list of messages
+    {{ profile | sparkops.cluster.serving_profile_violations(gpus_total, vllm_version='0.19.0') }}
+                                            -> also what that vLLM release would refuse (its recorded contract)
+    {{ profiles | sparkops.cluster.serving_profiles_contract_violations('0.19.0') }}   -> {name: [messages]}
+    {{ profile | sparkops.cluster.normalize_serving_profile }}                          -> profile with defaults
+    {{ profile | sparkops.cluster.vllm_serve_args('0.0.0.0', 8000, gpus_per_node=1) }} -> argv list
+
+All logic lives in plugins/plugin_utils/serving_profile.py and vllm_contract.py; these only turn
+ValueError into AnsibleFilterError so a playbook stops with the message. `vllm_version` may also be a
+contract dict (from the sparkops.cluster.vllm_contract filter, e.g. parsed from the image's own help).
+"""
+
+from __future__ import annotations
+
+from ansible.errors import AnsibleFilterError
+from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving_profile import (
+    contract_violations,
+    normalize_profile,
+    profile_violations,
+)
+from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving_profile import (
+    vllm_serve_args as _vllm_serve_args,
+)
+from ansible_collections.sparkops.cluster.plugins.plugin_utils.vllm_contract import load_contract
+
+
+def _plain(value):
+    """Ansible hands over its own str/dict/list subclasses; give the pure code plain ones."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    return value
+
+
+def _int_arg(name, value):
+    if isinstance(value, bool):
+        raise AnsibleFilterError(f"{name} must be an integer, got {value!r}")
+    try:
+        return int(value)
+    except (TypeError, ValueError) as exc:
+        raise AnsibleFilterError(f"{name} must be an integer, got {value!r}") from exc
+
+
+def _contract(vllm_version):
+    if vllm_version is None or vllm_version == "":
+        return None
+    if isinstance(vllm_version, dict):
+        return _plain(vllm_version)
+    return load_contract(str(vllm_version))
+
+
+def serving_profile_violations(profile, gpus_total, node_memory_gib=128, gpus_per_node=1, vllm_version=None):
+    """List of messages, one per broken rule; empty when the profile may be served."""
+    try:
+        return profile_violations(
+            _plain(profile),
+            _int_arg("gpus_total", gpus_total),
+            node_memory_gib=float(node_memory_gib),
+            gpus_per_node=_int_arg("gpus_per_node", gpus_per_node),
+            contract=_contract(vllm_version),
+        )
+    except (ValueError, TypeError) as exc:
+        raise AnsibleFilterError(f"serving_profile_violations: {exc}") from exc
+
+
+def serving_profiles_contract_violations(profiles, vllm_version, gpus_per_node=1):
+    """{profile name: [messages]} for every profile that the vLLM release (or contract) would refuse."""
+    try:
+        contract = _contract(vllm_version)
+        if contract is None:
+            raise ValueError("a vLLM version (e.g. '0.19.0') or contract is required")
+        out = {}
+        for name, profile in _plain(profiles).items():
+            found = contract_violations(profile, contract, gpus_per_node=_int_arg("gpus_per_node", gpus_per_node))
+            if found:
+                out[name] = found
+        return out
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise AnsibleFilterError(f"serving_profiles_contract_violations: {exc}") from exc
+
+
+def normalize_serving_profile(profile):
+    """The profile with every default filled in; fails on wrong types or unknown keys."""
+    try:
+        return normalize_profile(_plain(profile))
+    except ValueError as exc:
+        raise AnsibleFilterError(f"normalize_serving_profile: {exc}") from exc
+
+
+def vllm_serve_args(profile, host, port, gpus_per_node=1):
+    """The `vllm serve` argv list for the profile; fails on a profile that breaks a hard rule."""
+    try:
+        return _vllm_serve_args(
+            _plain(profile),
+            _plain(host),
+            _int_arg("port", port),
+            gpus_per_node=_int_arg("gpus_per_node", gpus_per_node),
+        )
+    except ValueError as exc:
+        raise AnsibleFilterError(f"vllm_serve_args: {exc}") from exc
+
+
+class FilterModule:
+    """Serving-profile filters."""
+
+    def filters(self):
+        return {
+            "serving_profile_violations": serving_profile_violations,
+            "serving_profiles_contract_violations": serving_profiles_contract_violations,
+            "normalize_serving_profile": normalize_serving_profile,
+            "vllm_serve_args": vllm_serve_args,
+        }

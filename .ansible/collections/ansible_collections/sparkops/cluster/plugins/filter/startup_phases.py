@@ -1,0 +1,141 @@
+"""Start-up phases of a vLLM deployment, read from the containers' own logs.
+
+`docker logs --timestamps` prefixes every line with the daemon's RFC 3339 time, so the phases get
+absolute times even though vLLM's own log prefix has no year. The markers are vLLM 0.19.0's log
+lines (read from the release's source; see docs/cold-start.md for file and line):
+
+  weights_loading   "Starting to load model"                  v1/worker/gpu_model_runner.py
+  weights_loaded    "Loading weights took" / "Model loading took"  model_loader/default_loader.py,
+                                                                   v1/worker/gpu_model_runner.py
+  torch_compile     "torch.compile and initial profiling/warmup run together took"
+                                                                   compilation/decorators.py
+  cuda_graphs       "Graph capturing finished in"              v1/worker/gpu_model_runner.py
+  engine_ready      "init engine (profile, create kv cache, warmup model) took"  v1/engine/core.py
+  api_ready         "Application startup complete."            uvicorn, after vLLM's app starts
+Ray's "Ray runtime started." (ray 2.52.1 scripts/scripts.py) marks Ray ready on the head.
+With tensor parallelism every rank logs its own line; the LAST one is when all ranks are done.
+Whether torch.compile reused its cache shows in "Directly load the compiled graph(s)" (hit)
+versus "Compiling a graph for compile range" (miss), compilation/backends.py.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timezone
+
+# (phase, markers, which occurrence: first or last)
+VLLM_MARKERS = [
+    ("weights_loading", ("Starting to load model",), "first"),
+    ("weights_loaded", ("Loading weights took", "Model loading took"), "last"),
+    ("torch_compile", ("torch.compile and initial profiling/warmup run together took",), "last"),
+    ("cuda_graphs", ("Graph capturing finished in",), "last"),
+    ("engine_ready", ("init engine (profile, create kv cache, warmup model) took",), "last"),
+    ("api_ready", ("Application startup complete.",), "first"),
+]
+RAY_MARKER = "Ray runtime started."
+# What the vLLM test double of the simulated cluster really does: it runs in a container, needs
+# the real Ray cluster, serves the API and streams tokens. It loads no weights onto a GPU,
+# compiles nothing and captures no CUDA graph.
+TEST_DOUBLE_PHASES = {"container_start", "ray_ready", "api_ready", "first_token"}
+ORDER = [
+    "container_start",
+    "ray_ready",
+    "weights_loading",
+    "weights_loaded",
+    "torch_compile",
+    "cuda_graphs",
+    "engine_ready",
+    "api_ready",
+    "first_token",
+]
+_TS = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)\s?(.*)$")
+
+
+def parse_ts(text: str) -> datetime | None:
+    """An RFC 3339 time as Docker writes it (nanoseconds, Z or an offset); None if it is not one."""
+    m = _TS.match((text or "").strip())
+    if not m:
+        return None
+    frac = (m.group(2) or "0")[:6].ljust(6, "0")
+    zone = "+00:00" if m.group(3) == "Z" else m.group(3)
+    return datetime.fromisoformat(f"{m.group(1)}.{frac}{zone}").astimezone(timezone.utc)
+
+
+def _timed_lines(text: str):
+    for line in (text or "").splitlines():
+        m = _TS.match(line)
+        if m:
+            yield parse_ts(line), m.group(4)
+
+
+def _find(lines, markers, which):
+    hits = [(ts, msg) for ts, msg in lines if any(mk in msg for mk in markers)]
+    if not hits:
+        return None
+    return hits[0] if which == "first" else hits[-1]
+
+
+def startup_phases(
+    vllm_log: str,
+    vllm_started_at: str,
+    ray_log: str = "",
+    first_token_at: str | None = None,
+    test_double: bool = False,
+) -> dict:
+    """Phases of the last start: {phases: [{phase, at, since_start_s, source, note}], compile_cache}.
+
+    vllm_log / ray_log: `docker logs --timestamps` of the vLLM and the head's Ray container.
+    vllm_started_at: `docker inspect` .State.StartedAt of the vLLM container.
+    first_token_at: when the first streamed token of the smoke completion arrived (RFC 3339).
+    A phase not found says why: "not applicable (test double)" or "not seen in the logs".
+    """
+    start = parse_ts(vllm_started_at)
+    if start is None:
+        raise ValueError(f"vllm_started_at is not an RFC 3339 time: {vllm_started_at!r}")
+    # stdout and stderr come from docker separately: order by time (stable for equal times).
+    lines = sorted(_timed_lines(vllm_log), key=lambda tl: tl[0])
+    found: dict[str, tuple[datetime, str, str]] = {"container_start": (start, "docker inspect StartedAt", "")}
+    ray = _find(sorted(_timed_lines(ray_log), key=lambda tl: tl[0]), (RAY_MARKER,), "last")
+    if ray:
+        found["ray_ready"] = (ray[0], "Ray container log", ray[1].strip()[:160])
+    for phase, markers, which in VLLM_MARKERS:
+        hit = _find(lines, markers, which)
+        if hit:
+            found[phase] = (hit[0], "vLLM container log", hit[1].strip()[:160])
+    first = parse_ts(first_token_at) if first_token_at else None
+    if first:
+        found["first_token"] = (first, "smoke completion (streamed)", "")
+    phases = []
+    for phase in ORDER:
+        if phase in found:
+            at, source, line = found[phase]
+            phases.append(
+                {
+                    "phase": phase,
+                    "at": at.isoformat().replace("+00:00", "Z"),
+                    "since_start_s": round((at - start).total_seconds(), 3),
+                    "source": source,
+                    "note": line,
+                }
+            )
+        else:
+            if test_double and phase not in TEST_DOUBLE_PHASES:
+                why = "not applicable (test double)"
+            elif phase == "first_token":
+                why = "not measured (vLLM was not started by this run)"
+            else:
+                why = "not seen in the logs"
+            phases.append({"phase": phase, "at": None, "since_start_s": None, "source": None, "note": why})
+    msgs = [m for _ts, m in lines]
+    if any("Directly load the compiled graph" in m for m in msgs):
+        cache = "hit"
+    elif any("Compiling a graph for compile range" in m for m in msgs):
+        cache = "miss"
+    else:
+        cache = "not applicable (test double)" if test_double else "not seen in the logs"
+    return {"container_started_at": vllm_started_at.strip(), "phases": phases, "compile_cache": cache}
+
+
+class FilterModule:
+    def filters(self):
+        return {"startup_phases": startup_phases}

@@ -1,0 +1,740 @@
+# Copyright: sparkops maintainers
+# Apache-2.0
+"""Read, compare and check a Hugging Face hub cache (one model) on the local filesystem.
+
+Python >= 3.10 standard library only: this file also runs on the nodes. ``hf_cache_sync`` feeds
+its own source to ``python3`` over ssh (see :func:`remote_main`), so the manifest a target
+reports is built by exactly the code below.
+
+Layout of one model in the cache (``<cache>/models--<org>--<name>``)::
+
+    blobs/<sha256 (LFS files, 64 hex) or git sha1 (small files, 40 hex)>
+    snapshots/<revision>/<relative path> -> ../../blobs/<hash>   (relative symlinks)
+    refs/<branch>                                                (text: the revision)
+
+A manifest is a plain dict (JSON-safe):
+
+* ``present``: the model's directory exists;
+* ``revision``: the commit the wanted revision resolves to (a ref name such as ``main`` is read
+  from ``refs/``), or null for "all snapshots"; ``revision_found``: that snapshot exists;
+* ``blobs``: name -> size of the blobs the snapshot(s) reference (all blobs with
+  ``all_blobs=True``); ``missing_blobs``: referenced names absent from ``blobs/``;
+* ``links``: ``snapshots/<rev>/<path>`` -> link target, as stored (relative);
+* ``files``: ``snapshots/<rev>/<path>`` -> size, for regular files in a snapshot (not links);
+* ``refs``: ref name -> revision (with a revision: only the refs that point at it);
+* ``total_bytes``: blobs plus snapshot files.
+
+With a revision, the manifest also says whether the snapshot is COMPLETE, judged by the best list of
+what the revision holds that this node has (``expected_from``):
+
+1. ``hub listing``: ``.sparkops/<commit>.json``, the Hub's file list with sizes that
+   ``roles/weight_cache/files/hub_download.py`` records before it downloads;
+2. ``hub tree cache``: ``trees/<commit>.json``, the same list as huggingface_hub >= 1.x caches it
+   (``_tree_cache.py``, format_version 1);
+3. ``model index``: the shards named in ``model.safetensors.index.json`` (presence only, no sizes);
+4. ``links only``: what the snapshot links point at (nothing else is known).
+
+``missing_files`` (listed but not in the snapshot), ``wrong_size_files`` (path -> [expected, found]),
+``incomplete_downloads`` (``blobs/<name>.incomplete`` left by an interrupted download -> bytes so far),
+``complete`` and ``records`` (the list files, copied with the model by hf_cache_sync).
+
+Each node also keeps ``.sparkops/hashed-blobs.json``: blob -> size and mtime when it was last hashed and
+matched its name (written after a download, a sync copy or a full verify), so a later size check can
+tell which blobs changed since they were hashed without reading them again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+GIT_SHA1_RE = re.compile(r"^[0-9a-f]{40}$")
+MODEL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9._-]+)?$")
+REF_RE = re.compile(r"^[A-Za-z0-9._/-]+$")
+CHUNK = 8 * 1024 * 1024
+# Markers on the helper's stdout, so that shell start-up noise on a node is never parsed as a result.
+RESULT_MARK = "SPARKOPS-RESULT "
+RECORD_DIR = ".sparkops"
+HASH_RECORD = "hashed-blobs.json"
+INDEX_FILE = "model.safetensors.index.json"
+READY_MARK = "SPARKOPS-READY "
+
+
+def repo_dir(cache: str, model_id: str) -> str:
+    """``<cache>/models--<org>--<name>`` for ``org/name``; ValueError for an unsafe id."""
+    if not isinstance(model_id, str) or not MODEL_ID_RE.match(model_id) or ".." in model_id.split("/"):
+        raise ValueError(
+            f"model {model_id!r} is not a Hugging Face model id: use 'org/name' (letters, digits, '.', '_', '-')"
+        )
+    return os.path.join(cache, "models--" + model_id.replace("/", "--"))
+
+
+def _blob_of(link_rel: str, target: str) -> str | None:
+    """The blob a snapshot link points at (``link_rel`` is relative to the repo dir), else None."""
+    if os.path.isabs(target):
+        return None
+    resolved = os.path.normpath(os.path.join(os.path.dirname(link_rel), target))
+    parts = resolved.split(os.sep)
+    if len(parts) == 2 and parts[0] == "blobs" and parts[1] not in ("", ".", ".."):
+        return parts[1]
+    return None
+
+
+def _read_refs(repo_path: str) -> dict:
+    refs: dict = {}
+    root = os.path.join(repo_path, "refs")
+    if not os.path.isdir(root):
+        return refs
+    for dirpath, _dirs, names in os.walk(root):
+        for name in names:
+            full = os.path.join(dirpath, name)
+            try:
+                with open(full, encoding="utf-8") as f:
+                    value = f.read().strip()
+            except (OSError, UnicodeDecodeError):
+                continue
+            if value:
+                refs[os.path.relpath(full, root).replace(os.sep, "/")] = value
+    return refs
+
+
+def _resolve(repo_path: str, refs: dict, revision: str) -> str:
+    if revision in refs:
+        return refs[revision]
+    return revision
+
+
+def _walk_snapshot(repo_path: str, rev: str, links: dict, files: dict) -> None:
+    top = os.path.join(repo_path, "snapshots", rev)
+    for dirpath, dirs, names in os.walk(top):
+        entries = list(names)
+        # os.walk lists symlinks to directories among dirs; a snapshot holds links to files only,
+        # but record any link wherever it sits.
+        for d in list(dirs):
+            if os.path.islink(os.path.join(dirpath, d)):
+                dirs.remove(d)
+                entries.append(d)
+        for name in entries:
+            full = os.path.join(dirpath, name)
+            rel = os.path.relpath(full, repo_path).replace(os.sep, "/")
+            if os.path.islink(full):
+                links[rel] = os.readlink(full)
+            elif os.path.isfile(full):
+                files[rel] = os.path.getsize(full)
+
+
+def _completeness_unknown() -> dict:
+    """The completeness fields of a manifest before anything is known (a fresh dict each call)."""
+    return {
+        "expected_from": None,
+        "expected_files": 0,
+        "missing_files": [],
+        "wrong_size_files": {},
+        "incomplete_downloads": {},
+        "records": {},
+        "complete": False,
+    }
+
+
+def build_manifest(repo_path: str, revision: str | None = None, all_blobs: bool = False) -> dict:
+    """Manifest of one model directory (see the module docstring). Never writes."""
+    manifest = {
+        "repo": os.path.basename(os.path.normpath(repo_path)),
+        "present": os.path.isdir(repo_path),
+        "revision": None,
+        "revision_found": False,
+        "refs": {},
+        "links": {},
+        "files": {},
+        "blobs": {},
+        "missing_blobs": [],
+        "total_bytes": 0,
+        **_completeness_unknown(),
+    }
+    if not manifest["present"]:
+        if revision is not None:
+            manifest["revision"] = revision if GIT_SHA1_RE.match(revision) else None
+        return manifest
+    refs = _read_refs(repo_path)
+    snap_root = os.path.join(repo_path, "snapshots")
+    if revision is None:
+        revs = sorted(os.listdir(snap_root)) if os.path.isdir(snap_root) else []
+        manifest["refs"] = refs
+        manifest["revision_found"] = bool(revs)
+    else:
+        commit = _resolve(repo_path, refs, revision)
+        manifest["revision"] = commit if (revision in refs or GIT_SHA1_RE.match(commit)) else None
+        found = bool(manifest["revision"]) and os.path.isdir(os.path.join(snap_root, commit))
+        manifest["revision_found"] = found
+        revs = [commit] if found else []
+        manifest["refs"] = {k: v for k, v in refs.items() if v == commit}
+    links: dict = {}
+    files: dict = {}
+    for rev in revs:
+        _walk_snapshot(repo_path, rev, links, files)
+    blob_dir = os.path.join(repo_path, "blobs")
+    on_disk: dict = {}
+    if os.path.isdir(blob_dir):
+        with os.scandir(blob_dir) as it:
+            for entry in it:
+                if entry.name.endswith(".incomplete") or not entry.is_file(follow_symlinks=False):
+                    continue
+                on_disk[entry.name] = entry.stat(follow_symlinks=False).st_size
+    wanted = {b for rel, target in links.items() if (b := _blob_of(rel, target))}
+    if revision is None or all_blobs:
+        blobs = dict(on_disk)
+    else:
+        blobs = {name: on_disk[name] for name in wanted if name in on_disk}
+    manifest["links"] = dict(sorted(links.items()))
+    manifest["files"] = dict(sorted(files.items()))
+    manifest["blobs"] = dict(sorted(blobs.items()))
+    manifest["missing_blobs"] = sorted(wanted - set(on_disk))
+    manifest["total_bytes"] = sum(blobs.values()) + sum(files.values())
+    if revision is not None:
+        manifest.update(_completeness(repo_path, manifest["revision"], manifest, on_disk, blob_dir))
+    return manifest
+
+
+def _read_json(path: str):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def expected_files(repo_path: str, commit: str) -> tuple:
+    """(path -> {"size": int|None, "blob": name|None}, where the list came from), best source first."""
+    data = _read_json(os.path.join(repo_path, RECORD_DIR, f"{commit}.json"))
+    sources = (("hub listing", data),)
+    tree = _read_json(os.path.join(repo_path, "trees", f"{commit}.json"))
+    if isinstance(tree, dict) and tree.get("format_version") == 1:
+        sources += (("hub tree cache", tree),)
+    for name, doc in sources:
+        if isinstance(doc, dict) and isinstance(doc.get("files"), dict):
+            return {
+                p: {"size": v.get("size"), "blob": v.get("lfs_sha256") or v.get("blob_id")}
+                for p, v in doc["files"].items()
+                if isinstance(v, dict)
+            }, name
+    index = _read_json(os.path.join(repo_path, "snapshots", commit, INDEX_FILE))
+    if isinstance(index, dict) and isinstance(index.get("weight_map"), dict):
+        shards = {str(v) for v in index["weight_map"].values()}
+        return {p: {"size": None, "blob": None} for p in sorted(shards | {INDEX_FILE})}, "model index"
+    return {}, "links only"
+
+
+def _completeness(repo_path: str, commit: str | None, manifest: dict, on_disk: dict, blob_dir: str) -> dict:
+    incomplete = {}
+    if os.path.isdir(blob_dir):
+        with os.scandir(blob_dir) as it:
+            for entry in it:
+                if entry.name.endswith(".incomplete") and entry.is_file(follow_symlinks=False):
+                    incomplete[entry.name.removesuffix(".incomplete")] = entry.stat().st_size
+    out = _completeness_unknown()
+    if not manifest["revision_found"] or not commit:
+        out["incomplete_downloads"] = dict(sorted(incomplete.items()))
+        return out
+    expected, source = expected_files(repo_path, commit)
+    out["expected_from"], out["expected_files"] = source, len(expected)
+    links, files = manifest["links"], manifest["files"]
+    for path, want in sorted(expected.items()):
+        rel = f"snapshots/{commit}/{path}"
+        if rel in files:
+            size = files[rel]
+        elif rel in links and (blob := _blob_of(rel, links[rel])) in on_disk:
+            size = on_disk[blob]
+        else:
+            out["missing_files"].append(path)
+            continue
+        if want["size"] is not None and size != want["size"]:
+            out["wrong_size_files"][path] = [want["size"], size]
+    listed = {v["blob"] for v in expected.values() if v["blob"]}
+    # With a list, only this revision's partial blobs count; without one, any partial blob does.
+    relevant = {n: b for n, b in incomplete.items() if n in listed} if listed else incomplete
+    out["incomplete_downloads"] = dict(sorted(relevant.items()))
+    for rel in (f"{RECORD_DIR}/{commit}.json", f"trees/{commit}.json"):
+        full = os.path.join(repo_path, rel)
+        if os.path.isfile(full) and not os.path.islink(full):
+            out["records"][rel] = os.path.getsize(full)
+    out["complete"] = not (
+        manifest["missing_blobs"] or out["missing_files"] or out["wrong_size_files"] or out["incomplete_downloads"]
+    )
+    return out
+
+
+def completeness_problems(manifest: dict, limit: int = 5) -> list:
+    """What keeps a manifest from being complete, as short phrases for a message (empty when complete)."""
+    problems = []
+    if not manifest.get("revision_found"):
+        return ["the revision's snapshot is absent"]
+    frm = manifest.get("expected_from")
+    if manifest.get("missing_files"):
+        miss = manifest["missing_files"]
+        problems.append(
+            f"{len(miss)} of {manifest.get('expected_files')} files listed by the {frm} are absent: "
+            + ", ".join(miss[:limit])
+        )
+    if manifest.get("missing_blobs"):
+        problems.append(
+            f"{len(manifest['missing_blobs'])} linked blob(s) are absent: "
+            + ", ".join(manifest["missing_blobs"][:limit])
+        )
+    if manifest.get("wrong_size_files"):
+        wrong = manifest["wrong_size_files"]
+        problems.append(
+            f"{len(wrong)} file(s) have the wrong size: "
+            + ", ".join(f"{p} ({g} bytes, the {frm} says {w})" for p, (w, g) in list(wrong.items())[:limit])
+        )
+    if manifest.get("incomplete_downloads"):
+        inc = manifest["incomplete_downloads"]
+        problems.append(
+            f"{len(inc)} interrupted download(s) (blobs/*.incomplete): "
+            + ", ".join(f"{n[:12]}... at {b} bytes" for n, b in list(inc.items())[:limit])
+        )
+    return problems
+
+
+def load_hash_record(repo_path: str) -> dict:
+    data = _read_json(os.path.join(repo_path, RECORD_DIR, HASH_RECORD))
+    return data.get("blobs", {}) if isinstance(data, dict) and isinstance(data.get("blobs"), dict) else {}
+
+
+def save_hash_record(repo_path: str, names) -> None:
+    """Record that ``names`` were hashed just now and matched: their size and mtime, per node."""
+    names = list(names)
+    if not names:
+        return
+    record = load_hash_record(repo_path)
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    for name in names:
+        try:
+            st = os.stat(os.path.join(repo_path, "blobs", name))
+        except OSError:
+            continue
+        record[name] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "hashed_at": now}
+    folder = os.path.join(repo_path, RECORD_DIR)
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f".{HASH_RECORD}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump({"format": "sparkops-hashed-blobs/1", "blobs": dict(sorted(record.items()))}, f, indent=1)
+    os.replace(tmp, os.path.join(folder, HASH_RECORD))
+
+
+def hash_record_status(repo_path: str, names) -> dict:
+    """Which of ``names`` are unchanged since they were hashed (same size and mtime), changed, or never hashed."""
+    record = load_hash_record(repo_path)
+    out = {"unchanged": [], "changed_since_hashed": [], "never_hashed": []}
+    for name in sorted(names):
+        rec = record.get(name)
+        try:
+            st = os.stat(os.path.join(repo_path, "blobs", name))
+        except OSError:
+            continue
+        if rec is None:
+            out["never_hashed"].append(name)
+        elif rec.get("size") == st.st_size and rec.get("mtime_ns") == st.st_mtime_ns:
+            out["unchanged"].append(name)
+        else:
+            out["changed_since_hashed"].append(name)
+    return out
+
+
+def verify_and_record(repo_path: str, names, workers: int | None = None, progress=None) -> list:
+    """Hash ``names`` (see :func:`failing_blobs`), record the ones that match, return the ones that fail."""
+    names = [n for n in names if hash_kind(n)]
+    bad = failing_blobs(os.path.join(repo_path, "blobs"), names, workers=workers, progress=progress)
+    save_hash_record(repo_path, sorted(set(names) - set(bad)))
+    return bad
+
+
+def referenced_blobs(manifest: dict) -> set:
+    """Blob names the manifest's snapshot links point at."""
+    return {b for rel, target in manifest.get("links", {}).items() if (b := _blob_of(rel, target))}
+
+
+def diff_manifests(src: dict, dst: dict) -> dict:
+    """What ``dst`` lacks of ``src``: blobs, snapshot files, links and refs. Nothing is ever deleted.
+
+    ``copy`` maps repo-relative paths (``blobs/<name>``, ``snapshots/...``) to their source size;
+    ``bytes_to_copy`` sums them; ``bytes_needed`` is the extra space the target needs (a partial
+    blob already holds part of its size; ``--inplace`` writes over it).
+    """
+    sblobs, dblobs = src.get("blobs", {}), dst.get("blobs", {})
+    missing = sorted(n for n in sblobs if n not in dblobs)
+    mismatched = sorted(n for n in sblobs if n in dblobs and dblobs[n] != sblobs[n])
+    extra = sorted(n for n in dblobs if n not in sblobs)
+    sfiles, dfiles = src.get("files", {}), dst.get("files", {})
+    files_missing = sorted(p for p in sfiles if p not in dfiles)
+    files_mismatched = sorted(p for p in sfiles if p in dfiles and dfiles[p] != sfiles[p])
+    slinks, dlinks = src.get("links", {}), dst.get("links", {})
+    links_create = {p: t for p, t in slinks.items() if p not in dlinks and p not in dfiles}
+    links_fix = {p: t for p, t in slinks.items() if (p in dlinks and dlinks[p] != t) or p in dfiles}
+    refs_update = {k: v for k, v in src.get("refs", {}).items() if dst.get("refs", {}).get(k) != v}
+    copy = {f"blobs/{n}": sblobs[n] for n in missing + mismatched}
+    copy.update({p: sfiles[p] for p in files_missing + files_mismatched})
+    # The Hub's file list travels with the model, so every node can judge completeness by it.
+    srec, drec = src.get("records", {}), dst.get("records", {})
+    copy.update({p: n for p, n in srec.items() if drec.get(p) != n})
+    needed = sum(sblobs[n] for n in missing) + sum(max(0, sblobs[n] - dblobs[n]) for n in mismatched)
+    needed += sum(sfiles[p] for p in files_missing) + sum(max(0, sfiles[p] - dfiles[p]) for p in files_mismatched)
+    return {
+        "missing": missing,
+        "mismatched": mismatched,
+        "extra": extra,
+        "files_missing": files_missing,
+        "files_mismatched": files_mismatched,
+        "links_create": links_create,
+        "links_fix": links_fix,
+        "refs_update": refs_update,
+        "copy": dict(sorted(copy.items())),
+        "bytes_to_copy": sum(copy.values()),
+        "bytes_needed": needed,
+        "in_sync": not (copy or links_create or links_fix or refs_update),
+    }
+
+
+def hash_kind(name: str) -> str | None:
+    """``sha256`` for a 64-hex blob name (LFS), ``git-sha1`` for 40 hex (git blob), else None."""
+    if SHA256_RE.match(name):
+        return "sha256"
+    if GIT_SHA1_RE.match(name):
+        return "git-sha1"
+    return None
+
+
+def verify_blob(path: str, name: str) -> bool:
+    """Whether the file at ``path`` hashes to its blob ``name``.
+
+    64-hex names are sha256 of the content; 40-hex names are git blob ids, sha1 of
+    ``b"blob <size>\\0" + content``. ValueError for a name that is neither (nothing to check against).
+    """
+    kind = hash_kind(name)
+    if kind is None:
+        raise ValueError(f"blob name {name!r} is neither a sha256 nor a git sha1: it cannot be verified")
+    if kind == "sha256":
+        h = hashlib.sha256()
+    else:
+        h = hashlib.sha1()  # noqa: S324 - git's object id, not a security use
+        h.update(b"blob %d\0" % os.path.getsize(path))
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest() == name
+
+
+def failing_blobs(blob_dir: str, names, workers: int | None = None, progress=None) -> list:
+    """Names among ``names`` whose file in ``blob_dir`` is absent or does not hash to its name.
+
+    Names that cannot be verified (neither sha256 nor git sha1) are skipped. hashlib releases the
+    GIL on large buffers, so a few threads hash a few blobs at once. ``progress(name, ok)`` is called
+    as each blob is done.
+    """
+    names = [n for n in names if hash_kind(n)]
+    if not names:
+        return []
+
+    def bad(name: str) -> bool:
+        try:
+            failed = not verify_blob(os.path.join(blob_dir, name), name)
+        except OSError:
+            failed = True
+        if progress is not None:
+            progress(name, not failed)
+        return failed
+
+    workers = workers or max(1, min(8, os.cpu_count() or 1, len(names)))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        flags = list(pool.map(bad, names))
+    return sorted(n for n, f in zip(names, flags, strict=True) if f)
+
+
+def plan_streams(blobs_with_sizes, streams: int) -> list:
+    """Split names into at most ``streams`` lists of about equal bytes (largest first onto the lightest).
+
+    ``blobs_with_sizes`` is a dict name -> size or an iterable of (name, size). Empty lists are
+    dropped; the order is deterministic.
+    """
+    items = list(blobs_with_sizes.items()) if isinstance(blobs_with_sizes, dict) else list(blobs_with_sizes)
+    if not items:
+        return []
+    n = max(1, min(int(streams), len(items)))
+    bins: list = [[0, i, []] for i in range(n)]
+    for name, size in sorted(items, key=lambda kv: (-kv[1], kv[0])):
+        target = min(bins, key=lambda b: (b[0], b[1]))
+        target[0] += size
+        target[2].append(name)
+    return [b[2] for b in bins if b[2]]
+
+
+def nearest_existing(path: str) -> str:
+    """``path`` or its nearest existing parent."""
+    path = os.path.abspath(os.path.expanduser(path))
+    while not os.path.exists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return path
+
+
+def free_bytes(path: str) -> int:
+    """Bytes free to an unprivileged user on the filesystem holding ``path`` (or its nearest existing parent)."""
+    st = os.statvfs(nearest_existing(path))
+    return st.f_bavail * st.f_frsize
+
+
+# --- node-side actions: run on a target by hf_cache_sync over ssh (``python3 -c BOOT``) -------------
+
+
+def node_manifest(args: dict) -> dict:
+    """Manifest of a model, free space, whether rsync is installed, and (optionally) hash failures.
+
+    ``hash``: name -> expected size of blobs to verify; only those present with that size are
+    hashed (absent or wrong-sized ones already fail on their size).
+    """
+    repo = os.path.abspath(os.path.expanduser(args["repo"]))
+    manifest = build_manifest(repo, args.get("revision"), all_blobs=bool(args.get("all_blobs")))
+    expected = args.get("hash") or {}
+    wanted = [n for n, size in expected.items() if manifest["blobs"].get(n) == size]
+    status = hash_record_status(repo, list(manifest["blobs"]))
+    hash_failed = []
+    if wanted and args.get("record", True):
+        hash_failed = verify_and_record(repo, wanted)
+    elif wanted:  # check mode: nothing may be written, not even the hash record
+        hash_failed = failing_blobs(os.path.join(repo, "blobs"), wanted)
+    return {
+        "hash_record": {k: len(v) for k, v in status.items()}
+        | {"changed_since_hashed_names": status["changed_since_hashed"][:20]},
+        "repo_path": repo,
+        "manifest": manifest,
+        "free_bytes": free_bytes(repo),
+        "free_path": nearest_existing(repo),
+        "rsync": shutil.which("rsync"),
+        "hash_failed": hash_failed,
+        "uid": os.getuid(),
+        "gid": os.getgid(),
+    }
+
+
+def _safe_rel(rel: str) -> bool:
+    norm = os.path.normpath(rel)
+    return not os.path.isabs(rel) and norm == rel.replace("/", os.sep) and not norm.startswith("..")
+
+
+# rsync writes a file as ``.<name>.XXXXXX`` and renames it when complete; a killed rsync leaves it.
+RSYNC_TEMP_RE = re.compile(r"^\.[0-9a-f]{40,64}\.[A-Za-z0-9]{6}$")
+
+
+def node_mkdirs(args: dict) -> dict:
+    """Create the model's folders and remove temporary files a killed rsync left in ``blobs/``."""
+    repo = os.path.abspath(os.path.expanduser(args["repo"]))
+    for sub in ("blobs", "snapshots", "refs"):
+        os.makedirs(os.path.join(repo, sub), exist_ok=True)
+    removed = []
+    with os.scandir(os.path.join(repo, "blobs")) as it:
+        for entry in it:
+            if RSYNC_TEMP_RE.match(entry.name) and entry.is_file(follow_symlinks=False):
+                os.unlink(entry.path)
+                removed.append(entry.name)
+    return {"repo": repo, "stale_temp_removed": sorted(removed)}
+
+
+def node_links(args: dict) -> dict:
+    """Create or fix snapshot links (relative targets inside the repo only) and write refs."""
+    repo = os.path.abspath(os.path.expanduser(args["repo"]))
+    done = {"links_created": 0, "links_fixed": 0, "refs_written": 0}
+    for rel, target in sorted(args.get("links", {}).items()):
+        if not rel.startswith("snapshots/") or not _safe_rel(rel):
+            raise ValueError(f"refusing snapshot path {rel!r}: not a relative path under snapshots/")
+        resolved = os.path.normpath(os.path.join(os.path.dirname(rel), target))
+        if os.path.isabs(target) or resolved.startswith(".."):
+            raise ValueError(f"refusing link {rel} -> {target}: the target leaves the model's directory")
+        full = os.path.join(repo, rel)
+        os.makedirs(os.path.dirname(full), exist_ok=True)
+        existed = os.path.lexists(full)
+        if existed and os.path.islink(full) and os.readlink(full) == target:
+            continue
+        tmp = full + ".sparkops-tmp"
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        os.symlink(target, tmp)
+        os.replace(tmp, full)
+        done["links_fixed" if existed else "links_created"] += 1
+    for name, value in sorted(args.get("refs", {}).items()):
+        if not REF_RE.match(name) or not _safe_rel(name) or not GIT_SHA1_RE.match(value):
+            raise ValueError(f"refusing ref {name!r} = {value!r}")
+        full = os.path.join(repo, "refs", name)
+        os.makedirs(os.path.dirname(full), exist_ok=True)
+        tmp = full + ".sparkops-tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(value)
+        os.replace(tmp, full)
+        done["refs_written"] += 1
+    return done
+
+
+def _wait_port(address: str, port: int, proc, deadline_s: float) -> bool:
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            return False
+        try:
+            with socket.create_connection((address, port), timeout=0.5):
+                return True
+        except OSError:
+            time.sleep(0.1)
+    return False
+
+
+def _stop_group(proc, grace_s: float = 5.0) -> None:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=grace_s)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)  # connection children share the daemon's group
+    if proc.poll() is None:
+        proc.wait(timeout=grace_s)
+
+
+def node_rsyncd(args: dict, control, out) -> dict:
+    """Run a temporary rsync daemon until ``control`` (the ssh channel's stdin) reaches EOF.
+
+    Bound to ``address``:``port`` only, one module ``hf`` with path = the cache, ``hosts allow`` =
+    the source, password auth with a one-time secret, no chroot, no symlink munging, running as
+    the ssh user. Prints READY once it accepts connections; on EOF (the source is done, failed or
+    was killed, which closes the ssh channel) it kills the daemon's process group, removes its
+    temporary files and returns.
+    """
+    tmp = tempfile.mkdtemp(prefix="sparkops-rsyncd-")
+    proc = None
+    try:
+        secrets = os.path.join(tmp, "secrets")
+        fd = os.open(secrets, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{args['user']}:{args['secret']}\n")
+        conf = os.path.join(tmp, "rsyncd.conf")
+        log = os.path.join(tmp, "rsyncd.log")
+        with open(conf, "w", encoding="utf-8") as f:
+            f.write(
+                f"address = {args['address']}\nport = {int(args['port'])}\n"
+                f"lock file = {os.path.join(tmp, 'rsyncd.lock')}\nlog file = {log}\n"
+                f"[hf]\n  path = {args['path']}\n  comment = sparkops hf_cache_sync (temporary)\n"
+                f"  read only = no\n  list = no\n  use chroot = no\n  munge symlinks = no\n"
+                # uid/gid only matter to a daemon started as root: keep the ssh user's identity.
+                + (f"  uid = {os.getuid()}\n  gid = {os.getgid()}\n" if os.getuid() == 0 else "")
+                + f"  hosts allow = {args['allow']}\n  hosts deny = *\n"
+                f"  auth users = {args['user']}\n  secrets file = {secrets}\n  strict modes = yes\n"
+                f"  timeout = {int(args.get('timeout', 300))}\n"
+            )
+        os.makedirs(args["path"], exist_ok=True)
+        cmd = [
+            args.get("rsync") or "rsync",
+            "--daemon",
+            "--no-detach",
+            f"--config={conf}",
+            f"--address={args['address']}",
+            f"--port={int(args['port'])}",
+        ]
+        proc = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+        )
+        if not _wait_port(args["address"], int(args["port"]), proc, float(args.get("start_timeout", 15))):
+            err = b""
+            if proc.poll() is not None and proc.stderr:
+                err = proc.stderr.read() or b""
+            log_text = ""
+            if os.path.exists(log):
+                with open(log, encoding="utf-8", errors="replace") as f:
+                    log_text = f.read()[-2000:]
+            raise RuntimeError(
+                f"rsync daemon did not start on {args['address']}:{args['port']}: "
+                f"{err.decode(errors='replace').strip()} {log_text.strip()}".strip()
+            )
+        out.write(READY_MARK + json.dumps({"pid": proc.pid}) + "\n")
+        out.flush()
+        while control.read(65536):  # bounded by the channel: returns b"" at EOF
+            pass
+        return {"stopped": True, "pid": proc.pid}
+    finally:
+        if proc is not None:
+            _stop_group(proc)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+NODE_ACTIONS = {"manifest": node_manifest, "mkdirs": node_mkdirs, "links": node_links}
+
+
+def remote_main(control=None, out=None) -> int:
+    """Entry point on a node: reads one JSON line of arguments from ``control``, prints a RESULT line."""
+    control = control if control is not None else sys.stdin.buffer
+    out = out if out is not None else sys.stdout
+    try:
+        args = json.loads(control.readline())
+        action = args.pop("action")
+        result = node_rsyncd(args, control, out) if action == "rsyncd" else NODE_ACTIONS[action](args)
+    except Exception as exc:  # noqa: BLE001 - reported to the source as text
+        out.write(RESULT_MARK + json.dumps({"error": f"{type(exc).__name__}: {exc}"}) + "\n")
+        out.flush()
+        return 3
+    out.write(RESULT_MARK + json.dumps(result) + "\n")
+    out.flush()
+    return 0
+
+
+def open_pipes(argv: list):
+    """A process with stdin, stdout and stderr pipes: a channel (ssh to a node's temporary rsync
+    daemon) that must stay open while the copy runs, which run_command cannot do."""
+    return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def run_stream(argv: list, env: dict | None, files: list, repo: str, progress, *, timeout: float) -> tuple:
+    """One rsync process copying ``files`` (relative to ``repo``); returns (rc, stderr tail).
+
+    ``progress.add(n)`` is called with each finished file's size as rsync reports it (so it runs
+    as a process we read while it works, not through run_command, which returns only at exit).
+    """
+    with tempfile.NamedTemporaryFile("wb", prefix="sparkops-files-", delete=False) as lst:
+        lst.write(b"\0".join(f.encode() for f in files) + b"\0")
+    try:
+        cmd = [*argv[:1], f"--files-from={lst.name}", "--from0", *argv[1:]]
+        proc = subprocess.Popen(cmd, cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        errors: list = []
+
+        def drain_err() -> None:
+            errors.append(proc.stderr.read())
+
+        t = threading.Thread(target=drain_err, daemon=True)
+        t.start()
+        deadline = time.monotonic() + timeout
+        for raw in proc.stdout:  # "<name> <size>" per finished file (--out-format)
+            parts = raw.decode(errors="replace").rsplit(" ", 1)
+            # Implied parent directories are listed too ("blobs/ 4096"): count files only.
+            if len(parts) == 2 and parts[1].strip().isdigit() and not parts[0].endswith("/"):
+                progress.add(int(parts[1]))
+            if time.monotonic() > deadline:
+                proc.kill()
+        try:
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        t.join(timeout=10)
+        return proc.returncode, b"".join(e for e in errors if e).decode(errors="replace")[-800:]
+    finally:
+        os.unlink(lst.name)

@@ -1,0 +1,253 @@
+#!/usr/bin/python
+# Copyright: sparkops maintainers
+# Apache-2.0
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: gpu_facts
+short_description: Read the NVIDIA GPUs, driver version and branch of a host through nvidia-smi
+description:
+  - Runs C(nvidia-smi --query-gpu=driver_version,name,compute_cap,memory.total,memory.used,pci.bus_id,uuid,index
+    --format=csv,noheader,nounits) and plain C(nvidia-smi) (for the C(CUDA Version) the driver supports), and
+    reads the loaded kernel module's version from I(proc_version_path).
+  - A host without nvidia-smi, or whose nvidia-smi cannot communicate with the driver, is reported with
+    I(gpu_present=false) and a I(reason); that is not a failure.
+  - Fails when nvidia-smi reports a driver/library version mismatch (the loaded kernel module differs from the
+    user-space driver, typically after a driver update without a reboot), or prints something unexpected.
+  - On a DGX Spark (GB10) C(memory.total) is C([N/A]) (unified memory); I(memory_total_mib) is then null.
+  - Returns plain results, not ansible_facts. Read-only.
+version_added: "0.1.0"
+author:
+  - sparkops maintainers (!UNKNOWN)
+options:
+  nvidia_smi_path:
+    description: The nvidia-smi executable (a name looked up on PATH, or a path).
+    type: str
+    default: nvidia-smi
+  proc_version_path:
+    description: File holding the loaded kernel module's version; unreadable means unknown, not a failure.
+    type: path
+    default: /proc/driver/nvidia/version
+  expected_branch:
+    description:
+      - Driver branch every version must be on for I(on_branch) to be true (both the user-space driver and the
+        loaded kernel module). DGX Sparks run the 580 branch; 590.x regresses on GB10.
+    type: str
+    default: "580"
+  timeout_s:
+    description: Timeout of one nvidia-smi run, in seconds.
+    type: float
+    default: 30
+extends_documentation_fragment:
+  - sparkops.cluster.attributes
+  - sparkops.cluster.attributes.read_only
+"""
+
+EXAMPLES = r"""
+- name: Read the GPU and driver
+  sparkops.cluster.gpu_facts:
+  register: gpu
+
+- name: Stop unless the driver is on the 580 branch
+  ansible.builtin.assert:
+    that: gpu.gpu_present and gpu.on_branch
+    fail_msg: "{{ gpu.reason or gpu.branch_reason }}"
+
+- name: Read through a container's nvidia-smi wrapper, expecting another branch
+  sparkops.cluster.gpu_facts:
+    nvidia_smi_path: /usr/local/bin/nvidia-smi
+    expected_branch: "590"
+"""
+
+RETURN = r"""
+gpu_present:
+  description: Whether nvidia-smi answered with at least one GPU.
+  returned: always
+  type: bool
+reason:
+  description: Why I(gpu_present) is false (nvidia-smi missing, or it cannot talk to the driver); null otherwise.
+  returned: always
+  type: str
+gpu_count:
+  description: Number of GPUs nvidia-smi listed.
+  returned: always
+  type: int
+gpus:
+  description:
+    - One entry per GPU, keys C(index), C(name), C(driver_version), C(compute_capability) (for example C(12.1)),
+      C(memory_total_mib) and C(memory_used_mib) (null when nvidia-smi says C([N/A]), as on a GB10), C(uuid),
+      C(pci_bus_id).
+  returned: always
+  type: list
+  elements: dict
+driver_version:
+  description: User-space driver version (for example C(580.159.04)); null when unknown.
+  returned: always
+  type: str
+driver_branch:
+  description: Branch of I(driver_version) (or of the kernel module when nvidia-smi gave none), for example C(580).
+  returned: always
+  type: str
+kernel_module_version:
+  description: Version of the loaded kernel module from I(proc_version_path); null when unreadable.
+  returned: always
+  type: str
+kernel_module_flavor:
+  description: C(open) or C(proprietary) kernel module; null when unknown.
+  returned: always
+  type: str
+kernel_module_matches:
+  description:
+    - Whether the loaded kernel module and the user-space driver have the same version; null when either is unknown.
+  returned: always
+  type: bool
+expected_branch:
+  description: The I(expected_branch) checked against.
+  returned: always
+  type: str
+on_branch:
+  description:
+    - Whether every known version (driver and kernel module) is on I(expected_branch); false when none is known.
+  returned: always
+  type: bool
+branch_reason:
+  description: Why I(on_branch) is false; null when it is true.
+  returned: always
+  type: str
+cuda_driver_version:
+  description:
+    - Newest CUDA version the driver supports (C(CUDA Version) of the nvidia-smi banner); null when not obtainable.
+  returned: always
+  type: str
+"""
+
+import subprocess
+from pathlib import Path
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.sparkops.cluster.plugins.module_utils.nvidia_smi import (
+    NvidiaSmiError,
+    branch_status,
+    driver_branch,
+    driver_mismatch,
+    gpus_from_rows,
+    no_driver_reason,
+    parse_banner,
+    parse_proc_version,
+    parse_query_csv,
+    query_args,
+)
+
+
+class SmiMissing(Exception):
+    pass
+
+
+def _run(argv: list[str], timeout: float):
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    except (FileNotFoundError, PermissionError) as exc:
+        raise SmiMissing(f"{argv[0]} not found or not executable ({exc.strerror or exc})") from exc
+    return proc.returncode, proc.stdout or "", proc.stderr or ""
+
+
+def _read(path: str) -> str | None:
+    try:
+        return Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+
+
+def gather(p: dict) -> tuple[dict, str | None]:
+    """Return (result fields, error message or None)."""
+    proc = _read(p["proc_version_path"])
+    module = parse_proc_version(proc) if proc else parse_proc_version("")
+    result = {
+        "gpu_present": False,
+        "reason": None,
+        "gpu_count": 0,
+        "gpus": [],
+        "driver_version": None,
+        "driver_branch": None,
+        "kernel_module_version": module["kernel_module_version"],
+        "kernel_module_flavor": module["kernel_module_flavor"],
+        "kernel_module_matches": None,
+        "expected_branch": p["expected_branch"],
+        "on_branch": False,
+        "branch_reason": None,
+        "cuda_driver_version": None,
+    }
+    smi = p["nvidia_smi_path"]
+    error = None
+    try:
+        rc, out, err = _run([smi, *query_args()], p["timeout_s"])
+    except SmiMissing as exc:
+        result["reason"] = f"{exc}: no NVIDIA driver user space on this host"
+    except subprocess.TimeoutExpired:
+        error = f"{smi} did not answer within {p['timeout_s']:g} s (a hung GPU or driver; check dmesg for Xid errors)"
+    else:
+        both = f"{out}\n{err}"
+        mismatch = driver_mismatch(both)
+        if mismatch is not None:
+            lib = f" (NVML library {mismatch})" if mismatch else ""
+            kmod = result["kernel_module_version"] or "unknown"
+            error = (
+                f"nvidia-smi reports a driver/library version mismatch{lib}: the loaded kernel module is {kmod}. "
+                "The driver was updated without a reboot; reboot the host (or reload the nvidia modules)."
+            )
+        elif no_driver_reason(both):
+            result["reason"] = no_driver_reason(both)
+        elif rc != 0:
+            tail = " ".join(both.split())[-400:]
+            error = f"{smi} failed (rc={rc}): {tail}"
+        else:
+            try:
+                gpus = gpus_from_rows(parse_query_csv(out))
+            except NvidiaSmiError as exc:
+                error = f"could not read {smi} output: {exc}"
+            else:
+                result.update(
+                    gpu_present=True, gpus=gpus, gpu_count=len(gpus), driver_version=gpus[0]["driver_version"]
+                )
+                try:
+                    rc2, banner, _err = _run([smi], p["timeout_s"])
+                except (SmiMissing, subprocess.TimeoutExpired):
+                    rc2, banner = 1, ""
+                if rc2 == 0:
+                    result["cuda_driver_version"] = parse_banner(banner)["cuda_driver_version"]
+    drv, kmod = result["driver_version"], result["kernel_module_version"]
+    result["driver_branch"] = driver_branch(drv) or driver_branch(kmod)
+    if drv and kmod:
+        result["kernel_module_matches"] = drv == kmod
+    status = branch_status(p["expected_branch"], drv, kmod)
+    result["on_branch"] = status["on_branch"]
+    result["branch_reason"] = status["reason"]
+    return result, error
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "nvidia_smi_path": {"type": "str", "default": "nvidia-smi"},
+            "proc_version_path": {"type": "path", "default": "/proc/driver/nvidia/version"},
+            "expected_branch": {"type": "str", "default": "580"},
+            "timeout_s": {"type": "float", "default": 30},
+        },
+        supports_check_mode=True,
+    )
+    p = module.params
+    if not p["expected_branch"].isdigit():
+        module.fail_json(
+            msg=f"expected_branch must be a driver branch number such as 580, got {p['expected_branch']!r}"
+        )
+    if p["timeout_s"] <= 0:
+        module.fail_json(msg=f"timeout_s must be positive, got {p['timeout_s']:g}")
+    result, error = gather(p)
+    if error:
+        module.fail_json(msg=error, changed=False, **result)
+    module.exit_json(changed=False, **result)
+
+
+if __name__ == "__main__":
+    main()

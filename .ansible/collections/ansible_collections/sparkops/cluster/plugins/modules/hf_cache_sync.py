@@ -1,0 +1,660 @@
+#!/usr/bin/python
+# Copyright: sparkops maintainers
+# Apache-2.0
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: hf_cache_sync
+short_description: Copy one model of a Hugging Face hub cache to other nodes over the fast link
+description:
+  - Runs on the node that holds the model (the source). For each target it reads the target's
+    manifest over SSH, copies only what the target lacks or holds with the wrong size (or, with
+    I(verify=full), the wrong content), then creates the snapshot links and refs, and checks the
+    result. Nothing on a target is ever deleted.
+  - The copy runs as I(streams) parallel rsync processes (whole files, no delta - the blobs are
+    immutable and the link is fast), bound to I(source_address) so it leaves on the fast link.
+  - I(transport=ssh) encrypts with I(ssh_cipher) (AES-GCM is the cheapest on the GB10's Arm cores).
+    I(transport=rsyncd) starts, over SSH, a temporary rsync daemon on each target bound to the
+    target's fast-link address, accepting only I(source_address) with a one-time password; it
+    stops when the copy ends (or this module dies). No encryption, so use it on a private cable only.
+  - Before anything is copied, every target's free space is checked against what the copy needs
+    plus I(min_free_bytes_margin); the module fails naming the target and the figures.
+  - The source must be complete first (every file of the revision as the Hub listed it at download
+    time, or as C(model.safetensors.index.json) names them, and no interrupted download); the list
+    files travel with the model and each target must be complete by them after the copy.
+  - With I(verify=sizes) contents are not hashed (C(compared) says so); blobs that were copied are.
+  - Check mode reads every manifest and returns the plan.
+version_added: "0.1.0"
+author:
+  - sparkops maintainers (!UNKNOWN)
+options:
+  cache_dir:
+    description: The hub cache on the source (C($HF_HOME/hub)).
+    type: path
+    required: true
+  target_cache_dir:
+    description: The hub cache on the targets. Defaults to I(cache_dir).
+    type: path
+  model:
+    description: Model id, C(org/name).
+    type: str
+    required: true
+  revision:
+    description: Commit sha or ref name (C(main)) of the snapshot to copy.
+    type: str
+    required: true
+  targets:
+    description:
+      - Fast-link addresses of the nodes to copy to (never their management addresses).
+    type: list
+    elements: str
+    required: true
+  source_address:
+    description: This node's fast-link address; SSH and rsync connect from it.
+    type: str
+    required: true
+  transport:
+    description: How the bytes travel (see the description).
+    type: str
+    choices: [ssh, rsyncd]
+    default: ssh
+  streams:
+    description: Parallel rsync processes per target; blobs are split among them by size.
+    type: int
+    default: 4
+  verify:
+    description:
+      - C(sizes) compares sizes (a blob is named by its hash and never changes).
+      - C(full) hashes every blob on the source and on each target first, re-copies the ones
+        that do not match, and hashes what was copied.
+    type: str
+    choices: [sizes, full]
+    default: sizes
+  ssh_user:
+    description: User on the targets.
+    type: str
+    default: root
+  ssh_key:
+    description: Private key for the targets (the fabric key, authorized only from the fast subnets).
+    type: path
+  ssh_cipher:
+    description: SSH cipher for I(transport=ssh) and for the control channel.
+    type: str
+    default: aes128-gcm@openssh.com
+  ssh_extra_args:
+    description: More C(ssh) arguments, for example C(-o UserKnownHostsFile=...).
+    type: list
+    elements: str
+    default: []
+  rsyncd_port:
+    description: TCP port of the temporary rsync daemon (I(transport=rsyncd)).
+    type: int
+    default: 8873
+  min_free_bytes_margin:
+    description: Bytes a target must still have free after the copy.
+    type: int
+    default: 0
+  progress_file:
+    description: A JSON file rewritten every few seconds with bytes done, total and rate.
+    type: path
+  connect_timeout_s:
+    description: SSH connect timeout.
+    type: int
+    default: 15
+  io_timeout_s:
+    description: rsync's I/O timeout (C(--timeout)); a stalled stream fails after this.
+    type: int
+    default: 300
+  hash_copied:
+    description:
+      - After the copy, hash every copied blob on the target and record the match there
+        (C(.sparkops/hashed-blobs.json)), so a later size check can tell a blob changed since.
+        Costs one read of the copied bytes on the target.
+    type: bool
+    default: true
+extends_documentation_fragment:
+  - sparkops.cluster.attributes
+attributes:
+  check_mode:
+    support: full
+    details: Reads every node's manifest over SSH and returns the plan; copies nothing.
+  diff_mode:
+    support: none
+    details: The plan (files and bytes to copy per target) is in the result instead.
+"""
+
+EXAMPLES = r"""
+- name: Sync the weights to the second Spark over the QSFP cable
+  sparkops.cluster.hf_cache_sync:
+    cache_dir: /var/lib/sparkops/huggingface/hub
+    model: Qwen/Qwen3-235B-A22B-GPTQ-Int4
+    revision: main
+    targets: [192.168.100.11]
+    source_address: 192.168.100.10
+    transport: rsyncd
+    streams: 8
+    ssh_key: /root/.ssh/sparkops_fabric_ed25519
+    ssh_extra_args: [-o, UserKnownHostsFile=/root/.ssh/sparkops_fabric_known_hosts]
+    min_free_bytes_margin: 21474836480
+  async: 7200
+  poll: 10
+"""
+
+RETURN = r"""
+revision:
+  description: The commit that was synced.
+  returned: always
+  type: str
+totals:
+  description: bytes_copied, files_copied, seconds (copy time) and MB_per_s (10^6 bytes/s) over all targets.
+  returned: always
+  type: dict
+targets:
+  description: Per target - address, plan (missing, mismatched, hash_failed, bytes_to_copy), what was done, rate.
+  returned: always
+  type: list
+  elements: dict
+compared:
+  description: C(sizes) (names and sizes; contents not hashed) or C(sha256) (every blob hashed).
+  returned: always
+  type: str
+elapsed_s:
+  description: Wall time of the whole module run (manifests, copy, links, checks).
+  returned: success
+  type: float
+"""
+
+import contextlib
+import functools
+import inspect
+import ipaddress
+import json
+import os
+import secrets
+import select
+import shlex
+import socket
+import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.sparkops.cluster.plugins.module_utils import hf_cache
+
+# Runs on a target: reads hf_cache's source (length-prefixed) from stdin, then its JSON arguments.
+REMOTE_BOOT = (
+    "import sys;n=int(sys.stdin.buffer.readline());src=sys.stdin.buffer.read(n);"
+    "g={'__name__':'sparkops_hf_cache_remote'};exec(compile(src,'sparkops_hf_cache.py','exec'),g);"
+    "raise SystemExit(g['remote_main']())"
+)
+RSYNC_USER = "sparkops"
+
+
+class SyncError(Exception):
+    """A failure with a message for the user."""
+
+
+@functools.cache
+def helper_source() -> bytes:
+    """hf_cache's source, sent to every target on every call: read it once."""
+    return inspect.getsource(hf_cache).encode()
+
+
+class Target:
+    def __init__(self, module: AnsibleModule, address: str):
+        self.m = module
+        self.p = module.params
+        self.address = address
+        self.repo = hf_cache.repo_dir(self.p["target_cache_dir"] or self.p["cache_dir"], self.p["model"])
+
+    def ssh_argv(self) -> list:
+        p = self.p
+        argv = [
+            "ssh",
+            "-l",
+            p["ssh_user"],
+            "-b",
+            p["source_address"],
+            "-c",
+            p["ssh_cipher"],
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            f"ConnectTimeout={p['connect_timeout_s']}",
+            "-o",
+            "ServerAliveInterval=15",
+        ]
+        if p["ssh_key"]:
+            argv += ["-i", p["ssh_key"], "-o", "IdentitiesOnly=yes"]
+        return argv + list(p["ssh_extra_args"])
+
+    def _payload(self, args: dict) -> bytes:
+        src = helper_source()
+        return b"%d\n" % len(src) + src + json.dumps(args).encode() + b"\n"
+
+    @staticmethod
+    def _result(text: str, address: str, action: str) -> dict:
+        for line in reversed(text.splitlines()):
+            if line.startswith(hf_cache.RESULT_MARK):
+                res = json.loads(line[len(hf_cache.RESULT_MARK) :])
+                if "error" in res:
+                    raise SyncError(f"{address}: {action} failed on the node: {res['error']}")
+                return res
+        return {}
+
+    def call(self, action: str, timeout: float = 3600, **args) -> dict:
+        argv = [*self.ssh_argv(), self.address, "python3 -c " + shlex.quote(REMOTE_BOOT)]
+        try:
+            proc = subprocess.run(
+                argv,
+                input=self._payload({"action": action, **args}),
+                capture_output=True,
+                timeout=timeout,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise SyncError(f"{self.address}: {action} over ssh did not finish in {timeout:.0f} s") from exc
+        out = proc.stdout.decode(errors="replace")
+        res = self._result(out, self.address, action)
+        if res:
+            return res
+        err = proc.stderr.decode(errors="replace").strip()
+        raise SyncError(
+            f"ssh to {self.address} from {self.p['source_address']} failed (rc {proc.returncode}): {err[-800:]}. "
+            "Check that the fabric key is authorized on the target for the fast subnets "
+            "(role fabric_ssh), that the target's fast link is up, and that python3 is installed there."
+        )
+
+
+def url_host(address: str) -> str:
+    """An address as rsync wants it before ``:`` (IPv6 in brackets)."""
+    return f"[{address}]" if ":" in address else address
+
+
+def local_address_ok(address: str) -> bool:
+    """Whether ``address`` is one of this node's addresses (binding to it works)."""
+    fam = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(fam, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((address, 0))
+        except OSError:
+            return False
+    return True
+
+
+class Progress:
+    """Bytes done across the copy, written to a JSON file at most every 2 s."""
+
+    def __init__(self, path: str | None, target: str, total: int):
+        self.path, self.target, self.total = path, target, total
+        self.done = 0
+        self.files = 0
+        self.start = time.monotonic()
+        self.lock = threading.Lock()
+        self.last_write = 0.0
+
+    def add(self, size: int) -> None:
+        with self.lock:
+            self.done += size
+            self.files += 1
+            now = time.monotonic()
+            if now - self.last_write >= 2.0:
+                self.last_write = now
+                self.write()
+
+    def write(self, final: bool = False) -> None:
+        if not self.path:
+            return
+        elapsed = max(time.monotonic() - self.start, 1e-6)
+        state = {
+            "target": self.target,
+            "bytes_done": self.done,
+            "bytes_total": self.total,
+            "files_done": self.files,
+            "MB_per_s": round(self.done / 1e6 / elapsed, 1),
+            "finished": final,
+            "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        with contextlib.suppress(OSError):
+            os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+            tmp = self.path + ".tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(state, f)
+            os.replace(tmp, self.path)
+
+
+def rsync_common(p: dict) -> list:
+    return [
+        "rsync",
+        "--archive",
+        "--whole-file",  # no delta search: blobs are immutable, the link is faster than the CPU
+        "--ignore-times",  # copy exactly the list (a same-size corrupt blob is on it)
+        "--numeric-ids",
+        f"--timeout={p['io_timeout_s']}",
+        "--out-format=%n %l",
+    ]
+
+
+class Rsyncd:
+    """A temporary rsync daemon on a target, alive while our ssh channel is open."""
+
+    def __init__(self, target: Target, module: AnsibleModule):
+        self.t, self.m, self.p = target, module, module.params
+        self.secret = secrets.token_hex(24)
+        self.proc = None
+
+    def __enter__(self):
+        t, p = self.t, self.p
+        args = {
+            "action": "rsyncd",
+            "address": t.address,
+            "port": p["rsyncd_port"],
+            "path": p["target_cache_dir"] or p["cache_dir"],
+            "allow": p["source_address"],
+            "user": RSYNC_USER,
+            "secret": self.secret,
+            "timeout": p["io_timeout_s"],
+        }
+        argv = [*t.ssh_argv(), t.address, "python3 -c " + shlex.quote(REMOTE_BOOT)]
+        self.proc = hf_cache.open_pipes(argv)
+        self.proc.stdin.write(t._payload(args))
+        self.proc.stdin.flush()
+        buf = b""
+        deadline = time.monotonic() + p["connect_timeout_s"] + 20
+        fd = self.proc.stdout.fileno()
+        while time.monotonic() < deadline:
+            ready = select.select([fd], [], [], 0.5)[0]
+            if ready:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    break
+                buf += chunk
+                text = buf.decode(errors="replace")
+                if hf_cache.READY_MARK in text:
+                    return self
+                if hf_cache.RESULT_MARK in text:
+                    break
+        self._close()
+        err = self.proc.stderr.read().decode(errors="replace").strip() if self.proc.stderr else ""
+        res = {}
+        with contextlib.suppress(SyncError):
+            res = Target._result(buf.decode(errors="replace"), t.address, "rsyncd")
+        raise SyncError(
+            f"{t.address}: the temporary rsync daemon did not start on port {p['rsyncd_port']}: "
+            f"{res.get('error') or buf.decode(errors='replace').strip()[-400:] or err[-400:]}. "
+            "Is the port free (rsyncd_port)? Or use transport: ssh."
+        )
+
+    def _close(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self.proc.stdin.close()  # EOF on the channel stops the daemon
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def __exit__(self, *exc):
+        self._close()
+        return False
+
+    def argv_env(self, repo_rel: str) -> tuple:
+        p = self.p
+        url = f"rsync://{RSYNC_USER}@{url_host(self.t.address)}:{p['rsyncd_port']}/hf/{repo_rel}/"
+        env = dict(os.environ, RSYNC_PASSWORD=self.secret)
+        return [*rsync_common(p), f"--address={p['source_address']}", "./", url], env
+
+
+def plan_for(target: Target, src_manifest: dict, hash_names) -> dict:
+    """Read the target's manifest and what it lacks; blobs in ``hash_names`` are hashed there too."""
+    probe = target.call(
+        "manifest",
+        timeout=7200,
+        repo=target.repo,
+        revision=src_manifest["revision"],
+        all_blobs=True,  # a blob no link points at yet (an interrupted run) still counts
+        hash={n: src_manifest["blobs"][n] for n in hash_names},
+        record=not target.m.check_mode,
+    )
+    if not probe.get("rsync"):
+        raise SyncError(f"{target.address}: rsync is not installed on the target (apt-get install rsync)")
+    dst = probe["manifest"]
+    diff = hf_cache.diff_manifests(src_manifest, dst)
+    for name in probe.get("hash_failed", []):
+        if f"blobs/{name}" not in diff["copy"]:
+            diff["copy"][f"blobs/{name}"] = src_manifest["blobs"][name]
+            diff["bytes_to_copy"] += src_manifest["blobs"][name]
+            diff["in_sync"] = False
+    return {
+        "address": target.address,
+        "repo_path": probe["repo_path"],
+        "free_bytes": probe["free_bytes"],
+        "free_path": probe["free_path"],
+        "missing": diff["missing"],
+        "mismatched": diff["mismatched"],
+        "hash_failed": probe.get("hash_failed", []),
+        "copy": diff["copy"],
+        "links": {**diff["links_create"], **diff["links_fix"]},
+        "refs": diff["refs_update"],
+        "bytes_to_copy": diff["bytes_to_copy"],
+        "bytes_needed": diff["bytes_needed"],
+        "in_sync": diff["in_sync"],
+        "complete": bool(dst.get("complete")),
+        "problems": hf_cache.completeness_problems(dst),
+        "hash_record": probe.get("hash_record", {}),
+    }
+
+
+def gib(n: int) -> str:
+    """Bytes for a message: GiB, or MiB below one GiB (so a small copy does not read as 0.0)."""
+    return f"{n / 1073741824:.1f} GiB" if n >= 1073741824 else f"{n / 1048576:.1f} MiB"
+
+
+def sync_target(module: AnsibleModule, target: Target, plan: dict, src_repo: str) -> dict:
+    p = module.params
+    done = {"stale_temp_removed": [], "bytes_copied": 0, "files_copied": 0, "seconds": 0.0, "MB_per_s": None}
+    mk = target.call("mkdirs", repo=target.repo)
+    done["stale_temp_removed"] = mk.get("stale_temp_removed", [])
+    if plan["copy"]:
+        progress = Progress(p["progress_file"], target.address, plan["bytes_to_copy"])
+        lists = hf_cache.plan_streams(plan["copy"], p["streams"])
+        repo_rel = os.path.basename(target.repo)
+        start = time.monotonic()
+        with contextlib.ExitStack() as stack:
+            if p["transport"] == "rsyncd":
+                daemon = stack.enter_context(Rsyncd(target, module))
+                argv, env = daemon.argv_env(repo_rel)
+            else:
+                argv = [
+                    *rsync_common(p),
+                    "-e",
+                    shlex.join(target.ssh_argv()),
+                    "./",
+                    f"{url_host(target.address)}:{target.repo}/",
+                ]
+                env = None
+            with ThreadPoolExecutor(max_workers=len(lists)) as pool:
+                futures = [
+                    pool.submit(hf_cache.run_stream, argv, env, files, src_repo, progress, timeout=4 * 3600)
+                    for files in lists
+                ]
+                results = [f.result() for f in futures]
+        elapsed = time.monotonic() - start
+        progress.write(final=True)
+        failed = [(rc, err) for rc, err in results if rc != 0]
+        if failed:
+            rc, err = failed[0]
+            raise SyncError(
+                f"{target.address}: rsync failed (rc {rc}) in {len(failed)} of {len(lists)} stream(s): {err.strip()}. "
+                "What was copied stays; run again to copy the rest."
+            )
+        done.update(
+            bytes_copied=plan["bytes_to_copy"],
+            files_copied=len(plan["copy"]),
+            seconds=round(elapsed, 2),
+            MB_per_s=round(plan["bytes_to_copy"] / 1e6 / max(elapsed, 1e-6), 1),
+        )
+    if plan["links"] or plan["refs"]:
+        done.update(target.call("links", repo=target.repo, links=plan["links"], refs=plan["refs"]))
+    return done
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "cache_dir": {"type": "path", "required": True},
+            "target_cache_dir": {"type": "path"},
+            "model": {"type": "str", "required": True},
+            "revision": {"type": "str", "required": True},
+            "targets": {"type": "list", "elements": "str", "required": True},
+            "source_address": {"type": "str", "required": True},
+            "transport": {"type": "str", "choices": ["ssh", "rsyncd"], "default": "ssh"},
+            "streams": {"type": "int", "default": 4},
+            "verify": {"type": "str", "choices": ["sizes", "full"], "default": "sizes"},
+            "ssh_user": {"type": "str", "default": "root"},
+            "ssh_key": {"type": "path"},
+            "ssh_cipher": {"type": "str", "default": "aes128-gcm@openssh.com"},
+            "ssh_extra_args": {"type": "list", "elements": "str", "default": []},
+            "rsyncd_port": {"type": "int", "default": 8873},
+            "min_free_bytes_margin": {"type": "int", "default": 0},
+            "progress_file": {"type": "path"},
+            "connect_timeout_s": {"type": "int", "default": 15},
+            "io_timeout_s": {"type": "int", "default": 300},
+            "hash_copied": {"type": "bool", "default": True},
+        },
+        supports_check_mode=True,
+    )
+    p = module.params
+    started = time.monotonic()
+    result = {
+        "changed": False,
+        "revision": None,
+        "targets": [],
+        "totals": {},
+        "compared": "sha256" if p["verify"] == "full" else "sizes",
+    }
+
+    def fail(msg: str) -> None:
+        module.fail_json(msg=msg, **result)
+
+    # ---- arguments
+    if not 1 <= p["streams"] <= 64:
+        fail(f"streams={p['streams']}: use 1 to 64 parallel rsync processes")
+    if not 1 <= p["rsyncd_port"] <= 65535:
+        fail(f"rsyncd_port={p['rsyncd_port']} is not a TCP port")
+    if p["min_free_bytes_margin"] < 0:
+        fail("min_free_bytes_margin must be >= 0")
+    for addr in [p["source_address"], *p["targets"]]:
+        try:
+            ipaddress.ip_address(addr)
+        except ValueError:
+            fail(f"{addr!r} is not an IP address: give the nodes' fast-link addresses (sparkops_fast_links)")
+    if p["source_address"] in p["targets"]:
+        fail(f"the source {p['source_address']} is among the targets: list only the other nodes")
+    if len(set(p["targets"])) != len(p["targets"]):
+        fail(f"targets has duplicates: {p['targets']}")
+    if not local_address_ok(p["source_address"]):
+        fail(
+            f"source_address {p['source_address']} is not an address of this node: the sync must leave on "
+            "this node's fast link. Check sparkops_fast_links and that the link is configured (roce_network)."
+        )
+    if p["ssh_key"] and not os.path.isfile(p["ssh_key"]):
+        fail(f"ssh_key {p['ssh_key']} does not exist on this node (run the fabric_ssh role first)")
+    try:
+        src_repo = hf_cache.repo_dir(p["cache_dir"], p["model"])
+        targets = [Target(module, a) for a in p["targets"]]
+    except ValueError as exc:
+        fail(str(exc))
+
+    # ---- the source must be complete (and, with verify=full, correct)
+    src = hf_cache.build_manifest(src_repo, p["revision"])
+    result["revision"] = src["revision"]
+    if not src["revision_found"]:
+        fail(f"{p['model']}@{p['revision']} is not in {p['cache_dir']} on this node: download it first")
+    if not src["complete"]:
+        fail(
+            f"{p['model']}@{p['revision']} is incomplete on the source, nothing was copied: "
+            + "; ".join(hf_cache.completeness_problems(src))
+            + ". Download it again (weight_cache_source: hub resumes an interrupted download) before syncing."
+        )
+    if p["verify"] == "full":
+        bad = hf_cache.verify_and_record(src_repo, list(src["blobs"]))
+        if bad:
+            fail(
+                f"{len(bad)} blob(s) on the source do not match their hash ({', '.join(bad[:3])}): "
+                "delete them and download again; nothing was copied"
+            )
+
+    # ---- plan every target, check space everywhere before copying anywhere
+    try:
+        plans = [plan_for(t, src, src["blobs"] if p["verify"] == "full" else ()) for t in targets]
+    except SyncError as exc:
+        fail(str(exc))
+    short = []
+    for plan in plans:
+        # A target with nothing to copy is not refused for a disk that filled up since.
+        if plan["bytes_needed"] > 0 and plan["free_bytes"] - plan["bytes_needed"] < p["min_free_bytes_margin"]:
+            short.append(
+                f"{plan['address']} needs {gib(plan['bytes_needed'])} for the copy plus "
+                f"{gib(p['min_free_bytes_margin'])} margin but has {gib(plan['free_bytes'])} free "
+                f"on {plan['free_path']}"
+            )
+    result["targets"] = [
+        {k: v for k, v in plan.items() if k not in ("copy", "links")}
+        | {"files_to_copy": len(plan["copy"]), "links_to_write": len(plan["links"])}
+        for plan in plans
+    ]
+    if short:
+        fail(
+            "not enough space, nothing was copied: "
+            + "; ".join(short)
+            + ". Free space or lower weight_cache_min_free_gib."
+        )
+    result["changed"] = not all(plan["in_sync"] for plan in plans)
+    total_bytes = sum(plan["bytes_to_copy"] for plan in plans)
+    result["totals"] = {"bytes_to_copy": total_bytes, "bytes_copied": 0, "files_copied": 0, "seconds": 0.0}
+    if module.check_mode or not result["changed"]:
+        result["elapsed_s"] = round(time.monotonic() - started, 2)
+        module.exit_json(**result)
+
+    # ---- copy
+    copy_seconds = 0.0
+    for plan, target, summary in zip(plans, targets, result["targets"], strict=True):
+        if plan["in_sync"]:
+            continue
+        try:
+            done = sync_target(module, target, plan, src_repo)
+        except SyncError as exc:
+            fail(str(exc))
+        summary.update(done)
+        copy_seconds += done["seconds"]
+        result["totals"]["bytes_copied"] += done["bytes_copied"]
+        result["totals"]["files_copied"] += done["files_copied"]
+        # ---- check what is there now
+        try:
+            # Sizes of everything again, and the hash of what was just copied (recorded on the target,
+            # so later checks there need not read it again): the other blobs were hashed by the plan a
+            # moment ago (verify=full) or were there before.
+            copied = [path.removeprefix("blobs/") for path in plan["copy"] if path.startswith("blobs/")]
+            after = plan_for(target, src, copied if p["verify"] == "full" or p["hash_copied"] else ())
+        except SyncError as exc:
+            fail(str(exc))
+        if not after["in_sync"] or not after["complete"]:
+            fail(
+                f"{target.address}: after the copy the target still differs from the source "
+                f"(missing {after['missing'][:3]}, wrong size {after['mismatched'][:3]}, "
+                f"wrong hash {after['hash_failed'][:3]}; {'; '.join(after['problems']) or 'complete'}). "
+                "Check the target's disk and run again."
+            )
+    result["totals"]["seconds"] = round(copy_seconds, 2)
+    result["totals"]["MB_per_s"] = (
+        round(result["totals"]["bytes_copied"] / 1e6 / copy_seconds, 1) if copy_seconds > 0 else None
+    )
+    result["elapsed_s"] = round(time.monotonic() - started, 2)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

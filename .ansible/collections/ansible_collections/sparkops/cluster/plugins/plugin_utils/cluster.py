@@ -1,0 +1,652 @@
+"""The sparkops cluster model: one pure function from the inventory to everything the roles need.
+
+``build_cluster(inputs)`` takes plain data (groups, per-host variables, settings) and returns the
+model as JSON-able dicts and lists, or raises ``ClusterError`` carrying EVERY problem found, each
+naming the host, link or address and saying how to fix it. It does no I/O: the same inputs always
+give the same model, so it is unit-tested without Ansible and ``playbooks/plan.yml`` can show it on
+an inventory whose hosts are unreachable.
+
+The shape follows the design in docs (architecture.md): validate everything first and count all
+errors (arista.avd's eos_designs_facts does the same for a fabric), compute each value once
+(kubespray's network_facts / kubespray_defaults), and let roles only read the result.
+
+Topologies (``sparkops_topology``), checked against the addresses, since links on one subnet share
+a cable or a switch segment:
+
+* ``pair``: two nodes, one cable, both twins of the cabled port, each twin on its own subnet;
+* ``switch``: two or more nodes, every fast subnet holds every node;
+* ``ring``: three or more nodes, every fast subnet holds exactly two nodes (one cable), and the
+  nodes form one cycle; non-neighbours are reached through routes the short way round. A 3-node
+  ring is also the full mesh (``mesh`` is accepted as its name).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import posixpath
+import re
+from collections import OrderedDict
+
+TOPOLOGIES = ("pair", "switch", "ring", "mesh")
+HARDWARE = ("dgx_spark", "simulated")
+MIN_MTU = 9000
+MAX_NODES = 64
+_ADDRESS_RE = re.compile(r"^(\d{1,3}\.){3}\d{1,3}/\d{1,2}$")
+_COMMIT_RE = re.compile(r"^[0-9a-fA-F]{40}$")
+_EXAMPLE_LINK = "{netdev: enp1s0f1np1, rdma_device: rocep1s0f1, address: 192.168.100.11/24}"
+
+
+class ClusterError(ValueError):
+    """Every problem of an inventory at once (``problems``: one sentence each)."""
+
+    def __init__(self, problems):
+        self.problems = list(problems)
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        n = len(self.problems)
+        head = f"The inventory describes no valid sparkops cluster ({n} problem{'s' if n != 1 else ''}):"
+        return "\n".join([head] + [f"  {i}. {p}" for i, p in enumerate(self.problems, 1)])
+
+
+# ----------------------------------------------------------------------------- helpers
+def _setting(settings: dict, name: str, default=None):
+    value = settings.get(name, default)
+    return default if value is None else value
+
+
+def _as_int(value):
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip())
+    return None
+
+
+def _parse_links(host: str, raw, problems: list) -> list:
+    """The host's fast links as dicts with ip/prefix/cidr; a problem for each malformed entry."""
+    if raw is None or raw in ([], ""):
+        problems.append(
+            f"{host} has no usable 'sparkops_fast_links' (a list). List its QSFP interfaces with their "
+            f"addresses, e.g. sparkops_fast_links: [{_EXAMPLE_LINK}]. NCCL, Ray and the weight sync use "
+            "these links only."
+        )
+        return []
+    if not isinstance(raw, (list, tuple)):
+        problems.append(
+            f"{host}: 'sparkops_fast_links' is a {type(raw).__name__}, not a list; write it as a list of "
+            f"links, e.g. [{_EXAMPLE_LINK}]."
+        )
+        return []
+    links = []
+    for index, entry in enumerate(raw):
+        where = f"{host}: fast link #{index} ({entry})"
+        if not isinstance(entry, dict):
+            problems.append(
+                f"{where} is malformed. Each entry needs 'netdev' (e.g. enp1s0f1np1) and 'address' as IPv4 "
+                "host address with prefix (e.g. 192.168.100.11/24)."
+            )
+            continue
+        netdev = entry.get("netdev")
+        address = entry.get("address")
+        rdma = entry.get("rdma_device")
+        bad = []
+        if not isinstance(netdev, str) or not netdev.strip():
+            bad.append("'netdev' (e.g. enp1s0f1np1) is missing")
+        iface = None
+        if not isinstance(address, str) or not _ADDRESS_RE.match(address.strip()):
+            bad.append("'address' is not an IPv4 host address with prefix (e.g. 192.168.100.11/24)")
+        else:
+            try:
+                iface = ipaddress.IPv4Interface(address.strip())
+            except ValueError:
+                bad.append(f"'address' {address} is not a valid IPv4 address with prefix")
+            else:
+                net = iface.network
+                if net.prefixlen < 8 or net.prefixlen > 30:
+                    bad.append(f"prefix /{net.prefixlen} is outside /8../30 (a cable subnet is e.g. a /24)")
+                    iface = None
+                elif iface.ip in (net.network_address, net.broadcast_address):
+                    bad.append(f"{iface.ip} is the network or broadcast address of {net}; pick a host address")
+                    iface = None
+        if rdma is not None and (not isinstance(rdma, str) or not rdma.strip()):
+            bad.append("'rdma_device' must be a name such as rocep1s0f1 (or left out)")
+        if bad:
+            problems.append(f"{where} is malformed: {'; '.join(bad)}. Example: {_EXAMPLE_LINK}.")
+            continue
+        links.append(
+            {
+                "index": index,
+                "netdev": netdev.strip(),
+                "rdma_device": rdma.strip() if isinstance(rdma, str) else None,
+                "address": str(iface),
+                "ip": str(iface.ip),
+                "prefix": iface.network.prefixlen,
+                "cidr": str(iface.network),
+            }
+        )
+    return links
+
+
+def _check_settings(settings: dict, problems: list) -> None:
+    hardware = _setting(settings, "sparkops_hardware", "dgx_spark")
+    if hardware not in HARDWARE:
+        problems.append(f"sparkops_hardware is '{hardware}'; valid values: {', '.join(HARDWARE)}.")
+    mtu = _as_int(_setting(settings, "sparkops_fast_mtu", MIN_MTU))
+    if mtu is None or mtu < MIN_MTU:
+        problems.append(
+            f"sparkops_fast_mtu is {settings.get('sparkops_fast_mtu')}; the QSFP links need MTU 9000 (RoCE and "
+            "NCCL lose much of their bandwidth with smaller frames). Set sparkops_fast_mtu: 9000."
+        )
+    branch = str(_setting(settings, "sparkops_nvidia_driver_branch", "580"))
+    if branch != "580":
+        problems.append(
+            f"sparkops_nvidia_driver_branch is '{branch}'. GB10 (SM121) must stay on the 580 driver branch: "
+            '590.x has a regression on GB10. Set sparkops_nvidia_driver_branch: "580".'
+        )
+    version = str(_setting(settings, "nvidia_driver_version", ""))
+    if version and not version.startswith(branch + "."):
+        problems.append(
+            f"nvidia_driver_version is '{version}', outside the {branch} branch. Pick a {branch}.x version "
+            "(apt-cache policy nvidia-driver-580-open lists them) or leave it empty."
+        )
+    for name, default in (("ray_cluster_gcs_port", 6379), ("vllm_serve_port", 8000)):
+        port = _as_int(_setting(settings, name, default))
+        if port is None or not 1 <= port <= 65535:
+            problems.append(f"{name} is '{settings.get(name)}'; give a TCP port number (1-65535).")
+
+
+# --------------------------------------------------------------------------- topology
+def _segments(nodes: dict, hosts: list) -> OrderedDict:
+    """cidr -> [(host, link)] in inventory order, subnets ordered by first appearance."""
+    segs: OrderedDict = OrderedDict()
+    for h in hosts:
+        for link in nodes[h]["links"]:
+            segs.setdefault(link["cidr"], []).append((h, link))
+    return segs
+
+
+def _check_addresses(nodes: dict, hosts: list, mgmt: dict, problems: list) -> None:
+    owners: dict = {}
+    for h in hosts:
+        for link in nodes[h]["links"]:
+            owners.setdefault(link["ip"], []).append(f"{h} {link['netdev']}")
+    dups = {ip: who for ip, who in owners.items() if len(who) > 1}
+    if dups:
+        problems.append(
+            "Fast-link addresses must be unique across the cluster; duplicated: "
+            + ", ".join(f"{ip} (on {' and '.join(who)})" for ip, who in dups.items())
+            + ". Give every interface of every node its own address."
+        )
+    for h in hosts:
+        links = nodes[h]["links"]
+        by_net: dict = {}
+        for link in links:
+            by_net.setdefault(link["cidr"], []).append(link)
+        for cidr, same in by_net.items():
+            if len(same) > 1:
+                problems.append(
+                    f"{h}: two fast links are on the same subnet {cidr} "
+                    f"({', '.join(link['netdev'] + ' ' + link['address'] for link in same)}). The two PCIe "
+                    "functions (twins) of a ConnectX-7 port need different subnets, or routing and NCCL "
+                    "discovery get confused: move one twin to a subnet of its own."
+                )
+        netdevs = [link["netdev"] for link in links]
+        for nd in sorted({n for n in netdevs if netdevs.count(n) > 1}):
+            problems.append(f"{h}: netdev {nd} is listed twice in sparkops_fast_links; list each interface once.")
+        ansible_host = mgmt.get(h)
+        if ansible_host and ansible_host in owners:
+            problems.append(
+                f"{h}: ansible_host {ansible_host} is a fast-link address. Connect Ansible over the management "
+                "interface (enP7s7); the fast links carry NCCL, Ray and weights only."
+            )
+
+
+def _cables(segs, hosts: list, ranks: dict) -> list:
+    """Point-to-point subnets grouped by the two nodes they join: one cable, its subnets the lanes."""
+    by_pair: OrderedDict = OrderedDict()
+    for cidr, members in segs.items():
+        if len(members) != 2:
+            continue
+        (ha, la), (hb, lb) = sorted(members, key=lambda m: ranks[m[0]])
+        if ha == hb:
+            continue
+        by_pair.setdefault((ha, hb), []).append((cidr, la, lb))
+    cables = []
+    for (a, b), lanes in sorted(by_pair.items(), key=lambda kv: (ranks[kv[0][0]], ranks[kv[0][1]])):
+        cables.append({"a": a, "b": b, "lanes": [_lane(cidr, a, la, b, lb) for cidr, la, lb in lanes]})
+    return cables
+
+
+def _end(host: str, link: dict) -> dict:
+    return {"host": host, "netdev": link["netdev"], "rdma_device": link["rdma_device"], "ip": link["ip"]}
+
+
+def _lane(cidr: str, a: str, la: dict, b: str, lb: dict) -> dict:
+    return {"cidr": cidr, "a": _end(a, la), "b": _end(b, lb)}
+
+
+def _cycle(hosts: list, neighbours: dict) -> list | None:
+    """The nodes in ring order starting at the head, or None when they do not form one cycle."""
+    if any(len(neighbours[h]) != 2 for h in hosts):
+        return None
+    start = hosts[0]
+    order = [start]
+    prev, cur = None, start
+    while True:
+        nxt = [n for n in sorted(neighbours[cur], key=hosts.index) if n != prev]
+        step = nxt[0] if prev is not None else sorted(neighbours[cur], key=hosts.index)[0]
+        if step == start:
+            break
+        if step in order:
+            return None
+        order.append(step)
+        prev, cur = cur, step
+    return order if len(order) == len(hosts) else None
+
+
+def _check_topology(topology: str, hosts: list, segs, cables: list, problems: list) -> list | None:
+    """Checks the declared topology against the subnets; returns the ring order for rings."""
+    n = len(hosts)
+    if topology == "pair":
+        if n != 2:
+            problems.append(
+                f"sparkops_topology is pair but the cluster has {n} node(s) ({', '.join(hosts)}); a pair is "
+                "exactly two Sparks joined by one cable. For more nodes declare switch or ring."
+            )
+    elif topology == "switch":
+        if n < 2:
+            problems.append(f"sparkops_topology is switch but the cluster has {n} node; a switch joins two or more.")
+    elif topology in ("ring", "mesh"):
+        if n < 3:
+            problems.append(
+                f"sparkops_topology is {topology} but the cluster has {n} node(s); a ring needs three or more "
+                "(two Sparks on one cable are a pair)."
+            )
+        if topology == "mesh" and n != 3:
+            problems.append(
+                f"sparkops_topology is mesh but the cluster has {n} nodes; a full mesh of Sparks (two QSFP ports "
+                "each) is three nodes. For more declare ring."
+            )
+    for cidr, members in segs.items():
+        names = [h for h, _link in members]
+        ends = ", ".join(f"{h} {link['netdev']} {link['ip']}" for h, link in members)
+        if len(members) == 1:
+            h, link = members[0]
+            problems.append(
+                f"{h} {link['netdev']} {link['address']}: no other node has an address in {cidr}, so this link "
+                "reaches nobody. Give the node at the cable's (or switch's) other end an address in that subnet, "
+                "or remove the link."
+            )
+        elif topology == "switch" and len(set(names)) != n:
+            missing = [h for h in hosts if h not in names]
+            problems.append(
+                f"switch subnet {cidr} holds {ends} but not {', '.join(missing)}; on a switch every fast subnet "
+                f"holds every node: give {', '.join(missing)} an address in {cidr}."
+            )
+        elif topology in ("pair", "ring", "mesh") and len(members) > 2:
+            problems.append(
+                f"subnet {cidr} holds {len(members)} nodes ({ends}); on a {topology} each subnet is one cable "
+                "lane with exactly two ends. Give each cable its own subnets (or declare sparkops_topology: "
+                "switch if the nodes hang off a switch)."
+            )
+    if topology == "pair" and n == 2:
+        if len(cables) != 1:
+            problems.append(
+                f"the pair {hosts[0]} and {hosts[1]} share no fast subnet; both ends of a cable must be on one "
+                "subnet per twin (e.g. 192.168.100.11/24 and 192.168.100.12/24)."
+            )
+        elif len(cables[0]["lanes"]) < 2:
+            lane = cables[0]["lanes"][0]
+            problems.append(
+                f"the pair's cable carries one lane only ({lane['cidr']}: {lane['a']['netdev']} - "
+                f"{lane['b']['netdev']}); full bandwidth needs both twins of the cabled port (e.g. enp1s0f1np1 "
+                "and enP2p1s0f1np1), each on its own subnet: add the second twin to both nodes."
+            )
+    if topology in ("ring", "mesh") and n >= 3:
+        neighbours = {h: set() for h in hosts}
+        for c in cables:
+            neighbours[c["a"]].add(c["b"])
+            neighbours[c["b"]].add(c["a"])
+        short = [h for h in hosts if len(neighbours[h]) < 2]
+        for h in hosts:
+            nb = sorted(neighbours[h], key=hosts.index)
+            if len(nb) < 2:
+                others = [o for o in short if o != h and o not in nb]
+                hint = f" (also short of a cable: {', '.join(others)})" if others else ""
+                problems.append(
+                    f"{h} is cabled to {len(nb)} node(s) ({', '.join(nb) or 'none'}); on a ring every node has "
+                    f"one cable to each of two neighbours. A cable is missing{hint}: give both of its ends "
+                    "addresses in one new subnet per twin."
+                )
+            elif len(nb) > 2:
+                problems.append(
+                    f"{h} is cabled to {len(nb)} nodes ({', '.join(nb)}); on a ring every node has exactly two "
+                    "neighbours (a Spark has two QSFP ports)."
+                )
+        if not short and all(len(neighbours[h]) == 2 for h in hosts):
+            order = _cycle(hosts, neighbours)
+            if order is None:
+                problems.append(
+                    "the cables form several separate loops, not one ring: "
+                    + "; ".join(f"{c['a']}-{c['b']}" for c in cables)
+                    + ". Re-cable (or re-address) so that the nodes form one cycle."
+                )
+            return order
+    return None
+
+
+# ----------------------------------------------------------------------------- compute
+def _ring_routes(order: list, nodes: dict, cables_by_pair: dict, segs) -> dict:
+    """For each node, routes to every subnet it is not on, via the neighbour on the short way round.
+
+    Ties (the subnet opposite on an odd ring, or the node opposite on an even one) go clockwise.
+    """
+    n = len(order)
+    routes = {h: [] for h in order}
+    for i, h in enumerate(order):
+        mine = {link["cidr"] for link in nodes[h]["links"]}
+        right, left = order[(i + 1) % n], order[(i - 1) % n]
+        for cidr, members in segs.items():
+            if cidr in mine:
+                continue
+            dists_r = [(order.index(m) - i) % n for m, _link in members]
+            dists_l = [(i - order.index(m)) % n for m, _link in members]
+            via = right if min(dists_r) <= min(dists_l) else left
+            hops = min(*dists_r, *dists_l)
+            lane = cables_by_pair[frozenset((h, via))]["lanes"][0]
+            me, other = (lane["a"], lane["b"]) if lane["a"]["host"] == h else (lane["b"], lane["a"])
+            routes[h].append({"to": cidr, "via": other["ip"], "dev": me["netdev"], "through": via, "hops": hops})
+    return routes
+
+
+def _fanout(source: str, hosts: list, order: list | None, lane_ip) -> list:
+    """Copy plan for the weights and the image: edges {from, to, ip, wave}.
+
+    On a ring two chains leave the source, one each way, and every copy runs along a cable (each
+    node forwards to the next); on a switch or pair a doubling tree (wave k: every node that holds
+    the data sends to one that does not), so N nodes take ~log2(N) copy times, not N-1.
+    """
+    edges = []
+    if order is not None:
+        n = len(order)
+        s = order.index(source)
+        cw = [order[(s + k) % n] for k in range(1, n // 2 + 1)]
+        ccw = [order[(s - k) % n] for k in range(1, (n - 1) // 2 + 1)]
+        for chain in (cw, ccw):
+            prev = source
+            for wave, h in enumerate(chain, 1):
+                edges.append({"from": prev, "to": h, "ip": lane_ip(prev, h), "wave": wave})
+                prev = h
+        return sorted(edges, key=lambda e: (e["wave"], hosts.index(e["to"])))
+    have = [source]
+    todo = [h for h in hosts if h != source]
+    wave = 0
+    while todo:
+        wave += 1
+        senders = list(have)
+        for sender in senders:
+            if not todo:
+                break
+            h = todo.pop(0)
+            edges.append({"from": sender, "to": h, "ip": lane_ip(sender, h), "wave": wave})
+            have.append(h)
+    return edges
+
+
+def _fabric_env(topology: str, n: int, node: dict) -> dict:
+    primary = node["primary"]
+    env = OrderedDict()
+    env["VLLM_HOST_IP"] = primary["ip"]
+    env["NCCL_SOCKET_IFNAME"] = primary["netdev"]
+    env["NCCL_IB_HCA"] = ",".join(node["hcas"])
+    env["NCCL_IB_DISABLE"] = "0"
+    env["GLOO_SOCKET_IFNAME"] = primary["netdev"]
+    env["TP_SOCKET_IFNAME"] = primary["netdev"]
+    env["UCX_NET_DEVICES"] = primary["netdev"]
+    env["OMPI_MCA_btl_tcp_if_include"] = primary["netdev"]
+    if topology in ("ring", "mesh"):
+        # What people running Spark meshes and rings set (spark-facts.md): keep the twins as
+        # separate NICs, no external net plugin, and let NCCL pick the NIC on the peer's subnet.
+        env["NCCL_IB_MERGE_NICS"] = "0"
+        env["NCCL_NET_PLUGIN"] = "none"
+        env["NCCL_IB_SUBNET_AWARE_ROUTING"] = "1"
+        if n >= 4:
+            env["NCCL_ALGO"] = "Ring"
+    return dict(env)
+
+
+def build_cluster(inputs: dict) -> dict:
+    """The whole cluster model from the inventory, or ClusterError with every problem.
+
+    inputs: {"groups": {group: [hosts]}, "hostvars": {host: {sparkops_fast_links, ansible_host}},
+    "settings": {variable: value}} (settings: sparkops_topology, sparkops_hardware, sparkops_fast_mtu,
+    image/endpoint/paths variables, inventory_dir; see roles/cluster_facts/meta/argument_specs.yml).
+    """
+    groups = inputs.get("groups") or {}
+    hostvars = inputs.get("hostvars") or {}
+    settings = inputs.get("settings") or {}
+    problems: list = []
+
+    hosts = list(dict.fromkeys(groups.get("spark_cluster") or []))
+    heads = list(dict.fromkeys(groups.get("spark_head") or []))
+    if not hosts:
+        problems.append(
+            "The inventory has no hosts in group 'spark_cluster'. Put every Spark in it, with one of them also "
+            "in 'spark_head' (see inventory/two-sparks/hosts.yml)."
+        )
+    if len(heads) != 1:
+        problems.append(
+            f"Group 'spark_head' must hold exactly one host; it holds {len(heads)} "
+            f"({', '.join(heads) if heads else 'none'}). The head runs the Ray head and the vLLM API server: "
+            "pick one Spark and put only it in 'spark_head'."
+        )
+    elif hosts and heads[0] not in hosts:
+        problems.append(
+            f"The head '{heads[0]}' is not in group 'spark_cluster'. Make 'spark_head' a child of 'spark_cluster' "
+            "(as in inventory/two-sparks/hosts.yml)."
+        )
+    if len(hosts) > MAX_NODES:
+        problems.append(f"The cluster has {len(hosts)} nodes; sparkops models at most {MAX_NODES}.")
+    topology = str(_setting(settings, "sparkops_topology", "pair"))
+    if topology not in TOPOLOGIES:
+        problems.append(f"sparkops_topology is '{topology}'; valid values: pair, switch, ring (mesh = 3-node ring).")
+    _check_settings(settings, problems)
+
+    head = heads[0] if len(heads) == 1 and heads[0] in hosts else None
+    ordered = ([head] if head else []) + [h for h in hosts if h != head]
+    ranks = {h: i for i, h in enumerate(ordered)}
+    nodes: dict = {}
+    mgmt: dict = {}
+    for h in ordered:
+        hv = hostvars.get(h) or {}
+        links = _parse_links(h, hv.get("sparkops_fast_links"), problems)
+        mgmt[h] = str(hv.get("ansible_host") or h)
+        nodes[h] = {"links": links}
+    _check_addresses(nodes, ordered, mgmt, problems)
+    segs = _segments(nodes, ordered)
+    cables = _cables(segs, ordered, ranks)
+    order = None
+    if topology in TOPOLOGIES and ordered:
+        order = _check_topology(topology, ordered, segs, cables, problems)
+    if problems:
+        raise ClusterError(problems)
+    return _assemble(topology, head, ordered, ranks, nodes, mgmt, segs, cables, order, settings)
+
+
+def _assemble(topology, head, hosts, ranks, nodes, mgmt, segs, cables, order, settings) -> dict:  # noqa: PLR0913, PLR0917
+    n = len(hosts)
+    workers = hosts[1:]
+    cables_by_pair = {frozenset((c["a"], c["b"])): c for c in cables}
+    if topology == "switch":
+        # A switch has no cables between nodes; for per-cable tests each worker's path to the
+        # head counts as one, its lanes the shared subnets.
+        cables = []
+        for w in workers:
+            lanes = []
+            for cidr, members in segs.items():
+                la = next(link for h, link in members if h == head)
+                lb = next(link for h, link in members if h == w)
+                lanes.append(_lane(cidr, head, la, w, lb))
+            cables.append({"a": head, "b": w, "lanes": lanes})
+    for h in hosts:
+        node = nodes[h]
+        node["rank"] = ranks[h]
+        node["is_head"] = h == head
+        node["mgmt_address"] = mgmt[h]
+        node["primary"] = node["links"][0]
+        node["ips"] = [link["ip"] for link in node["links"]]
+        node["hcas"] = [link["rdma_device"] for link in node["links"] if link["rdma_device"]]
+        node["netdevs"] = [link["netdev"] for link in node["links"]]
+        pings, peers = [], []
+        for cidr, members in segs.items():
+            mine = [link for m, link in members if m == h]
+            if not mine:
+                continue
+            for peer, plink in members:
+                if peer == h:
+                    continue
+                if peer not in peers:
+                    peers.append(peer)
+                pings.append({"netdev": mine[0]["netdev"], "peer": peer, "ip": plink["ip"], "cidr": cidr})
+        node["peers"] = sorted(peers, key=ranks.get)
+        node["neighbours"] = list(node["peers"])
+        node["pings"] = pings
+        node["routes"] = []
+        node["ssh_from"] = list(segs.keys())
+    if order is not None:
+        for h, rts in _ring_routes(order, nodes, cables_by_pair, segs).items():
+            nodes[h]["routes"] = rts
+            # A jumbo ping to each non-neighbour's address on a far subnet proves the route.
+            for r in rts:
+                for owner, link in segs[r["to"]]:
+                    if owner != h and owner not in nodes[h]["neighbours"]:
+                        nodes[h]["pings"].append(
+                            {"netdev": r["dev"], "peer": owner, "ip": link["ip"], "cidr": r["to"], "routed": True}
+                        )
+    for h in hosts:
+        nodes[h]["reachable"] = [p for p in hosts if p != h]
+    for h in hosts:
+        nodes[h]["env"] = _fabric_env(topology, n, nodes[h])
+
+    def lane_ip(src: str, dst: str) -> str:
+        cable = cables_by_pair.get(frozenset((src, dst)))
+        if cable is not None:
+            lane = cable["lanes"][0]
+            return lane["a"]["ip"] if lane["a"]["host"] == dst else lane["b"]["ip"]
+        src_nets = {link["cidr"] for link in nodes[src]["links"]}
+        return next(
+            (link["ip"] for link in nodes[dst]["links"] if link["cidr"] in src_nets), nodes[dst]["primary"]["ip"]
+        )
+
+    head_ip = nodes[head]["primary"]["ip"]
+    gcs_port = _as_int(_setting(settings, "ray_cluster_gcs_port", 6379))
+    port = _as_int(_setting(settings, "vllm_serve_port", 8000))
+    bind = str(_setting(settings, "vllm_serve_host", "") or head_ip)
+    url_host = head_ip if bind in ("0.0.0.0", "::") else bind  # noqa: S104 - a value compared, not bound
+
+    image_name = str(_setting(settings, "spark_vllm_image_name", "vllm-node"))
+    ref = str(_setting(settings, "spark_vllm_image_ref", ""))
+    commit = ref.lower() if _COMMIT_RE.match(ref) else ""
+    # A pinned commit names the image without any I/O; a branch or tag name is only a label
+    # until the build resolves it (the image role then records the commit it built).
+    tag = commit[:12] if commit else re.sub(r"[^A-Za-z0-9_.-]", "-", ref)[:128] or "latest"
+    build_host = str(_setting(settings, "sparkops_image_build_host", "") or head)
+    weights_source = str(_setting(settings, "sparkops_weights_source_host", "") or head)
+    image_source = build_host if build_host in nodes else head
+    if weights_source not in nodes:
+        weights_source = head
+
+    inventory_dir = str(_setting(settings, "inventory_dir", "") or ".")
+    credentials_dir = str(
+        _setting(settings, "sparkops_credentials_dir", "") or posixpath.join(inventory_dir, "credentials")
+    )
+    reports_dir = str(_setting(settings, "sparkops_reports_dir", "") or posixpath.join(inventory_dir, "reports"))
+    lock_file = str(_setting(settings, "sparkops_lock_file", "") or posixpath.join(inventory_dir, "sparkops.lock.json"))
+    plan_file = str(_setting(settings, "sparkops_plan_file", "") or posixpath.join(inventory_dir, "sparkops-plan.json"))
+
+    segments = [{"cidr": cidr, "hosts": [h for h, _link in members]} for cidr, members in segs.items()]
+    return {
+        "name": str(_setting(settings, "sparkops_cluster_name", "sparks")),
+        "hardware": str(_setting(settings, "sparkops_hardware", "dgx_spark")),
+        "topology": "ring" if topology == "mesh" else topology,
+        "mesh": topology == "mesh" or (topology == "ring" and n == 3),
+        "mtu": _as_int(_setting(settings, "sparkops_fast_mtu", MIN_MTU)),
+        "mgmt_interface": str(_setting(settings, "sparkops_mgmt_interface", "enP7s7")),
+        "size": n,
+        "head": head,
+        "workers": workers,
+        "hosts": hosts,
+        "ranks": dict(ranks),
+        "ring_order": order or [],
+        "nodes": nodes,
+        "segments": segments,
+        "cables": cables,
+        "ray": {"head": head, "head_ip": head_ip, "port": gcs_port, "address": f"{head_ip}:{gcs_port}"},
+        "endpoint": {"host": head, "bind": bind, "port": port, "url": f"http://{url_host}:{port}"},
+        "image": {
+            "name": image_name,
+            "repo": str(_setting(settings, "spark_vllm_image_repo", "")),
+            "ref": ref,
+            "commit": commit,
+            "tag": tag,
+            "image": f"{image_name}:{tag}",
+            "build_host": image_source,
+            "fanout": _fanout(image_source, hosts, order, lane_ip),
+        },
+        "weights": {
+            "source": weights_source,
+            "source_ip": nodes[weights_source]["primary"]["ip"],
+            "targets": [h for h in hosts if h != weights_source],
+            "fanout": _fanout(weights_source, hosts, order, lane_ip),
+        },
+        "paths": {
+            "inventory_dir": inventory_dir,
+            "credentials_dir": credentials_dir,
+            "api_key_file": posixpath.join(credentials_dir, "api_key"),
+            "reports_dir": reports_dir,
+            "lock_file": lock_file,
+            "plan_file": plan_file,
+        },
+    }
+
+
+def summary(model: dict) -> list:
+    """A readable plan: nodes, cables, segments, peers, routes and what each stage would use."""
+    mesh = " (3-node full mesh)" if model["mesh"] else ""
+    out = [
+        f"cluster {model['name']}: {model['topology']}{mesh} of {model['size']} node(s), MTU {model['mtu']}, "
+        f"hardware {model['hardware']}",
+        f"head {model['head']}; workers {', '.join(model['workers']) or 'none'}",
+    ]
+    for h in model["hosts"]:
+        node = model["nodes"][h]
+        links = ", ".join(
+            f"{lk['netdev']}={lk['address']}" + (f"[{lk['rdma_device']}]" if lk["rdma_device"] else "")
+            for lk in node["links"]
+        )
+        out.append(f"node {h} (rank {node['rank']}, mgmt {node['mgmt_address']}): {links}")
+        out.append(f"  peers (cabled/switched): {', '.join(node['peers'])}")
+        out.extend(
+            f"  route {r['to']} via {r['via']} dev {r['dev']} ({r['through']}, {r['hops']} hops)"
+            for r in node["routes"]
+        )
+    out.extend(f"segment {seg['cidr']}: {', '.join(seg['hosts'])}" for seg in model["segments"])
+    for c in model["cables"]:
+        lanes = "; ".join(
+            f"{ln['a']['netdev']} {ln['a']['ip']} <-> {ln['b']['netdev']} {ln['b']['ip']}" for ln in c["lanes"]
+        )
+        out.append(f"cable {c['a']} - {c['b']}: {lanes}")
+    ep, img, paths = model["endpoint"], model["image"], model["paths"]
+    out.append(f"ray head {model['ray']['address']}; API {ep['url']} (bind {ep['bind']})")
+    out.append(f"image {img['image']} from {img['repo']} @ {img['ref']}, built on {img['build_host']}")
+    waves = model["weights"]["fanout"]
+    out.append(
+        f"weights from {model['weights']['source']} in {max([e['wave'] for e in waves], default=0)} wave(s): "
+        + ", ".join(f"{e['from']}->{e['to']}@{e['ip']} (w{e['wave']})" for e in waves)
+    )
+    out.append(f"controller: API key file {paths['api_key_file']}, reports {paths['reports_dir']}")
+    out.append(f"controller: lock file {paths['lock_file']}, plan {paths['plan_file']}")
+    return out

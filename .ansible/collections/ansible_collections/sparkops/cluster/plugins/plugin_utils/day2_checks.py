@@ -1,0 +1,455 @@
+# Copyright: sparkops maintainers
+# Apache-2.0
+"""Day-2 judgements, controller side: the memory plan and the doctor's verdicts.
+
+Every check returns one dict: check, scope (a node or "cluster"), verdict (PASS, WARN, CRITICAL, or
+N/A where the check cannot apply, with the reason), evidence (what was seen) and action (what a person
+does next: a command, a cable, a variable). Pure functions over data the doctor playbook gathered;
+unit-tested in tests/unit/plugins/plugin_utils/test_day2_checks.py.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ansible_collections.sparkops.cluster.plugins.module_utils.hw_links import version_key
+
+PASS, WARN, CRITICAL, NA = "PASS", "WARN", "CRITICAL", "N/A"
+_RANK = {NA: 0, PASS: 1, WARN: 2, CRITICAL: 3}
+GIB = 2**30
+
+
+def verdict(check: str, scope: str, level: str, evidence: str, action: str = "") -> dict:
+    return {"check": check, "scope": scope, "verdict": level, "evidence": evidence, "action": action}
+
+
+def overall(verdicts: list[dict]) -> str:
+    worst = max((_RANK[v["verdict"]] for v in verdicts), default=_RANK[PASS])
+    return {0: PASS, 1: PASS, 2: WARN, 3: CRITICAL}[worst]
+
+
+# --------------------------------------------------------------------------- preflight
+def memory_plan_problems(profile: dict, node_memory_gib: float, overhead_gib: float, floor_gib: float) -> list[str]:
+    """What a node keeps free under the profile: memory x (1 - utilisation) - overhead >= floor."""
+    util = float(profile.get("gpu_memory_utilization", 0.9))
+    if floor_gib < 0 or overhead_gib < 0 or node_memory_gib <= 0:
+        return [
+            f"memory settings must be positive (node {node_memory_gib}, overhead {overhead_gib}, floor {floor_gib} GiB)"
+        ]
+    left = node_memory_gib * (1 - util) - overhead_gib
+    if left < floor_gib:
+        need = 1 - (floor_gib + overhead_gib) / node_memory_gib
+        return [
+            f"gpu_memory_utilization {util} leaves {left:.1f} GiB of {node_memory_gib:g} GiB for the OS after "
+            f"{overhead_gib:g} GiB of host processes, below the memory floor of {floor_gib:g} GiB "
+            f"(sparkops_memory_floor_gib); lower gpu_memory_utilization to {max(need, 0):.2f} or less"
+        ]
+    return []
+
+
+# --------------------------------------------------------------------------- node checks
+def check_driver(node: str, gpu: dict, branch: str) -> dict:
+    if not gpu.get("gpu_present"):
+        return verdict("driver branch", node, NA, f"not applicable: {gpu.get('reason') or 'no GPU'}")
+    ver = gpu.get("driver_version") or gpu.get("kernel_module_version") or "?"
+    if gpu.get("on_branch"):
+        return verdict("driver branch", node, PASS, f"driver {ver} on branch {branch}")
+    return verdict(
+        "driver branch",
+        node,
+        CRITICAL,
+        f"driver {ver}: {gpu.get('branch_reason') or 'off branch ' + branch}",
+        f"ansible-playbook playbooks/upgrade.yml -e nvidia_driver_version=<{branch}.x> "
+        "-e nvidia_driver_allow_reboot=true",
+    )
+
+
+def check_kernel(node: str, kernel: str, known_bad: list[dict]) -> dict:
+    for bad in known_bad or []:
+        if bad.get("version") == kernel:
+            return verdict(
+                "kernel",
+                node,
+                CRITICAL,
+                f"kernel {kernel} is known bad: {bad.get('reason', '')}",
+                f"boot the previous kernel (grub, Advanced options), then `apt purge linux-image-{kernel}`",
+            )
+    return verdict("kernel", node, PASS, f"kernel {kernel or '?'} is not on the known-bad list")
+
+
+def check_nic(node: str, functions: list[dict], hardware: str, expected_width: int, min_firmware: str) -> dict:
+    """functions: [{device, bdf, firmware, sta_width, cap_width, sta_speed_gts, cap_speed_gts}]."""
+    if not functions:
+        level = NA if hardware != "dgx_spark" else CRITICAL
+        ev = "not applicable: no RDMA device (simulated node)" if level == NA else "no ConnectX-7 function found"
+        return verdict(
+            "NIC firmware and PCIe width",
+            node,
+            level,
+            ev,
+            "" if level == NA else "check `ibdev2netdev` and `lspci | grep Mellanox`",
+        )
+    problems, warns, seen = [], [], []
+    fws = {f.get("firmware") for f in functions if f.get("firmware")}
+    for f in functions:
+        w, cap = f.get("sta_width"), f.get("cap_width")
+        seen.append(f"{f['device']} fw {f.get('firmware') or '?'} x{w or '?'} @ {f.get('sta_speed_gts') or '?'} GT/s")
+        if w is not None and (w < expected_width or (cap and w < cap)):
+            problems.append(f"{f['device']} ({f.get('bdf')}) runs PCIe x{w}, needs x{max(expected_width, cap or 0)}")
+        if f.get("firmware") and min_firmware and version_key(f["firmware"]) < version_key(min_firmware):
+            warns.append(f"{f['device']} firmware {f['firmware']} older than {min_firmware}")
+    if len(fws) > 1:
+        warns.append(f"functions run different firmware: {', '.join(sorted(fws))}")
+    ev = "; ".join(seen)
+    if problems:
+        return verdict(
+            "NIC firmware and PCIe width",
+            node,
+            CRITICAL,
+            "; ".join(problems) + f" [{ev}]",
+            "update the ConnectX-7 firmware (DGX OS updates: `sudo fwupdmgr update`), then power-cycle the Spark "
+            "(a warm reboot does not retrain the link)",
+        )
+    if warns:
+        return verdict(
+            "NIC firmware and PCIe width",
+            node,
+            WARN,
+            "; ".join(warns) + f" [{ev}]",
+            "`sudo fwupdmgr update` on this node",
+        )
+    return verdict("NIC firmware and PCIe width", node, PASS, ev)
+
+
+# Reasons that mean the GPU is held back by heat or power delivery, not by its own idleness.
+_BAD_REASONS = ("HW Slowdown", "HW Thermal Slowdown", "HW Power Brake Slowdown", "SW Thermal Slowdown")
+
+
+def check_gpu_clocks(node: str, gpus: list[dict] | None, reason: str = "") -> dict:
+    if not gpus:
+        return verdict("GPU clocks and throttle reasons", node, NA, f"not applicable: {reason or 'no GPU'}")
+    out = []
+    level = PASS
+    for g in gpus:
+        cur = g["clocks_mhz"].get("Graphics") or g["clocks_mhz"].get("SM")
+        top = g["max_clocks_mhz"].get("Graphics") or g["max_clocks_mhz"].get("SM")
+        reasons = g.get("reasons_active", [])
+        busy = "Idle" not in reasons
+        bad = [r for r in reasons if r in _BAD_REASONS]
+        out.append(f"{g['bus_id']}: {cur} of {top} MHz, {g.get('pstate')}, active: {', '.join(reasons) or 'none'}")
+        if busy and cur and top and cur < 0.5 * top:
+            level = CRITICAL
+        elif bad and level != CRITICAL:
+            level = WARN
+    action = ""
+    if level != PASS:
+        action = (
+            "check airflow and the power supply (GB10 drops to ~0.7 GHz when held back); "
+            "`nvidia-smi -q -d PERFORMANCE` under load"
+        )
+    return verdict("GPU clocks and throttle reasons", node, level, "; ".join(out), action)
+
+
+def check_memory(node: str, available_bytes: int | None, floor_gib: float, floor_marker: dict | None) -> dict:
+    if floor_marker:
+        return verdict(
+            "memory headroom",
+            node,
+            CRITICAL,
+            f"memory floor crossed at {floor_marker.get('at')}: "
+            f"{int(floor_marker.get('available_bytes', 0)) // 2**20} MiB free "
+            f"< {int(floor_marker.get('floor_bytes', 0)) // 2**20} MiB; {floor_marker.get('stopped')} was stopped",
+            "find what ate the memory (`ps aux --sort=-rss | head`), lower gpu_memory_utilization if it was vLLM, "
+            "then `ansible-playbook site.yml` (restarts the group and re-arms the floor)",
+        )
+    if available_bytes is None:
+        return verdict(
+            "memory headroom", node, WARN, "free memory could not be read", "check /proc/meminfo on the node"
+        )
+    floor = floor_gib * GIB
+    ev = f"{available_bytes / GIB:.1f} GiB free, floor {floor_gib:g} GiB"
+    if available_bytes < floor:
+        return verdict(
+            "memory headroom", node, CRITICAL, ev, "stop what uses memory; the watchdog stops vLLM at the floor"
+        )
+    if available_bytes < 1.5 * floor:
+        return verdict("memory headroom", node, WARN, ev, "lower gpu_memory_utilization or sparkops_memory_floor_gib")
+    return verdict("memory headroom", node, PASS, ev)
+
+
+def check_disk(node: str, free_bytes: int | None, headroom_gib: float, path: str) -> dict:
+    if free_bytes is None:
+        return verdict("disk for the weights", node, WARN, f"free space at {path} unknown", f"df -h {path}")
+    ev = f"{free_bytes / GIB:.1f} GiB free at {path}, headroom wanted {headroom_gib:g} GiB"
+    if free_bytes < headroom_gib * GIB:
+        return verdict(
+            "disk for the weights", node, WARN, ev, f"free space under {path} (old revisions: `hf cache scan`)"
+        )
+    return verdict("disk for the weights", node, PASS, ev)
+
+
+def check_gids(node: str, rdma: dict) -> dict:
+    if not rdma.get("rdma_present"):
+        return verdict("RDMA GIDs", node, NA, f"not applicable: {rdma.get('reason') or 'no RDMA device'}")
+    if rdma.get("gid_ok"):
+        return verdict("RDMA GIDs", node, PASS, "RoCE v2 GID of every fast-link address in place")
+    bad = [f"{k}: {v.get('reason')}" for k, v in (rdma.get("gid_checks") or {}).items() if not v.get("ok", False)]
+    return verdict(
+        "RDMA GIDs",
+        node,
+        CRITICAL,
+        "; ".join(bad) or "GID check failed",
+        "`ansible-playbook playbooks/provision.yml` (roce_network puts the address and GID 3 back)",
+    )
+
+
+def check_containers(node: str, containers: list[dict]) -> list[dict]:
+    """Bounded recovery: a crashed container is named with how often it restarted and its last log lines."""
+    out = []
+    for c in containers:
+        name = c["name"]
+        st = c.get("status")
+        if st == "running" and not c.get("restarting"):
+            ev = f"{name} running" + (
+                f", restarted {c['restart_count']} times by Docker" if c.get("restart_count") else ""
+            )
+            out.append(verdict(f"container {name}", node, WARN if c.get("restart_count") else PASS, ev))
+            continue
+        tail = " | ".join((c.get("log_tail") or [])[-3:])
+        out.append(
+            verdict(
+                f"container {name}",
+                node,
+                CRITICAL,
+                f"{name} {st or 'missing'} (exit code {c.get('exit_code')}"
+                + (f", restarted {c['restart_count']} times by Docker" if c.get("restart_count") else "")
+                + (", OOM-killed" if c.get("oom_killed") else "")
+                + f", finished {c.get('finished_at') or '?'}); last log: {tail or 'none'}",
+                f"read `docker logs --tail 50 {name}` on {node}, fix the cause, then `ansible-playbook site.yml`",
+            )
+        )
+    return out
+
+
+# --------------------------------------------------------------------------- cluster checks
+def check_cables(cables: dict | None, hardware: str, threshold: float) -> dict:
+    if hardware != "dgx_spark":
+        return verdict("per-cable bandwidth", "cluster", NA, "not applicable: no RDMA device in the simulated cluster")
+    if not cables:
+        return verdict(
+            "per-cable bandwidth",
+            "cluster",
+            WARN,
+            "no ib_write_bw report yet",
+            "ansible-playbook playbooks/provision.yml (measures every cable)",
+        )
+    bad = {k: v for k, v in cables.items() if v.get("verdict") != "healthy"}
+    ev = "; ".join(f"{k}: {v.get('total_gbps', '?')} Gb/s ({v.get('verdict')})" for k, v in cables.items())
+    if bad:
+        return verdict(
+            "per-cable bandwidth",
+            "cluster",
+            CRITICAL,
+            ev + f"; healthy threshold {threshold:g} Gb/s",
+            "reboot both ends of " + ", ".join(bad) + "; if still low, reseat or replace that QSFP cable",
+        )
+    return verdict("per-cable bandwidth", "cluster", PASS, ev + f"; threshold {threshold:g} Gb/s")
+
+
+def check_nccl(results: dict, hardware: str) -> dict:
+    """results: node -> nccl_transport result (or None where no log)."""
+    if hardware != "dgx_spark":
+        return verdict("NCCL transport", "cluster", NA, "not applicable: the vLLM test double runs no NCCL")
+    seen = {n: r for n, r in results.items() if r}
+    if not seen:
+        return verdict(
+            "NCCL transport",
+            "cluster",
+            WARN,
+            "no NCCL INFO log found",
+            "ansible-playbook playbooks/verify.yml (runs the fast-path proof)",
+        )
+    bad = {n: r for n, r in seen.items() if not r.get("ok")}
+    ev = "; ".join(f"{n}: {r.get('message')}" for n, r in seen.items())
+    if bad:
+        return verdict(
+            "NCCL transport",
+            "cluster",
+            CRITICAL,
+            ev,
+            "check NCCL_IB_HCA and /dev/infiniband in the containers (playbooks/verify.yml)",
+        )
+    return verdict("NCCL transport", "cluster", PASS, ev)
+
+
+def check_ray(ray: dict, expected_nodes: int, expected_gpus: float) -> dict:
+    if not ray or ray.get("failed") or ray.get("error"):
+        return verdict(
+            "Ray membership",
+            "cluster",
+            CRITICAL,
+            f"Ray could not be read: {(ray or {}).get('msg') or (ray or {}).get('error') or 'no answer'}",
+            "docker logs sparkops-ray on the head; `ansible-playbook site.yml` restarts the group",
+        )
+    # Keys of sparkops.cluster.ray_cluster_status (the one source for alive nodes and GPUs).
+    alive, gpus = int(ray.get("nodes_alive", 0)), float(ray.get("gpus_total", 0) or 0)
+    ev = f"{alive} of {expected_nodes} nodes alive, {gpus:g} of {expected_gpus:g} GPUs"
+    if ray.get("dead_node_ips"):
+        ev += f"; dead: {', '.join(ray['dead_node_ips'])}"
+    if alive < expected_nodes or gpus < expected_gpus:
+        return verdict(
+            "Ray membership",
+            "cluster",
+            CRITICAL,
+            ev,
+            "bring the missing node back (power, cable, `docker ps` on it); "
+            "the watchdog restarts the group once it answers",
+        )
+    return verdict("Ray membership", "cluster", PASS, ev)
+
+
+def check_endpoint(health: dict) -> dict:
+    if health.get("healthy"):
+        return verdict("endpoint", "cluster", PASS, f"completion answered, first token in {health.get('ttft_s')} s")
+    failed = {k: v for k, v in (health.get("checks") or {}).items() if not v.get("ok")}
+    ev = (
+        "; ".join(f"{k}: {v.get('message') or v.get('kind')}" for k, v in failed.items())
+        or health.get("msg")
+        or "no completion"
+    )
+    return verdict(
+        "endpoint",
+        "cluster",
+        CRITICAL,
+        ev,
+        "see the watchdog and container verdicts below; `ansible-playbook site.yml` restarts serving",
+    )
+
+
+def check_exposure(probe: dict, serve_host: str, mgmt_address: str) -> dict:
+    """probe: {mgmt_reachable: bool, unauth_status: int|None} as the controller saw them."""
+    status = probe.get("unauth_status")
+    reach = probe.get("mgmt_reachable")
+    ev = (
+        f"port {'reachable' if reach else 'closed'} on the management address {mgmt_address}; "
+        f"a request without the key gets {status if status is not None else 'no answer'}"
+    )
+    if status is not None and 200 <= int(status) < 300:
+        return verdict(
+            "API exposure",
+            "cluster",
+            CRITICAL,
+            ev + " (no key required)",
+            "set sparkops_api_key or let vllm_serve generate one; never run without --api-key",
+        )
+    if reach and serve_host not in ("0.0.0.0", mgmt_address):  # noqa: S104 - a setting compared, nothing bound
+        return verdict(
+            "API exposure",
+            "cluster",
+            WARN,
+            ev + f" though vllm_serve_host is {serve_host}",
+            "check for a port forward or proxy on the head",
+        )
+    return verdict("API exposure", "cluster", PASS, ev + (" (as configured)" if reach else ""))
+
+
+def check_watchdog(state: dict | None, events: list[dict], running: bool, now_epoch: float) -> dict:
+    if not state:
+        return verdict(
+            "watchdog",
+            "cluster",
+            CRITICAL,
+            "no watchdog state on the head: not installed or never started",
+            "ansible-playbook site.yml (installs roles/watchdog)",
+        )
+    restarts = [e for e in events if e.get("event") == "restart_begun" and now_epoch - float(e.get("epoch", 0)) < 3600]
+    last = [
+        e
+        for e in events
+        if e.get("event") in ("gave_up", "blocked", "restart_ended", "hang_seen", "worker_lost", "floor_crossed")
+    ][-3:]
+    ev = f"status {state.get('status')}: {state.get('reason')}; {len(restarts)} group restart(s) in the last hour"
+    if last:
+        ev += "; recent: " + " | ".join(f"{e.get('ts')} {e.get('event')}: {e.get('message')}" for e in last)
+    if not running:
+        return verdict(
+            "watchdog",
+            "cluster",
+            CRITICAL,
+            "watchdog container not running; " + ev,
+            "docker logs sparkops-watchdog on the head; `ansible-playbook site.yml`",
+        )
+    st = state.get("status")
+    if st in ("gave_up", "blocked"):
+        return verdict(
+            "watchdog",
+            "cluster",
+            CRITICAL,
+            ev,
+            "fix what the reason names (a node down, a crash at start, the memory floor), "
+            "then `ansible-playbook site.yml`; "
+            "the watchdog resumes on the first good completion",
+        )
+    if st in ("degraded", "restarting") or restarts:
+        return verdict("watchdog", "cluster", WARN, ev, "read /var/lib/sparkops/watchdog.jsonl on the head")
+    return verdict("watchdog", "cluster", PASS, ev)
+
+
+def render_markdown(cluster: str, verdicts: list[dict], generated: str) -> str:
+    lines = [
+        f"# sparkops doctor: {cluster}",
+        "",
+        f"Overall: **{overall(verdicts)}** ({generated})",
+        "",
+        "| verdict | check | where | evidence | next action |",
+        "|---|---|---|---|---|",
+    ]
+    for v in sorted(verdicts, key=lambda v: -_RANK[v["verdict"]]):
+        cells = [v["verdict"], v["check"], v["scope"], v["evidence"], v["action"] or ""]
+        lines.append("| " + " | ".join(re.sub(r"\s+", " ", str(c)).replace("|", "/") for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def build_verdicts(inputs: dict) -> list[dict]:
+    """Every check from what doctor.yml gathered (keys documented in playbooks/doctor.yml)."""
+    s = inputs["settings"]
+    hw = s["hardware"]
+    out: list[dict] = []
+    for node, f in sorted(inputs["nodes"].items()):
+        if not f:
+            out.append(
+                verdict(
+                    "node reachable",
+                    node,
+                    CRITICAL,
+                    "Ansible could not reach this node; nothing on it could be read",
+                    f"check the node's power and management link; `ssh {node}`",
+                )
+            )
+            continue
+        out.append(check_driver(node, f.get("gpu") or {}, s["driver_branch"]))
+        out.append(check_kernel(node, f.get("kernel", ""), s.get("kernel_known_bad", [])))
+        out.append(
+            check_nic(
+                node, f.get("nic_functions", []), hw, int(s.get("nic_pcie_width", 4)), s.get("nic_firmware_min", "")
+            )
+        )
+        out.append(check_gpu_clocks(node, f.get("gpu_clocks"), (f.get("gpu") or {}).get("reason") or ""))
+        out.append(check_memory(node, f.get("available_bytes"), float(s["memory_floor_gib"]), f.get("floor_marker")))
+        out.append(check_disk(node, f.get("disk_free_bytes"), float(s["disk_headroom_gib"]), s["weights_path"]))
+        out.append(check_gids(node, f.get("rdma") or {}))
+        out.extend(check_containers(node, f.get("containers", [])))
+    out.append(check_cables(inputs.get("cables"), hw, float(s["cable_threshold_gbps"])))
+    out.append(check_nccl(inputs.get("nccl") or {}, hw))
+    out.append(check_ray(inputs.get("ray") or {}, int(s["expected_nodes"]), float(s["expected_gpus"])))
+    out.append(check_endpoint(inputs.get("health") or {}))
+    out.append(check_exposure(inputs.get("exposure") or {}, s["serve_host"], s["mgmt_address"]))
+    out.append(
+        check_watchdog(
+            inputs.get("watchdog_state"),
+            inputs.get("watchdog_events") or [],
+            bool(inputs.get("watchdog_running")),
+            float(inputs["now_epoch"]),
+        )
+    )
+    return out

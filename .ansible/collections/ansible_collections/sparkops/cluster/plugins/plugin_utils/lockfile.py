@@ -1,0 +1,137 @@
+# Copyright: sparkops maintainers
+# Apache-2.0
+"""The deployment's lock file (sparkops_lock_file, next to the inventory), like a package manager's.
+
+The inventory says what is WANTED (an eugr ref, build arguments, a registry reference, a serving
+profile whose revision may be the moving `main`); the lock says what that RESOLVED to the first time
+(the commit, the image ID or digest, the versions found inside the image, the model's commit). Later
+runs, the other nodes and a rebuild use the lock; only playbooks/upgrade.yml moves it, and it says
+what moved. Controller-only: no module imports this.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+LOCK_VERSION = 1
+
+# What the inventory asks for, by lock path. A difference between these and the lock means the
+# inventory was edited since the lock was written: site.yml refuses (the upgrade is the way to move).
+WANTED_KEYS = (
+    ("image", "source"),
+    ("image", "repo"),
+    ("image", "ref"),
+    ("image", "build_args"),
+    ("image", "registry_ref"),
+    ("model", "profile"),
+    ("model", "id"),
+    ("model", "revision"),
+)
+
+
+class LockError(ValueError):
+    """The lock file is unreadable or of another format."""
+
+
+def parse_lock(text: str | None) -> dict:
+    """The lock's content; {} for no lock. LockError for a broken or foreign file."""
+    if text is None or not text.strip():
+        return {}
+    try:
+        lock = json.loads(text)
+    except ValueError as exc:
+        raise LockError(f"the lock file is not JSON ({exc}); restore it from version control or delete it") from None
+    if not isinstance(lock, dict) or lock.get("lock_version") != LOCK_VERSION:
+        raise LockError(
+            f"the lock file has lock_version {lock.get('lock_version') if isinstance(lock, dict) else '?'}, "
+            f"this sparkops writes {LOCK_VERSION}"
+        )
+    return lock
+
+
+def _get(tree: dict, path: tuple) -> object:
+    node = tree
+    for key in path:
+        if not isinstance(node, dict) or key not in node:
+            return None
+        node = node[key]
+    return node
+
+
+def _norm(value: object) -> object:
+    if value == "":
+        return None
+    if isinstance(value, tuple):
+        return list(value)
+    return value
+
+
+def conflicts(lock: dict, wanted: dict) -> list[str]:
+    """Where the inventory asks for something else than the lock records (empty: none, or no lock)."""
+    if not lock:
+        return []
+    out = []
+    for path in WANTED_KEYS:
+        have = _norm(_get(lock, path))
+        want = _norm(_get(wanted, path))
+        if have != want:
+            out.append(f"{'.'.join(path)}: the lock has {json.dumps(have)}, the inventory asks for {json.dumps(want)}")
+    return out
+
+
+def merge(lock: dict, resolved: dict) -> dict:
+    """The lock with `resolved` written over it (nested dicts merged, None values dropped)."""
+    new = copy.deepcopy(lock) if lock else {}
+    new["lock_version"] = LOCK_VERSION
+
+    def into(dst: dict, src: dict) -> None:
+        for key, value in src.items():
+            if value is None:
+                continue
+            if isinstance(value, dict):
+                child = dst.get(key)
+                if not isinstance(child, dict):
+                    child = dst[key] = {}
+                into(child, value)
+            else:
+                dst[key] = copy.deepcopy(value)
+
+    into(new, resolved)
+    return new
+
+
+def diff(old: dict, new: dict, ignore: tuple = ("written_at", "history")) -> list[str]:
+    """What moved, one line per changed leaf: 'path: old -> new' (the upgrade's report)."""
+    out = []
+
+    def walk(a: object, b: object, path: str) -> None:
+        if isinstance(a, dict) and isinstance(b, dict):
+            for key in sorted(set(a) | set(b)):
+                if not path and key in ignore:
+                    continue
+                walk(a.get(key), b.get(key), f"{path}.{key}" if path else key)
+        elif a != b:
+            out.append(f"{path}: {json.dumps(a)} -> {json.dumps(b)}")
+
+    walk(old or {}, new or {}, "")
+    return out
+
+
+def effective_revision(profile_revision: str, lock: dict, profile_name: str, model_id: str) -> str:
+    """The model commit to use: the locked one when the lock is for this profile and model, else the profile's."""
+    model = lock.get("model") if lock else None
+    if (
+        isinstance(model, dict)
+        and model.get("profile") == profile_name
+        and model.get("id") == model_id
+        and model.get("revision") == profile_revision
+        and model.get("resolved_revision")
+    ):
+        return model["resolved_revision"]
+    return profile_revision
+
+
+def dumps(lock: dict) -> str:
+    """The lock as written: stable key order, so an unchanged lock is byte-identical (no-op runs change nothing)."""
+    return json.dumps(lock, indent=2, sort_keys=True) + "\n"

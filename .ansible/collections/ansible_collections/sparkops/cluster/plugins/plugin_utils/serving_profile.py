@@ -1,0 +1,584 @@
+"""Serving profiles: validation against the SM121 hard rules and the `vllm serve` argv they yield.
+
+A serving profile is a plain dict (see PROFILE_FIELDS for every key, its type and default). Pure
+functions only, stdlib only; controller-only (plugin_utils): the filters in plugins/filter/serving.py
+use it:
+
+- normalize_profile(profile) -> dict: defaults filled, types checked (ValueError listing every problem).
+- profile_violations(profile, gpus_total, node_memory_gib=128, gpus_per_node=1) -> list[str]: every
+  type problem and every broken hard rule, each message naming the rule and what to change.
+- vllm_serve_args(profile, host, port, gpus_per_node=1) -> list[str]: the exact argv. The API key is
+  never in it: vLLM reads it from the VLLM_API_KEY environment variable.
+- contract_violations(profile, contract, gpus_per_node=1) -> list[str]: what the vLLM release of
+  `contract` (plugin_utils/vllm_contract.py) would refuse in the profile's argv and VLLM_* env, and the
+  SM121 rules that release's knobs cannot enforce (a release without the knob a rule needs is refused).
+
+Hard rules on SM121 (GB10), from the project's serving facts:
+- no --enforce-eager (CUDA graphs off cost ~55% tok/s on SM121);
+- --gpu-memory-utilization <= 0.90 (the GPU shares its 128 GiB with the OS and the page cache);
+- no CUTLASS FP4 kernels (use Marlin for FP4 weights);
+- quantization mxfp4 only for the gpt-oss family.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+from ansible_collections.sparkops.cluster.plugins.plugin_utils.vllm_contract import (
+    check_serve_args,
+    has_choice,
+    has_env,
+)
+
+MAX_GPU_MEMORY_UTILIZATION = 0.90
+# What a node needs on top of its share of the weights before vLLM can serve at all: a minimal KV
+# cache, activations, CUDA graphs and the CUDA context. Conservative on purpose: the reference
+# profile (57.6 GiB of weights a node) leaves ~54 GiB, far above it.
+KV_HEADROOM_GIB = 10.0
+MXFP4_FAMILIES = ("gpt-oss",)
+# Quantization methods whose weights are FP4 (CUTLASS FP4 checks apply to these).
+FP4_QUANTIZATIONS = ("mxfp4", "nvfp4", "modelopt_fp4", "fp4", "modelopt_mxfp4")
+
+_INT = "int"
+_NUM = "number"
+_BOOL = "bool"
+_STR = "str"
+_OPT_STR = "str or null"
+_OPT_INT = "int or null"
+_OPT_DICT = "dict or null"
+_DICT = "dict"
+_STR_DICT = "dict of strings"
+_STR_LIST = "list of strings"
+
+_REQUIRED = object()
+
+# key -> (kind, default). _REQUIRED marks keys without a default.
+PROFILE_FIELDS: dict[str, tuple[str, object]] = {
+    "model": (_STR, _REQUIRED),
+    "revision": (_STR, "main"),
+    "served_model_name": (_OPT_STR, None),
+    "model_family": (_STR, _REQUIRED),
+    "gated": (_BOOL, False),
+    "weights_gib": (_NUM, _REQUIRED),
+    "tensor_parallel_size": (_INT, 1),
+    "pipeline_parallel_size": (_INT, 1),
+    "enable_expert_parallel": (_BOOL, False),
+    "quantization": (_OPT_STR, None),
+    "kv_cache_dtype": (_STR, "auto"),
+    "attention_backend": (_OPT_STR, None),
+    "moe_backend": (_OPT_STR, None),
+    "gpu_memory_utilization": (_NUM, 0.85),
+    "max_model_len": (_INT, 32768),
+    "max_num_seqs": (_INT, 16),
+    "max_num_batched_tokens": (_INT, 8192),
+    "max_cudagraph_capture_size": (_OPT_INT, None),
+    "enable_prefix_caching": (_BOOL, True),
+    "speculative_config": (_OPT_DICT, None),
+    "chat_template_kwargs": (_DICT, {}),
+    "env": (_STR_DICT, {}),
+    "extra_args": (_STR_LIST, []),
+}
+
+# Flags the profile owns: setting them again in extra_args would fight the key.
+MANAGED_FLAGS = {
+    "--revision": "revision",
+    "--served-model-name": "served_model_name",
+    "--tensor-parallel-size": "tensor_parallel_size",
+    "-tp": "tensor_parallel_size",
+    "--pipeline-parallel-size": "pipeline_parallel_size",
+    "-pp": "pipeline_parallel_size",
+    "--enable-expert-parallel": "enable_expert_parallel",
+    "--no-enable-expert-parallel": "enable_expert_parallel",
+    "--quantization": "quantization",
+    "-q": "quantization",
+    "--kv-cache-dtype": "kv_cache_dtype",
+    "--attention-backend": "attention_backend",
+    "--moe-backend": "moe_backend",
+    "--gpu-memory-utilization": "gpu_memory_utilization",
+    "--max-model-len": "max_model_len",
+    "--max-num-seqs": "max_num_seqs",
+    "--max-num-batched-tokens": "max_num_batched_tokens",
+    "--max-cudagraph-capture-size": "max_cudagraph_capture_size",
+    "--enable-prefix-caching": "enable_prefix_caching",
+    "--no-enable-prefix-caching": "enable_prefix_caching",
+    "--speculative-config": "speculative_config",
+    "--default-chat-template-kwargs": "chat_template_kwargs",
+    "--distributed-executor-backend": "tensor_parallel_size/pipeline_parallel_size (ray is added when needed)",
+    "--host": "the host argument",
+    "--port": "the port argument",
+    "--api-key": "the VLLM_API_KEY environment variable (a key in argv shows in `ps` and `docker inspect`)",
+}
+
+_EAGER_RULE = "hard rule 'no --enforce-eager on SM121' (CUDA graphs off cost about -55% tok/s on SM121)"
+_GMU_RULE = "hard rule 'gpu_memory_utilization <= 0.90 on GB10'"
+_CUTLASS_RULE = "hard rule 'no CUTLASS FP4 kernels on SM121'"
+_MXFP4_RULE = "hard rule 'quantization mxfp4 only for gpt-oss'"
+
+_TRUE_STRINGS = ("1", "true", "yes", "on")
+_FALSE_STRINGS = ("0", "false", "no", "off")
+_INT_RE = re.compile(r"^[+-]?\d+$")
+
+
+def _describe(value) -> str:
+    return f"{value!r} ({type(value).__name__})"
+
+
+def _coerce(key: str, kind: str, value, errors: list[str]):
+    """Return `value` as `kind`, or append a message to `errors` and return None."""
+    if kind in (_OPT_STR, _OPT_INT, _OPT_DICT) and value is None:
+        return None
+    if kind in (_STR, _OPT_STR):
+        if isinstance(value, str) and value.strip():
+            return str(value)
+        errors.append(f"{key} must be a non-empty string, got {_describe(value)}")
+        return None
+    if kind in (_INT, _OPT_INT):
+        if isinstance(value, bool):
+            errors.append(f"{key} must be an integer, got {_describe(value)}")
+            return None
+        if isinstance(value, int):
+            return int(value)
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str) and _INT_RE.match(value.strip()):
+            return int(value.strip())
+        errors.append(f"{key} must be an integer, got {_describe(value)}")
+        return None
+    if kind == _NUM:
+        if isinstance(value, bool):
+            errors.append(f"{key} must be a number, got {_describe(value)}")
+            return None
+        if isinstance(value, (int, float)):
+            number = float(value)
+        elif isinstance(value, str):
+            try:
+                number = float(value.strip())
+            except ValueError:
+                errors.append(f"{key} must be a number, got {_describe(value)}")
+                return None
+        else:
+            errors.append(f"{key} must be a number, got {_describe(value)}")
+            return None
+        if not math.isfinite(number):
+            errors.append(f"{key} must be a finite number, got {_describe(value)}")
+            return None
+        return number
+    if kind == _BOOL:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in _TRUE_STRINGS + _FALSE_STRINGS:
+            return value.strip().lower() in _TRUE_STRINGS
+        errors.append(f"{key} must be true or false, got {_describe(value)}")
+        return None
+    if kind in (_DICT, _OPT_DICT):
+        if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+            try:
+                json.dumps(value)
+            except (TypeError, ValueError):
+                errors.append(f"{key} must be JSON-serialisable, got {_describe(value)}")
+                return None
+            return dict(value)
+        errors.append(f"{key} must be a mapping with string keys, got {_describe(value)}")
+        return None
+    if kind == _STR_DICT:
+        if not isinstance(value, dict):
+            errors.append(f"{key} must be a mapping of environment variable names to values, got {_describe(value)}")
+            return None
+        out = {}
+        for name, item in value.items():
+            if not isinstance(name, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
+                errors.append(f"{key}: {name!r} is not a valid environment variable name")
+                continue
+            if isinstance(item, bool):
+                out[name] = "1" if item else "0"
+            elif isinstance(item, (str, int, float)):
+                out[name] = str(item)
+            else:
+                errors.append(f"{key}.{name} must be a string or a number, got {_describe(item)}")
+        return out
+    if kind == _STR_LIST:
+        if isinstance(value, (list, tuple)) and all(isinstance(item, str) for item in value):
+            return [str(item) for item in value]
+        errors.append(f"{key} must be a list of strings (one argv element each), got {_describe(value)}")
+        return None
+    raise AssertionError(f"unknown kind {kind}")  # pragma: no cover
+
+
+def _validate(profile) -> tuple[dict, list[str]]:
+    """Normalise `profile`; return (normalised, problems). Problems are type and range errors."""
+    if not isinstance(profile, dict):
+        return {}, [f"a serving profile must be a mapping, got {_describe(profile)}"]
+    errors: list[str] = []
+    for key in profile:
+        if key not in PROFILE_FIELDS:
+            if key == "enforce_eager":
+                errors.append(f"enforce_eager is refused by the {_EAGER_RULE}: remove the key")
+            else:
+                errors.append(
+                    f"unknown key {key!r} in the serving profile; known keys: {', '.join(PROFILE_FIELDS)} "
+                    "(other vllm serve flags go in extra_args, other environment variables in env)"
+                )
+    out: dict = {}
+    for key, (kind, default) in PROFILE_FIELDS.items():
+        if key not in profile or (profile[key] is None and default is not _REQUIRED):
+            if default is _REQUIRED:
+                errors.append(f"{key} is required in a serving profile")
+                out[key] = None
+            else:
+                out[key] = json.loads(json.dumps(default))
+            continue
+        out[key] = _coerce(key, kind, profile[key], errors)
+    if out.get("served_model_name") is None and out.get("model"):
+        out["served_model_name"] = out["model"]
+    for key in (
+        "tensor_parallel_size",
+        "pipeline_parallel_size",
+        "max_model_len",
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "max_cudagraph_capture_size",
+    ):
+        if isinstance(out.get(key), int) and out[key] < 1:
+            errors.append(f"{key} must be at least 1, got {out[key]}")
+    weights = out.get("weights_gib")
+    if isinstance(weights, float) and weights <= 0:
+        errors.append(f"weights_gib must be above 0 (the total on-disk size of the weights in GiB), got {weights}")
+    gmu = out.get("gpu_memory_utilization")
+    if isinstance(gmu, float) and not 0 < gmu <= 1:
+        errors.append(
+            f"gpu_memory_utilization must be a fraction in (0, 1], got {gmu}; the {_GMU_RULE} asks for "
+            f"{MAX_GPU_MEMORY_UTILIZATION} or less (the reference profile uses 0.87)"
+        )
+    revision = out.get("revision")
+    if isinstance(revision, str) and re.search(r"\s", revision):
+        errors.append(f"revision must be a branch, tag or commit without spaces, got {revision!r}")
+    return out, errors
+
+
+def normalize_profile(profile) -> dict:
+    """Return a copy of `profile` with every default filled and every type checked.
+
+    Raises ValueError naming every problem found (unknown keys, wrong types, out-of-range values).
+    """
+    out, errors = _validate(profile)
+    if errors:
+        raise ValueError("invalid serving profile: " + "; ".join(errors))
+    return out
+
+
+def _flag_name(arg: str) -> str:
+    return arg.split("=", 1)[0]
+
+
+def _is_fp4(p: dict) -> bool:
+    quant = (p.get("quantization") or "").lower()
+    return quant in FP4_QUANTIZATIONS or "fp4" in (p.get("model") or "").lower()
+
+
+def _truthy_env(value: str) -> bool:
+    return value.strip().lower() in _TRUE_STRINGS
+
+
+def _rule_violations(p: dict) -> list[str]:
+    """Hard-rule violations that hold whatever the cluster (p is normalised)."""
+    out: list[str] = []
+    args = p["extra_args"]
+    flags = [_flag_name(a) for a in args]
+
+    # no --enforce-eager
+    if "--enforce-eager" in flags:
+        out.append(f"extra_args contains --enforce-eager, refused by the {_EAGER_RULE}: remove it")
+    for name, value in p["env"].items():
+        if name.upper() == "VLLM_ENFORCE_EAGER" and _truthy_env(value):
+            out.append(f"env {name}={value} asks for eager mode, refused by the {_EAGER_RULE}: remove it")
+
+    # gpu_memory_utilization <= 0.90 (0 < x <= 1 is a type check in _validate)
+    gmu = p["gpu_memory_utilization"]
+    if 0 < gmu <= 1 and gmu > MAX_GPU_MEMORY_UTILIZATION:
+        out.append(
+            f"gpu_memory_utilization {gmu} is above {MAX_GPU_MEMORY_UTILIZATION}, refused by the {_GMU_RULE}: "
+            "the GPU shares the node's 128 GiB with the OS, page cache and Ray; set 0.90 or less "
+            "(the reference profile uses 0.87)"
+        )
+
+    # no CUTLASS FP4
+    fp4 = _is_fp4(p)
+    env = {k.upper(): v for k, v in p["env"].items()}
+    marlin_hint = (
+        "use Marlin instead (moe_backend: marlin, env VLLM_NVFP4_GEMM_BACKEND=marlin, VLLM_MXFP4_USE_MARLIN=1 "
+        "for gpt-oss)"
+    )
+    for name in ("VLLM_NVFP4_GEMM_BACKEND", "VLLM_MXFP4_BACKEND"):
+        if name in env and "cutlass" in env[name].lower():
+            out.append(
+                f"env {name}={env[name]} selects a CUTLASS FP4 kernel, refused by the {_CUTLASS_RULE}: {marlin_hint}"
+            )
+    for name in (
+        "VLLM_USE_FLASHINFER_MOE_FP4",
+        "VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8",
+        "VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8_CUTLASS",
+    ):
+        if name in env and _truthy_env(env[name]):
+            out.append(
+                f"env {name}={env[name]} turns on FlashInfer's CUTLASS FP4 MoE path (the only FlashInfer FP4 MoE "
+                f"kernels built for SM12x), refused by the {_CUTLASS_RULE}: set it to 0 or drop it, and {marlin_hint}"
+            )
+    if fp4 and env.get("VLLM_FLASHINFER_MOE_BACKEND", "").strip().lower() == "throughput":
+        out.append(
+            "env VLLM_FLASHINFER_MOE_BACKEND=throughput on an FP4 model selects FlashInfer's CUTLASS MoE kernels, "
+            f"refused by the {_CUTLASS_RULE}: drop it and {marlin_hint}"
+        )
+    if fp4:
+        for key in ("moe_backend", "attention_backend"):
+            value = p[key]
+            if value and "cutlass" in value.lower():
+                out.append(
+                    f"{key} {value} on an FP4 model ({p['quantization'] or p['model']}) is a CUTLASS FP4 kernel, "
+                    f"refused by the {_CUTLASS_RULE}: {marlin_hint}"
+                )
+    for i, arg in enumerate(args):
+        name = _flag_name(arg)
+        if name not in ("--mxfp4-backend", "--nvfp4-backend", "--fp4-backend", "--linear-backend"):
+            continue
+        value = arg.split("=", 1)[1] if "=" in arg else (args[i + 1] if i + 1 < len(args) else "")
+        if "cutlass" in value.lower() and (fp4 or name != "--linear-backend"):
+            out.append(
+                f"extra_args {name} {value} selects a CUTLASS FP4 kernel, refused by the {_CUTLASS_RULE}: {marlin_hint}"
+            )
+
+    # mxfp4 only for gpt-oss
+    quant = (p["quantization"] or "").lower()
+    if quant == "mxfp4" and p["model_family"].lower() not in MXFP4_FAMILIES:
+        out.append(
+            f"quantization mxfp4 on model_family {p['model_family']!r}, refused by the {_MXFP4_RULE}: "
+            "mxfp4 checkpoints and kernels are validated on SM121 only for gpt-oss; use the model's own "
+            "quantization (e.g. gptq_marlin, fp8, an NVFP4 checkpoint with Marlin) or null"
+        )
+
+    # flags owned by profile keys
+    for flag in flags:
+        if flag in MANAGED_FLAGS:
+            out.append(f"extra_args sets {flag}, which the profile owns: set {MANAGED_FLAGS[flag]} instead")
+
+    # expert parallelism needs something to spread experts over
+    if p["enable_expert_parallel"] and p["tensor_parallel_size"] < 2:
+        out.append(
+            "enable_expert_parallel is true but tensor_parallel_size is "
+            f"{p['tensor_parallel_size']}: vLLM spreads experts over the tensor-parallel ranks, so EP needs "
+            "tensor_parallel_size >= 2; set enable_expert_parallel: false or raise tensor_parallel_size"
+        )
+    if p["max_num_batched_tokens"] < p["max_num_seqs"]:
+        out.append(
+            f"max_num_batched_tokens {p['max_num_batched_tokens']} is below max_num_seqs {p['max_num_seqs']}: "
+            "a decode step batches one token per sequence; raise max_num_batched_tokens"
+        )
+    return out
+
+
+def _cluster_violations(p: dict, gpus_total: int, node_memory_gib: float, gpus_per_node: int) -> list[str]:
+    out: list[str] = []
+    tp, pp = p["tensor_parallel_size"], p["pipeline_parallel_size"]
+    world = tp * pp
+    if world > gpus_total:
+        out.append(
+            f"tensor_parallel_size {tp} x pipeline_parallel_size {pp} = {world} GPUs, but the cluster has "
+            f"{gpus_total} (one GPU per Spark): lower tensor_parallel_size/pipeline_parallel_size or add nodes"
+        )
+    per_gpu_weights = p["weights_gib"] / world
+    gmu = p["gpu_memory_utilization"]
+    budget = node_memory_gib * gmu / gpus_per_node
+    need = per_gpu_weights + KV_HEADROOM_GIB
+    if need > budget:
+        out.append(
+            f"the model does not fit: weights_gib {p['weights_gib']:g} / (TP {tp} x PP {pp}) = "
+            f"{per_gpu_weights:.1f} GiB per GPU, + {KV_HEADROOM_GIB:g} GiB headroom for KV cache, activations "
+            f"and CUDA graphs = {need:.1f} GiB; vLLM may use only node_memory_gib {node_memory_gib:g} x "
+            f"gpu_memory_utilization {gmu:g}"
+            + (f" / {gpus_per_node} GPUs a node" if gpus_per_node != 1 else "")
+            + f" = {budget:.1f} GiB per GPU. Raise tensor_parallel_size or pipeline_parallel_size (more nodes), "
+            "pick a smaller quantization, or raise gpu_memory_utilization (at most 0.90)"
+        )
+    return out
+
+
+def _check_cluster_args(gpus_total, node_memory_gib, gpus_per_node) -> None:
+    if isinstance(gpus_total, bool) or not isinstance(gpus_total, int) or gpus_total < 1:
+        raise ValueError(f"gpus_total must be a positive integer, got {gpus_total!r}")
+    if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int) or gpus_per_node < 1:
+        raise ValueError(f"gpus_per_node must be a positive integer, got {gpus_per_node!r}")
+    if isinstance(node_memory_gib, bool) or not isinstance(node_memory_gib, (int, float)) or node_memory_gib <= 0:
+        raise ValueError(f"node_memory_gib must be a positive number, got {node_memory_gib!r}")
+
+
+def profile_violations(profile, gpus_total, node_memory_gib=128, gpus_per_node=1, contract=None) -> list[str]:
+    """Every reason `profile` must not be served on a cluster of `gpus_total` GPUs; [] when it may.
+
+    Type and range problems come first; the SM121 hard rules and the fit checks are only judged on a
+    profile whose types are right. With `contract` (a vLLM contract), contract_violations too.
+    """
+    _check_cluster_args(gpus_total, node_memory_gib, gpus_per_node)
+    p, errors = _validate(profile)
+    if errors:
+        return errors
+    out = _rule_violations(p) + _cluster_violations(p, gpus_total, float(node_memory_gib), gpus_per_node)
+    if contract is not None:
+        out += _contract_violations(p, contract, gpus_per_node)
+    return out
+
+
+def contract_violations(profile, contract, gpus_per_node=1) -> list[str]:
+    """What vLLM of `contract` would refuse in `profile` (argv options and values, VLLM_* env), and the
+    SM121 FP4 rules that this vLLM has no knob to enforce; [] when none."""
+    p, errors = _validate(profile)
+    if errors:
+        return errors
+    return _contract_violations(p, contract, gpus_per_node)
+
+
+def _contract_violations(p: dict, contract: dict, gpus_per_node: int) -> list[str]:
+    argv = _argv(p, "127.0.0.1", 8000, gpus_per_node)  # host/port do not change what vLLM accepts
+    return check_serve_args(argv, p["env"], contract) + _knob_violations(p, contract)
+
+
+def _extra_value(args: list[str], flag: str) -> str | None:
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _knob_violations(p: dict, contract: dict) -> list[str]:
+    """The no-CUTLASS-FP4 rule with the knobs this vLLM release really has.
+
+    Left alone, vLLM picks FlashInfer/CUTLASS FP4 kernels for FP4 MoE and linear layers on SM12x, so an
+    FP4 profile must pin both to Marlin with whatever knob the release has:
+      MoE:    --moe-backend marlin (KernelConfig.moe_backend, 0.19.0 and later), else
+              VLLM_MXFP4_USE_MARLIN=1 (mxfp4 only; in vllm/envs.py up to 0.19.x, gone by 0.33.0);
+      linear: --linear-backend marlin (KernelConfig.linear_backend, 0.33.0), else
+              VLLM_NVFP4_GEMM_BACKEND=marlin (vllm/envs.py of 0.19.0; gone by 0.33.0).
+    gpt-oss (mxfp4) quantizes only its experts, so it needs the MoE knob alone.
+    A release with no such knob is refused: the rule could not be enforced there.
+    """
+    if not _is_fp4(p):
+        return []
+    version = contract.get("vllm_version", "?")
+    env = {k.upper(): v for k, v in p["env"].items()}
+    what = p["quantization"] or p["model"]
+    out = []
+    if has_choice(contract, "--moe-backend", "marlin"):
+        if (p["moe_backend"] or "").lower() != "marlin":
+            out.append(
+                f"FP4 model ({what}) with moe_backend {p['moe_backend']!r}: on vLLM {version} set moe_backend: "
+                f"marlin, else vLLM picks a CUTLASS FP4 MoE kernel on SM121 ({_CUTLASS_RULE})"
+            )
+    elif (p["quantization"] or "").lower() == "mxfp4" and has_env(contract, "VLLM_MXFP4_USE_MARLIN"):
+        if not _truthy_env(env.get("VLLM_MXFP4_USE_MARLIN", "")):
+            out.append(
+                f"mxfp4 model on vLLM {version}, which has no --moe-backend marlin: set env "
+                f"VLLM_MXFP4_USE_MARLIN=1 ({_CUTLASS_RULE})"
+            )
+    else:
+        out.append(
+            f"vLLM {version} has no knob to put FP4 MoE on Marlin (no --moe-backend with marlin, no "
+            f"VLLM_MXFP4_USE_MARLIN for mxfp4), so the {_CUTLASS_RULE} cannot be enforced for {what}: "
+            "pin a vLLM release that has one"
+        )
+    if (p["quantization"] or "").lower() == "mxfp4" and p["model_family"].lower() in MXFP4_FAMILIES:
+        return out
+    if has_choice(contract, "--linear-backend", "marlin"):
+        value = _extra_value(p["extra_args"], "--linear-backend")
+        if (value or "").lower() != "marlin":
+            out.append(
+                f"FP4 model ({what}): on vLLM {version} add extra_args ['--linear-backend', 'marlin'], else vLLM "
+                f"picks a CUTLASS FP4 GEMM on SM121 ({_CUTLASS_RULE})"
+            )
+    elif has_env(contract, "VLLM_NVFP4_GEMM_BACKEND"):
+        if env.get("VLLM_NVFP4_GEMM_BACKEND", "").strip().lower() != "marlin":
+            out.append(
+                f"FP4 model ({what}): on vLLM {version} set env VLLM_NVFP4_GEMM_BACKEND=marlin, else vLLM picks "
+                f"a CUTLASS FP4 GEMM on SM121 ({_CUTLASS_RULE})"
+            )
+    else:
+        out.append(
+            f"vLLM {version} has no knob to put FP4 linear layers on Marlin (no --linear-backend with marlin, "
+            f"no VLLM_NVFP4_GEMM_BACKEND), so the {_CUTLASS_RULE} cannot be enforced for {what}: pin a vLLM "
+            "release that has one"
+        )
+    return out
+
+
+def _json_arg(value: dict) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def vllm_serve_args(profile, host, port, gpus_per_node=1) -> list[str]:
+    """The exact `vllm serve` argv for `profile`, listening on host:port.
+
+    Raises ValueError for a profile with wrong types or one that breaks a hard rule (cluster-size
+    checks need profile_violations). Ray is the executor when TP x PP exceeds one node's GPUs.
+    """
+    p = normalize_profile(profile)
+    broken = _rule_violations(p)
+    if broken:
+        raise ValueError("serving profile breaks a hard rule: " + "; ".join(broken))
+    if not isinstance(host, str) or not host.strip():
+        raise ValueError(f"host must be a non-empty string, got {host!r}")
+    if isinstance(port, bool) or not (isinstance(port, int) or (isinstance(port, str) and port.isdigit())):
+        raise ValueError(f"port must be an integer, got {port!r}")
+    port = int(port)
+    if not 1 <= port <= 65535:
+        raise ValueError(f"port must be within 1-65535, got {port}")
+    if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int) or gpus_per_node < 1:
+        raise ValueError(f"gpus_per_node must be a positive integer, got {gpus_per_node!r}")
+    return _argv(p, host, port, gpus_per_node)
+
+
+def _argv(p: dict, host: str, port: int, gpus_per_node: int) -> list[str]:
+    argv = [
+        "vllm",
+        "serve",
+        p["model"],
+        "--revision",
+        p["revision"],
+        "--served-model-name",
+        p["served_model_name"],
+        "--tensor-parallel-size",
+        str(p["tensor_parallel_size"]),
+        "--pipeline-parallel-size",
+        str(p["pipeline_parallel_size"]),
+    ]
+    if p["enable_expert_parallel"]:
+        argv.append("--enable-expert-parallel")
+    if p["quantization"]:
+        argv += ["--quantization", p["quantization"]]
+    argv += ["--kv-cache-dtype", p["kv_cache_dtype"]]
+    if p["attention_backend"]:
+        argv += ["--attention-backend", p["attention_backend"]]
+    if p["moe_backend"]:
+        argv += ["--moe-backend", p["moe_backend"]]
+    argv += [
+        "--gpu-memory-utilization",
+        format(p["gpu_memory_utilization"], "g"),
+        "--max-model-len",
+        str(p["max_model_len"]),
+        "--max-num-seqs",
+        str(p["max_num_seqs"]),
+        "--max-num-batched-tokens",
+        str(p["max_num_batched_tokens"]),
+    ]
+    if p["max_cudagraph_capture_size"] is not None:
+        argv += ["--max-cudagraph-capture-size", str(p["max_cudagraph_capture_size"])]
+    argv.append("--enable-prefix-caching" if p["enable_prefix_caching"] else "--no-enable-prefix-caching")
+    if p["speculative_config"]:
+        argv += ["--speculative-config", _json_arg(p["speculative_config"])]
+    if p["chat_template_kwargs"]:
+        argv += ["--default-chat-template-kwargs", _json_arg(p["chat_template_kwargs"])]
+    if p["tensor_parallel_size"] * p["pipeline_parallel_size"] > gpus_per_node:
+        argv += ["--distributed-executor-backend", "ray"]
+    argv += ["--host", host, "--port", str(port)]
+    argv += p["extra_args"]
+    return argv

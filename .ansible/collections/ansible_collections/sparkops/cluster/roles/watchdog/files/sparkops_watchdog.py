@@ -1,0 +1,549 @@
+#!/usr/bin/env python3
+"""sparkops watchdog: keeps a Ray + vLLM serving group alive, with bounds.
+
+Runs on every node of the cluster, in a container of its own that chroots into
+the host (see roles/watchdog/README.md for why), with the Python standard
+library only. Two jobs:
+
+* ``watch`` (head only): every ``interval_s`` it sends a short completion
+  through the OpenAI API with a ``hang_timeout_s`` deadline for the first
+  token, and looks at every worker's Ray container over the fabric SSH. On a
+  hang, a dead or stopped worker, or ``failures_before_restart`` failed probes
+  in a row it restarts the whole serving group in order (vLLM stopped, Ray
+  head, Ray workers, membership, vLLM, a completion), at most
+  ``max_restarts_per_hour`` times in any hour, then gives up and says so. A
+  worker whose node does not answer is not restarted at all (a restart cannot
+  bring a node back): the state says which node.
+* ``floor`` (every node): every ``memory_check_s`` it reads the memory the
+  host has left (MemAvailable, bounded by the host's own cgroup limit where it
+  has one); below ``memory_floor_bytes`` it stops the container that holds
+  vLLM on this node (``docker stop``: SIGTERM, then the grace period), writes
+  a marker, and the watch loop restarts nothing while a marker exists.
+
+Events go to syslog (``/dev/log``: the journal on DGX OS) and, one JSON object
+a line with a UTC timestamp, to ``events_file``; the current state to
+``state_file``. The API key is read from a file and never written anywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime, timezone
+from urllib.parse import urlsplit
+
+IDENT = "sparkops-watchdog"
+LOCK = threading.Lock()
+
+
+# --------------------------------------------------------------------------- events
+def utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class Events:
+    """Append-only JSON lines plus syslog; never given a secret."""
+
+    def __init__(self, path: str, node: str):
+        self.path = path
+        self.node = node
+
+    def emit(self, event: str, message: str, **fields) -> dict:
+        rec = {"ts": utc_now(), "epoch": round(time.time(), 3), "node": self.node, "event": event, "message": message}
+        rec.update(fields)
+        line = json.dumps(rec, sort_keys=True)
+        with LOCK:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            with open(self.path, "a", encoding="utf-8") as fh:
+                fh.write(line + "\n")
+            print(line, flush=True)
+            _syslog(f"{event}: {message}", warning=event not in ("started", "restart_ended", "recovered", "probe_ok"))
+        return rec
+
+
+def _syslog(msg: str, warning: bool) -> None:
+    # /dev/log is journald's syslog socket on systemd hosts; where there is none
+    # (the simulated nodes) the JSON lines and the container log are the record.
+    if not os.path.exists("/dev/log"):
+        return
+    pri = 8 + (4 if warning else 6)  # facility user, severity warning/info
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.connect("/dev/log")
+            s.send(f"<{pri}>{IDENT}: {msg}".encode())
+    except OSError:
+        pass
+
+
+def write_json_atomic(path: str, data: dict) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=2, sort_keys=True)
+    os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------- pure decisions
+def restarts_in_window(restart_epochs: list[float], now: float, window_s: float = 3600.0) -> list[float]:
+    return [t for t in restart_epochs if now - t < window_s]
+
+
+def decide(observation: dict, state: dict, cfg: dict, now: float) -> dict:
+    """What to do after one round of observation. Pure, unit-tested.
+
+    observation: probe ("ok" | "hang" | "failed"), probe_detail, workers
+    ({name: "running" | "stopped" | "missing" | "paused" | "unreachable"}),
+    floor_tripped (list of nodes), in_grace (bool: vLLM or Ray was started
+    moments ago by someone else, e.g. Ansible).
+    Returns {"action": "none" | "restart" | "give_up" | "blocked", "reason": str,
+    "state": new state fields}.
+    """
+    failures = int(state.get("consecutive_failures", 0))
+    recent = restarts_in_window(state.get("restart_epochs", []), now)
+    new = {"consecutive_failures": failures, "restart_epochs": recent}
+    if observation.get("floor_tripped"):
+        nodes = ", ".join(observation["floor_tripped"])
+        return {"action": "blocked", "reason": f"memory floor tripped on {nodes}", "state": new}
+    unreachable = sorted(n for n, s in observation.get("workers", {}).items() if s == "unreachable")
+    if unreachable:
+        new["consecutive_failures"] = failures + (0 if observation["probe"] == "ok" else 1)
+        return {"action": "blocked", "reason": f"worker node unreachable: {', '.join(unreachable)}", "state": new}
+    down = sorted(n for n, s in observation.get("workers", {}).items() if s != "running")
+    if observation["probe"] == "ok" and not down:
+        new["consecutive_failures"] = 0
+        return {"action": "none", "reason": "healthy", "state": new}
+    if state.get("status") == "gave_up":
+        # Given up: no more restarts, whatever the window says, until a completion answers.
+        return {"action": "none", "reason": f"given up: {state.get('reason', '')}", "state": new}
+    if observation.get("in_grace") and not down and observation["probe"] != "hang":
+        return {"action": "none", "reason": "starting (grace period)", "state": new}
+    if down:
+        reason = "worker lost: " + ", ".join(f"{n} {observation['workers'][n]}" for n in down)
+    elif observation["probe"] == "hang":
+        reason = f"hang: no token within {cfg['hang_timeout_s']} s"
+    else:
+        failures += 1
+        new["consecutive_failures"] = failures
+        if failures < int(cfg["failures_before_restart"]):
+            return {
+                "action": "none",
+                "reason": f"probe failed {failures}/{cfg['failures_before_restart']}",
+                "state": new,
+            }
+        reason = f"{failures} failed probes in a row: {observation.get('probe_detail', '')}"
+    if len(recent) >= int(cfg["max_restarts_per_hour"]):
+        return {"action": "give_up", "reason": reason, "state": new}
+    return {"action": "restart", "reason": reason, "state": new}
+
+
+def available_bytes(meminfo: str, cgroup_limit: int | None, cgroup_used: int | None) -> int:
+    """Memory the host has left: MemAvailable, bounded by its own cgroup where it has a limit."""
+    avail = None
+    total = None
+    for line in meminfo.splitlines():
+        key, _sep, rest = line.partition(":")
+        if key in ("MemAvailable", "MemTotal"):
+            val = int(rest.split()[0]) * 1024
+            if key == "MemAvailable":
+                avail = val
+            else:
+                total = val
+    if avail is None:
+        raise ValueError("no MemAvailable in /proc/meminfo")
+    if cgroup_limit and cgroup_used is not None and (total is None or cgroup_limit < total):
+        avail = min(avail, max(0, cgroup_limit - cgroup_used))
+    return avail
+
+
+# --------------------------------------------------------------------------- host access
+def sh(argv: list[str], timeout: float) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(argv, 124, "", f"timed out after {timeout} s")
+
+
+def container_state(name: str, timeout: float = 10) -> dict:
+    res = sh(["docker", "inspect", "--format", "{{json .State}}", name], timeout)
+    if res.returncode != 0:
+        return {"Status": "missing"}
+    return json.loads(res.stdout)
+
+
+def parse_docker_time(stamp: str) -> float:
+    # Docker prints nanoseconds; datetime takes microseconds.
+    if not stamp or stamp.startswith("0001-"):
+        return 0.0
+    main, _sep, frac = stamp.rstrip("Z").partition(".")
+    frac = (frac + "000000")[:6]
+    return datetime.strptime(f"{main}.{frac}", "%Y-%m-%dT%H:%M:%S.%f").replace(tzinfo=timezone.utc).timestamp()
+
+
+def _read(path: str) -> str:
+    with open(path, encoding="utf-8") as fh:
+        return fh.read()
+
+
+def cgroup_memory() -> tuple[int | None, int | None]:
+    """The limit and use of the cgroup that PID 1 (this host's init) lives in, v1 or v2."""
+    try:
+        lines = _read("/proc/1/cgroup").splitlines()
+    except OSError:
+        return None, None
+    for line in lines:
+        _hierarchy, ctrls, path = line.split(":", 2)
+        if ctrls == "" and os.path.exists(f"/sys/fs/cgroup{path}/memory.max"):
+            base = f"/sys/fs/cgroup{path}"
+            limit = _read(f"{base}/memory.max").strip()
+            if limit == "max":
+                return None, None
+            used = int(_read(f"{base}/memory.current"))
+            inactive = _stat_value(f"{base}/memory.stat", "inactive_file")
+            return int(limit), used - inactive
+        if "memory" in ctrls.split(","):
+            base = f"/sys/fs/cgroup/memory{path}"
+            if not os.path.exists(f"{base}/memory.limit_in_bytes"):
+                return None, None
+            limit = int(_read(f"{base}/memory.limit_in_bytes"))
+            used = int(_read(f"{base}/memory.usage_in_bytes"))
+            inactive = _stat_value(f"{base}/memory.stat", "total_inactive_file")
+            # cgroup v1 reports "no limit" as a huge page-aligned number.
+            return (limit if limit < (1 << 60) else None), used - inactive
+    return None, None
+
+
+def _stat_value(path: str, key: str) -> int:
+    try:
+        for line in _read(path).splitlines():
+            k, _sep, v = line.partition(" ")
+            if k == key:
+                return int(v)
+    except OSError:
+        pass
+    return 0
+
+
+# --------------------------------------------------------------------------- probe
+def probe(cfg: dict, api_key: str, timeout: float) -> tuple[str, str, float]:
+    """A short streamed completion. Returns (ok|hang|failed, detail, seconds to first token)."""
+    url = urlsplit(cfg["endpoint"])
+    body = json.dumps(
+        {
+            "model": cfg["model"],
+            "prompt": cfg.get("probe_prompt", "ping"),
+            "max_tokens": int(cfg.get("probe_max_tokens", 4)),
+            "stream": True,
+            "temperature": 0,
+        }
+    )
+    start = time.monotonic()
+    conn = http.client.HTTPConnection(url.hostname, url.port or 80, timeout=timeout)
+    try:
+        conn.request(
+            "POST",
+            "/v1/completions",
+            body=body,
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {api_key}"},
+        )
+        resp = conn.getresponse()
+        if resp.status != 200:
+            return "failed", f"HTTP {resp.status}", time.monotonic() - start
+        while time.monotonic() - start < timeout:
+            line = resp.fp.readline()
+            if not line:
+                return "failed", "stream ended before a token", time.monotonic() - start
+            if line.startswith(b"data:") and b'"text"' in line:
+                return "ok", "", time.monotonic() - start
+        return "hang", f"no token within {timeout} s", time.monotonic() - start
+    except TimeoutError:
+        return "hang", f"no token within {timeout} s", time.monotonic() - start
+    except (ConnectionError, OSError, http.client.HTTPException) as exc:
+        return "failed", f"{type(exc).__name__}: {exc}"[:200], time.monotonic() - start
+    finally:
+        conn.close()
+
+
+# --------------------------------------------------------------------------- the watch loop
+class Watchdog:
+    def __init__(self, cfg: dict):
+        self.cfg = cfg
+        self.events = Events(cfg["events_file"], cfg["node"])
+        self.state_path = cfg["state_file"]
+        try:
+            with open(self.state_path, encoding="utf-8") as fh:
+                self.state = json.load(fh)
+        except (OSError, ValueError):
+            self.state = {}
+        self.state.setdefault("restart_epochs", [])
+        self.state.setdefault("consecutive_failures", 0)
+        self.state.setdefault("own_start_epoch", 0)
+        with open(cfg["api_key_file"], encoding="utf-8") as fh:
+            self.api_key = fh.read().strip()
+
+    def save(self, **fields) -> None:
+        self.state.update(fields)
+        self.state["updated"] = utc_now()
+        self.state["config"] = {
+            k: self.cfg[k] for k in ("interval_s", "hang_timeout_s", "failures_before_restart", "max_restarts_per_hour")
+        }
+        write_json_atomic(self.state_path, self.state)
+
+    def ssh(self, address: str, script: str, timeout: float) -> subprocess.CompletedProcess:
+        return sh(["ssh", *self.cfg["ssh_args"], f"{self.cfg['ssh_user']}@{address}", script], timeout)
+
+    def worker_states(self) -> tuple[dict, list[str]]:
+        states, tripped = {}, []
+        script = (
+            f"docker inspect --format '{{{{.State.Status}}}}' {self.cfg['ray_container']} 2>/dev/null || echo missing; "
+            f"test -e {self.cfg['floor_marker']} && echo floor-tripped || true"
+        )
+        for w in self.cfg["workers"]:
+            res = self.ssh(w["address"], script, timeout=float(self.cfg["ssh_timeout_s"]))
+            if res.returncode != 0:
+                states[w["name"]] = "unreachable"
+                continue
+            out = res.stdout.split()
+            states[w["name"]] = out[0] if out else "missing"
+            if "floor-tripped" in out:
+                tripped.append(w["name"])
+        if os.path.exists(self.cfg["floor_marker"]):
+            tripped.append(self.cfg["node"])
+        return states, tripped
+
+    def in_grace(self, now: float) -> bool:
+        grace = float(self.cfg["startup_grace_s"])
+        for name in (self.cfg["vllm_container"], self.cfg["ray_container"]):
+            st = container_state(name)
+            started = parse_docker_time(st.get("StartedAt", ""))
+            if st.get("Status") == "running" and now - started < grace and started > self.state["own_start_epoch"] + 5:
+                return True
+        return False
+
+    def observe(self) -> dict:
+        now = time.time()
+        result, detail, took = probe(self.cfg, self.api_key, float(self.cfg["hang_timeout_s"]))
+        workers, tripped = self.worker_states()
+        return {
+            "probe": result,
+            "probe_detail": detail,
+            "probe_s": round(took, 3),
+            "workers": workers,
+            "floor_tripped": tripped,
+            "in_grace": self.in_grace(now) if result != "ok" else False,
+        }
+
+    def run(self) -> None:
+        self.events.emit("started", "watchdog started", config=self.state.get("config") or {})
+        last_status = None
+        while True:
+            t0 = time.monotonic()
+            try:
+                last_status = self.round(last_status)
+            except Exception as exc:  # noqa: BLE001 - one bad round must not end the watchdog
+                self.events.emit("watchdog_error", f"{type(exc).__name__}: {exc}"[:300])
+            time.sleep(max(0.0, float(self.cfg["interval_s"]) - (time.monotonic() - t0)))
+
+    def round(self, last_status: str | None) -> str | None:
+        """One observation, decision and action; returns the status it ends in."""
+        obs = self.observe()
+        now = time.time()
+        verdict = decide(obs, self.state, self.cfg, now)
+        self.state.update(verdict["state"])
+        action, reason = verdict["action"], verdict["reason"]
+        # Once given up or blocked, repeat nothing every N s: the state says it.
+        quiet = self.state.get("status") in ("gave_up", "blocked")
+        if obs["probe"] == "hang" and not quiet:
+            self.events.emit(
+                "hang_seen", reason if action != "blocked" else obs["probe_detail"], probe_s=obs["probe_s"]
+            )
+        elif obs["probe"] == "failed" and not obs["in_grace"] and not quiet:
+            self.events.emit("probe_failed", obs["probe_detail"], consecutive=self.state["consecutive_failures"])
+        for name, st in obs["workers"].items():
+            if st != "running" and self.state.get("workers", {}).get(name) != st:
+                self.events.emit("worker_lost", f"{name}: Ray container {st}", worker=name, worker_state=st)
+        self.state["workers"] = obs["workers"]
+        status = {"none": "watching" if reason == "healthy" else "degraded", "blocked": "blocked"}.get(action, action)
+        if self.state.get("status") == "gave_up" and reason != "healthy":
+            status = "gave_up"  # stays given up, restarting nothing, until a completion answers
+        elif action == "give_up":
+            self.events.emit(
+                "gave_up",
+                f"{reason}; already restarted {len(self.state['restart_epochs'])} times in the last hour "
+                f"(max_restarts_per_hour={self.cfg['max_restarts_per_hour']}); not restarting again",
+                reason=reason,
+            )
+            status = "gave_up"
+        elif action == "restart":
+            self.restart_group(reason)
+            status = self.state["status"]
+        if status != last_status:
+            if status == "blocked":
+                self.events.emit(
+                    "blocked", f"{reason}; restarting the group cannot help, not restarting", reason=reason
+                )
+            if status == "watching" and last_status in ("gave_up", "blocked", "degraded", "restarting"):
+                self.events.emit("recovered", "completions answer again")
+            last_status = status
+        self.save(
+            status=status,
+            reason=reason,
+            last_probe=obs["probe"],
+            last_probe_s=obs["probe_s"],
+            last_probe_at=utc_now(),
+        )
+        return last_status
+
+    # ---- the ordered group restart
+    def restart_group(self, reason: str) -> None:
+        c = self.cfg
+        n = len(self.state["restart_epochs"]) + 1
+        # Back-off between restarts in the same hour: base, 2x, 4x ...
+        if n > 1:
+            delay = float(c["restart_backoff_s"]) * (2 ** (n - 2))
+            self.events.emit("restart_backoff", f"waiting {delay:.0f} s before restart {n}", delay_s=delay)
+            time.sleep(delay)
+        started = time.time()
+        self.state["restart_epochs"].append(started)
+        self.save(status="restarting", reason=reason)
+        self.events.emit("restart_begun", f"restart {n} of the serving group: {reason}", attempt=n, reason=reason)
+        ok, detail = self._restart_steps()
+        self.state["own_start_epoch"] = time.time()
+        self.state["consecutive_failures"] = 0
+        took = round(time.time() - started, 1)
+        if ok:
+            self.events.emit("restart_ended", f"serving again after {took} s", attempt=n, ok=True, seconds=took)
+            self.state["status"] = "watching"
+        else:
+            self.events.emit(
+                "restart_ended",
+                f"restart {n} failed after {took} s: {detail}",
+                attempt=n,
+                ok=False,
+                seconds=took,
+                detail=detail,
+            )
+            self.state["status"] = "degraded"
+        self.state["last_restart"] = {"at": utc_now(), "ok": ok, "seconds": took, "reason": reason, "detail": detail}
+
+    def _restart_steps(self) -> tuple[bool, str]:
+        c = self.cfg
+        step = float(c["docker_timeout_s"])
+        sh(["docker", "stop", "-t", str(int(c["stop_grace_s"])), c["vllm_container"]], step + c["stop_grace_s"])
+        res = sh(["docker", "restart", "-t", "10", c["ray_container"]], step + 10)
+        if res.returncode != 0:
+            return False, f"Ray head container did not restart: {res.stderr.strip()[:200]}"
+        for w in c["workers"]:
+            res = self.ssh(w["address"], f"docker restart -t 10 {c['ray_container']}", step + 10)
+            if res.returncode != 0:
+                return (
+                    False,
+                    f"Ray container on {w['name']} did not restart: {(res.stderr or res.stdout).strip()[:200]}",
+                )
+        want = len(c["workers"]) + 1
+        deadline = time.monotonic() + float(c["ray_join_timeout_s"])
+        alive = 0
+        code = (
+            "import ray; ray.init(address='auto', logging_level='ERROR'); "
+            "print(sum(1 for n in ray.nodes() if n['Alive']))"
+        )
+        while time.monotonic() < deadline:
+            res = sh(["docker", "exec", c["ray_container"], "python3", "-c", code], 60)
+            lines = res.stdout.strip().splitlines()
+            alive = int(lines[-1]) if res.returncode == 0 and lines and lines[-1].isdigit() else 0
+            if alive >= want:
+                break
+            time.sleep(2)
+        if alive < want:
+            return False, f"only {alive} of {want} Ray nodes joined within {c['ray_join_timeout_s']} s"
+        res = sh(["docker", "start", c["vllm_container"]], step)
+        if res.returncode != 0:
+            return False, f"vLLM container did not start: {res.stderr.strip()[:200]}"
+        deadline = time.monotonic() + float(c["ready_timeout_s"])
+        detail = ""
+        while time.monotonic() < deadline:
+            result, detail, _elapsed = probe(c, self.api_key, float(c["hang_timeout_s"]))
+            if result == "ok":
+                return True, ""
+            st = container_state(c["vllm_container"])
+            if st.get("Status") == "exited" and not st.get("Restarting"):
+                return False, f"vLLM exited with code {st.get('ExitCode')} while starting"
+            time.sleep(min(5.0, float(c["interval_s"])))
+        return False, f"no completion within {c['ready_timeout_s']} s ({detail})"
+
+
+# --------------------------------------------------------------------------- the floor loop
+def floor_loop(cfg: dict) -> None:
+    events = Events(cfg["floor_events_file"], cfg["node"])
+    floor = int(cfg["memory_floor_bytes"])
+    events.emit(
+        "floor_armed",
+        f"memory floor {floor // 2**20} MiB; stops {cfg['floor_stop_container']} below it",
+        floor_bytes=floor,
+    )
+    while True:
+        try:
+            limit, used = cgroup_memory()
+            avail = available_bytes(_read("/proc/meminfo"), limit, used)
+        except Exception as exc:  # noqa: BLE001 - the floor must outlive any surprise
+            events.emit("floor_error", f"cannot read memory: {type(exc).__name__}: {exc}")
+            time.sleep(30)
+            continue
+        if avail < floor and not os.path.exists(cfg["floor_marker"]):
+            st = container_state(cfg["floor_stop_container"])
+            rec = {
+                "at": utc_now(),
+                "node": cfg["node"],
+                "available_bytes": avail,
+                "floor_bytes": floor,
+                "stopped": cfg["floor_stop_container"],
+                "container_was": st.get("Status"),
+            }
+            write_json_atomic(cfg["floor_marker"], rec)
+            events.emit(
+                "floor_crossed",
+                f"{avail // 2**20} MiB free < floor {floor // 2**20} MiB: stopping {cfg['floor_stop_container']}",
+                available_bytes=avail,
+                floor_bytes=floor,
+            )
+            res = sh(
+                ["docker", "stop", "-t", str(int(cfg["stop_grace_s"])), cfg["floor_stop_container"]],
+                cfg["stop_grace_s"] + 30,
+            )
+            events.emit(
+                "floor_acted",
+                f"{cfg['floor_stop_container']} stopped (rc {res.returncode}); "
+                "restart it with site.yml once memory is back",
+                rc=res.returncode,
+            )
+        time.sleep(float(cfg["memory_check_s"]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", required=True)
+    args = ap.parse_args(argv)
+    with open(args.config, encoding="utf-8") as fh:
+        cfg = json.load(fh)
+    # Ansible may hand numbers and booleans over as strings; settle them once.
+    cfg["watch"] = str(cfg.get("watch", False)).lower() == "true"
+    for key, val in list(cfg.items()):
+        if key.endswith(("_s", "_bytes", "_hour", "_restart")) and isinstance(val, str):
+            cfg[key] = float(val)
+    if cfg.get("memory_floor_bytes", 0) > 0:
+        threading.Thread(target=floor_loop, args=(cfg,), daemon=True, name="floor").start()
+    if cfg.get("watch"):
+        Watchdog(cfg).run()
+    else:
+        while True:
+            time.sleep(3600)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,236 @@
+"""hf_cache: manifests of a real on-disk hub cache, diffs, hashing, stream planning, node actions."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+
+import pytest
+from ansible_collections.sparkops.cluster.plugins.module_utils import hf_cache
+from hf_cache_helpers import MODEL, REVISION, make_model, write_listing
+
+
+def test_repo_dir_refuses_unsafe_ids(tmp_path):
+    assert hf_cache.repo_dir(str(tmp_path), "Qwen/Qwen3-235B-A22B-GPTQ-Int4").endswith(
+        "models--Qwen--Qwen3-235B-A22B-GPTQ-Int4"
+    )
+    for bad in ("../etc", "a/../../b", "/abs/x", "a b/c", ""):
+        with pytest.raises(ValueError, match="not a Hugging Face model id"):
+            hf_cache.repo_dir(str(tmp_path), bad)
+
+
+def test_manifest_resolves_ref_and_lists_referenced_blobs(tmp_path):
+    model = make_model(tmp_path)
+    # A blob of another revision must not be counted for this one.
+    (model["repo"] / "blobs" / ("f" * 64)).write_bytes(b"other revision")
+    m = hf_cache.build_manifest(str(model["repo"]), "main")
+    assert m["present"] and m["revision_found"]
+    assert m["revision"] == REVISION
+    assert set(m["blobs"]) == set(model["names"].values())
+    assert "f" * 64 not in m["blobs"]
+    assert m["missing_blobs"] == []
+    assert m["refs"] == {"main": REVISION}
+    assert m["total_bytes"] == sum(m["blobs"].values())
+    everything = hf_cache.build_manifest(str(model["repo"]))
+    assert "f" * 64 in everything["blobs"]
+
+
+def test_manifest_of_absent_model_and_unknown_revision(tmp_path):
+    m = hf_cache.build_manifest(str(tmp_path / "models--x--y"), REVISION)
+    assert not m["present"] and not m["revision_found"] and m["blobs"] == {}
+    model = make_model(tmp_path)
+    m = hf_cache.build_manifest(str(model["repo"]), "2" * 40)
+    assert m["present"] and not m["revision_found"]
+    m = hf_cache.build_manifest(str(model["repo"]), "no-such-branch")
+    assert m["revision"] is None and not m["revision_found"]
+
+
+def test_missing_blob_is_reported_and_an_incomplete_download_makes_it_incomplete(tmp_path):
+    model = make_model(tmp_path)
+    shard = model["names"]["model-00001-of-00003.safetensors"]
+    blob = model["repo"] / "blobs" / shard
+    blob.rename(blob.with_name(shard + ".incomplete"))
+    m = hf_cache.build_manifest(str(model["repo"]), REVISION)
+    assert m["missing_blobs"] == [shard]
+    assert shard not in m["blobs"]
+    assert m["incomplete_downloads"] == {shard: 256 * 1024}
+    assert not m["complete"]
+
+
+def test_complete_model_is_complete_by_each_source(tmp_path):
+    model = make_model(tmp_path, index=True)
+    m = hf_cache.build_manifest(str(model["repo"]), "main")
+    assert m["complete"] and m["expected_from"] == "model index" and m["expected_files"] == 4
+    write_listing(model["repo"])
+    m = hf_cache.build_manifest(str(model["repo"]), "main")
+    assert m["complete"] and m["expected_from"] == "hub listing" and m["expected_files"] == 5
+    assert m["records"] == {
+        f".sparkops/{REVISION}.json": (model["repo"] / ".sparkops" / f"{REVISION}.json").stat().st_size
+    }
+
+
+def test_shard_removed_with_its_link_and_a_partial_blob_is_incomplete(tmp_path):
+    # Issue 16 item 2: blob and link of one shard gone, a <blob>.incomplete left by the download.
+    model = make_model(tmp_path, index=True)
+    repo, shard = model["repo"], "model-00002-of-00003.safetensors"
+    name = model["names"][shard]
+    for source in ("model index", "hub listing"):
+        if source == "hub listing":
+            write_listing(repo, **{shard: {"size": 256 * 1024, "blob_id": name, "lfs_sha256": name}})
+        (repo / "snapshots" / REVISION / shard).unlink(missing_ok=True)
+        (repo / "blobs" / name).unlink(missing_ok=True)
+        (repo / "blobs" / (name + ".incomplete")).write_bytes(b"x" * 1000)
+        m = hf_cache.build_manifest(str(repo), "main")
+        assert m["missing_blobs"] == []  # no link points at it any more: the old check saw nothing
+        assert not m["complete"], source
+        assert m["expected_from"] == source
+        assert m["missing_files"] == [shard]
+        assert m["incomplete_downloads"] == {name: 1000}
+        problems = " ".join(hf_cache.completeness_problems(m))
+        assert f"1 of {m['expected_files']} files listed by the {source} are absent: {shard}" in problems
+        assert "interrupted download" in problems
+
+
+def test_listed_size_decides_and_the_hub_tree_cache_is_read(tmp_path):
+    model = make_model(tmp_path)
+    repo = model["repo"]
+    shard = "model-00001-of-00003.safetensors"
+    # huggingface_hub 1.x's own record (trees/<commit>.json, format_version 1) when ours is absent.
+    (repo / "trees").mkdir()
+    files = write_listing(repo)
+    (repo / ".sparkops" / f"{REVISION}.json").unlink()
+    files[shard] = dict(files[shard], size=999, lfs_size=999)
+    (repo / "trees" / f"{REVISION}.json").write_text(json.dumps({"format_version": 1, "files": files}))
+    m = hf_cache.build_manifest(str(repo), "main")
+    assert m["expected_from"] == "hub tree cache"
+    assert not m["complete"] and m["wrong_size_files"] == {shard: [999, 256 * 1024]}
+    # A listed file absent from the snapshot altogether.
+    files = write_listing(repo, **{"extra/tokenizer.json": {"size": 10, "blob_id": "a" * 40}})
+    m = hf_cache.build_manifest(str(repo), "main")
+    assert m["expected_from"] == "hub listing" and m["missing_files"] == ["extra/tokenizer.json"]
+
+
+def test_hash_record_sees_a_same_size_change_without_reading(tmp_path):
+    model = make_model(tmp_path)
+    repo = str(model["repo"])
+    names = list(model["names"].values())
+    assert hf_cache.verify_and_record(repo, names) == []
+    status = hf_cache.hash_record_status(repo, names)
+    assert sorted(status["unchanged"]) == sorted(names) and not status["changed_since_hashed"]
+    shard = model["names"]["model-00003-of-00003.safetensors"]
+    path = model["repo"] / "blobs" / shard
+    data = bytearray(path.read_bytes())
+    data[100] ^= 0xFF
+    st = path.stat()
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))  # a write moves mtime; make sure here
+    assert hf_cache.hash_record_status(repo, names)["changed_since_hashed"] == [shard]
+    assert hf_cache.verify_and_record(repo, names) == [shard]
+    # The bad blob is not recorded as good.
+    assert hf_cache.hash_record_status(repo, names)["changed_since_hashed"] == [shard]
+
+
+def test_diff_copies_the_recorded_listing(tmp_path):
+    model = make_model(tmp_path / "a")
+    write_listing(model["repo"])
+    src = hf_cache.build_manifest(str(model["repo"]), REVISION)
+    dst = hf_cache.build_manifest(str(tmp_path / "b" / "models--x--y"), REVISION)
+    diff = hf_cache.diff_manifests(src, dst)
+    assert f".sparkops/{REVISION}.json" in diff["copy"]
+
+
+def test_diff_lists_only_what_the_target_lacks(tmp_path):
+    src = make_model(tmp_path / "src")
+    dst = make_model(tmp_path / "dst")
+    names = src["names"]
+    # Target: one shard missing, one truncated (an interrupted copy), link of config missing.
+    (dst["repo"] / "blobs" / names["model-00002-of-00003.safetensors"]).unlink()
+    trunc = dst["repo"] / "blobs" / names["model-00003-of-00003.safetensors"]
+    trunc.write_bytes(trunc.read_bytes()[:1000])
+    (dst["repo"] / "snapshots" / REVISION / "config.json").unlink()
+    (dst["repo"] / "refs" / "main").unlink()
+    a = hf_cache.build_manifest(str(src["repo"]), REVISION)
+    # The target is read with all its blobs: one no snapshot links to yet is not copied again.
+    b = hf_cache.build_manifest(str(dst["repo"]), REVISION, all_blobs=True)
+    d = hf_cache.diff_manifests(a, b)
+    assert d["missing"] == [names["model-00002-of-00003.safetensors"]]
+    assert d["mismatched"] == [names["model-00003-of-00003.safetensors"]]
+    assert set(d["copy"]) == {f"blobs/{d['missing'][0]}", f"blobs/{d['mismatched'][0]}"}
+    assert d["bytes_to_copy"] == 2 * 256 * 1024
+    assert d["bytes_needed"] == 256 * 1024 + (256 * 1024 - 1000)
+    assert list(d["links_create"]) == [f"snapshots/{REVISION}/config.json"]
+    assert d["refs_update"] == {"main": REVISION}
+    assert not d["in_sync"]
+    same = hf_cache.diff_manifests(a, a)
+    assert same["in_sync"] and same["copy"] == {} and same["bytes_needed"] == 0
+
+
+def test_verify_blob_sha256_and_git_sha1(tmp_path):
+    model = make_model(tmp_path)
+    blobs = model["repo"] / "blobs"
+    for name in model["names"].values():
+        assert hf_cache.verify_blob(str(blobs / name), name)
+    shard = model["names"]["model-00001-of-00003.safetensors"]
+    data = bytearray((blobs / shard).read_bytes())
+    data[100] ^= 0xFF  # same size, one flipped byte
+    (blobs / shard).write_bytes(bytes(data))
+    assert not hf_cache.verify_blob(str(blobs / shard), shard)
+    assert hf_cache.failing_blobs(str(blobs), list(model["names"].values())) == [shard]
+    with pytest.raises(ValueError, match="cannot be verified"):
+        hf_cache.verify_blob(str(blobs / shard), "not-a-hash")
+
+
+def test_plan_streams_balances_bytes():
+    sizes = {"a": 100, "b": 90, "c": 50, "d": 40, "e": 10}
+    lists = hf_cache.plan_streams(sizes, 2)
+    loads = sorted(sum(sizes[n] for n in lst) for lst in lists)
+    assert loads == [140, 150]
+    assert sorted(n for lst in lists for n in lst) == sorted(sizes)
+    assert hf_cache.plan_streams(sizes, 10) == [[n] for n in ("a", "b", "c", "d", "e")]
+    assert hf_cache.plan_streams({}, 4) == []
+
+
+def test_node_links_writes_relative_links_and_refuses_escapes(tmp_path):
+    repo = tmp_path / f"models--{MODEL.replace('/', '--')}"
+    hf_cache.node_mkdirs({"repo": str(repo)})
+    done = hf_cache.node_links(
+        {
+            "repo": str(repo),
+            "links": {f"snapshots/{REVISION}/a.json": "../../blobs/" + "a" * 40},
+            "refs": {"main": REVISION},
+        }
+    )
+    assert done == {"links_created": 1, "links_fixed": 0, "refs_written": 1}
+    assert os.readlink(repo / "snapshots" / REVISION / "a.json") == "../../blobs/" + "a" * 40
+    again = hf_cache.node_links(
+        {"repo": str(repo), "links": {f"snapshots/{REVISION}/a.json": "../../blobs/" + "a" * 40}}
+    )
+    assert again["links_created"] == 0 and again["links_fixed"] == 0
+    with pytest.raises(ValueError, match="leaves the model"):
+        hf_cache.node_links({"repo": str(repo), "links": {f"snapshots/{REVISION}/x": "../../../../etc/passwd"}})
+    with pytest.raises(ValueError, match="refusing snapshot path"):
+        hf_cache.node_links({"repo": str(repo), "links": {"../outside": "blobs/x"}})
+    with pytest.raises(ValueError, match="refusing ref"):
+        hf_cache.node_links({"repo": str(repo), "refs": {"main": "not-a-sha"}})
+
+
+def test_node_mkdirs_removes_only_rsync_leftovers(tmp_path):
+    repo = tmp_path / "models--a--b"
+    (repo / "blobs").mkdir(parents=True)
+    leftover = repo / "blobs" / ("." + "a" * 64 + ".Xy12Zq")
+    keep = repo / "blobs" / ("b" * 64)
+    leftover.write_bytes(b"partial")
+    keep.write_bytes(b"whole")
+    res = hf_cache.node_mkdirs({"repo": str(repo)})
+    assert res["stale_temp_removed"] == [leftover.name]
+    assert not leftover.exists() and keep.exists()
+
+
+def test_remote_main_reports_errors_as_a_result_line():
+    out = io.StringIO()
+    rc = hf_cache.remote_main(io.BytesIO(b'{"action": "links", "repo": "/tmp/x", "refs": {"../a": "1"}}\n'), out)
+    assert rc == 3
+    line = out.getvalue().strip()
+    assert line.startswith(hf_cache.RESULT_MARK)
+    assert "refusing ref" in json.loads(line[len(hf_cache.RESULT_MARK) :])["error"]

@@ -1,0 +1,169 @@
+"""The doctor's verdicts and the preflight memory plan (plugins/plugin_utils/day2_checks.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ansible_collections.sparkops.cluster.plugins.module_utils import hw_links as hw
+from ansible_collections.sparkops.cluster.plugins.plugin_utils import day2_checks as d
+
+FIX = Path(__file__).resolve().parents[3] / "fixtures" / "hw"
+GIB = 2**30
+
+
+def test_memory_plan_reference_profile_passes_and_tight_one_is_refused():
+    assert d.memory_plan_problems({"gpu_memory_utilization": 0.87}, 128, 6, 4) == []
+    (msg,) = d.memory_plan_problems({"gpu_memory_utilization": 0.90}, 128, 6, 8)
+    assert "below the memory floor of 8 GiB" in msg and "sparkops_memory_floor_gib" in msg
+    assert "lower gpu_memory_utilization to 0.89" in msg
+
+
+def test_kernel_known_bad_is_critical_with_reason():
+    bad = [{"version": "7.0.0-1019-nvidia", "reason": "NCCL over RoCE broken"}]
+    v = d.check_kernel("spark-1", "7.0.0-1019-nvidia", bad)
+    assert v["verdict"] == "CRITICAL" and "NCCL over RoCE broken" in v["evidence"] and "apt purge" in v["action"]
+    assert d.check_kernel("spark-1", "6.17.0-1029-nvidia", bad)["verdict"] == "PASS"
+
+
+def test_nic_x2_function_is_critical_and_sim_is_not_applicable():
+    good = {
+        "device": "rocep1s0f1",
+        "bdf": "0000:01:00.1",
+        "firmware": "28.45.4028",
+        "sta_width": 4,
+        "cap_width": 4,
+        "sta_speed_gts": 32.0,
+    }
+    narrow = dict(good, device="roceP2p1s0f1", bdf="0002:01:00.1", sta_width=2)
+    v = d.check_nic("spark-1", [good, narrow], "dgx_spark", 4, "28.45.4028")
+    assert v["verdict"] == "CRITICAL" and "roceP2p1s0f1 (0002:01:00.1) runs PCIe x2" in v["evidence"]
+    assert "fwupdmgr" in v["action"]
+    assert d.check_nic("spark-1", [good], "dgx_spark", 4, "28.45.4028")["verdict"] == "PASS"
+    old = dict(good, firmware="28.39.3560")
+    assert d.check_nic("spark-1", [good, old], "dgx_spark", 4, "28.45.4028")["verdict"] == "WARN"
+    na = d.check_nic("spark-sim-1", [], "simulated", 4, "")
+    assert na["verdict"] == "N/A" and "not applicable" in na["evidence"]
+    assert d.check_nic("spark-1", [], "dgx_spark", 4, "")["verdict"] == "CRITICAL"
+
+
+def test_gpu_clocks_on_recorded_outputs():
+    idle = hw.parse_nvidia_smi_clocks((FIX / "h100_580.159.04_clock_performance_idle.txt").read_text())
+    load = hw.parse_nvidia_smi_clocks((FIX / "h100_580.159.04_clock_performance_load.txt").read_text())
+    # Idle at 375 MHz is not a throttle; SW power cap at 66% of max under load is normal.
+    assert d.check_gpu_clocks("n", idle)["verdict"] == "PASS"
+    v = d.check_gpu_clocks("n", load)
+    assert v["verdict"] == "PASS" and "1305 of 1980 MHz" in v["evidence"] and "SW Power Cap" in v["evidence"]
+    # The field report: busy at ~0.7 of 2.2 GHz.
+    slow = [dict(load[0], clocks_mhz={"Graphics": 700}, max_clocks_mhz={"Graphics": 2200})]
+    assert d.check_gpu_clocks("n", slow)["verdict"] == "CRITICAL"
+    hot = [dict(load[0], reasons_active=["HW Thermal Slowdown"])]
+    assert d.check_gpu_clocks("n", hot)["verdict"] == "WARN"
+    assert d.check_gpu_clocks("n", [], "nvidia-smi not found")["verdict"] == "N/A"
+
+
+def test_memory_floor_marker_is_critical_and_names_what_stopped():
+    marker = {
+        "at": "2026-11-23T19:00:00Z",
+        "available_bytes": 200 * 2**20,
+        "floor_bytes": 256 * 2**20,
+        "stopped": "sparkops-ray",
+    }
+    v = d.check_memory("spark-sim-2", 10 * GIB, 0.25, marker)
+    assert v["verdict"] == "CRITICAL" and "sparkops-ray was stopped" in v["evidence"] and "200 MiB" in v["evidence"]
+    assert d.check_memory("n", 10 * GIB, 4, None)["verdict"] == "PASS"
+    assert d.check_memory("n", 5 * GIB, 4, None)["verdict"] == "WARN"
+    assert d.check_memory("n", 3 * GIB, 4, None)["verdict"] == "CRITICAL"
+
+
+def test_crashed_container_named_with_count_and_log():
+    (v,) = d.check_containers(
+        "spark-sim-1",
+        [
+            {
+                "name": "sparkops-vllm",
+                "status": "exited",
+                "exit_code": 1,
+                "restart_count": 3,
+                "log_tail": ["a", "ValueError: no weights"],
+            }
+        ],
+    )
+    assert v["verdict"] == "CRITICAL"
+    assert "exit code 1, restarted 3 times by Docker" in v["evidence"] and "ValueError: no weights" in v["evidence"]
+    (ok,) = d.check_containers("n", [{"name": "sparkops-ray", "status": "running", "restart_count": 0}])
+    assert ok["verdict"] == "PASS"
+
+
+def test_ray_membership_and_endpoint():
+    ray = {"nodes_alive": 1, "gpus_total": 1.0, "dead_node_ips": ["10.213.0.12"]}
+    v = d.check_ray(ray, 2, 2)
+    assert v["verdict"] == "CRITICAL" and "1 of 2 nodes" in v["evidence"] and "10.213.0.12" in v["evidence"]
+    assert d.check_ray({"nodes_alive": 2, "gpus_total": 2.0}, 2, 2)["verdict"] == "PASS"
+    assert d.check_ray({"failed": True, "msg": "no container"}, 2, 2)["verdict"] == "CRITICAL"
+    assert d.check_endpoint({"healthy": True, "ttft_s": 0.1})["verdict"] == "PASS"
+    bad = d.check_endpoint({"healthy": False, "checks": {"completion": {"ok": False, "message": "timed out"}}})
+    assert bad["verdict"] == "CRITICAL" and "timed out" in bad["evidence"]
+
+
+def test_api_exposure():
+    assert (
+        d.check_exposure({"mgmt_reachable": False, "unauth_status": 401}, "10.0.0.1", "192.168.1.5")["verdict"]
+        == "PASS"
+    )
+    assert (
+        d.check_exposure({"mgmt_reachable": True, "unauth_status": 200}, "0.0.0.0", "192.168.1.5")["verdict"]
+        == "CRITICAL"
+    )
+    assert (
+        d.check_exposure({"mgmt_reachable": True, "unauth_status": 401}, "10.0.0.1", "192.168.1.5")["verdict"] == "WARN"
+    )
+    assert (
+        d.check_exposure({"mgmt_reachable": True, "unauth_status": 401}, "0.0.0.0", "192.168.1.5")["verdict"] == "PASS"
+    )
+
+
+def test_watchdog_states():
+    now = 10_000.0
+    ev = [
+        {"event": "restart_begun", "epoch": now - 100, "ts": "t", "message": "m"},
+        {"event": "gave_up", "epoch": now - 10, "ts": "t2", "message": "limit"},
+    ]
+    v = d.check_watchdog({"status": "gave_up", "reason": "vLLM exited"}, ev, True, now)
+    assert (
+        v["verdict"] == "CRITICAL"
+        and "1 group restart(s) in the last hour" in v["evidence"]
+        and "gave_up: limit" in v["evidence"]
+    )
+    assert d.check_watchdog({"status": "watching", "reason": "healthy"}, [], True, now)["verdict"] == "PASS"
+    assert d.check_watchdog({"status": "watching", "reason": "healthy"}, [], False, now)["verdict"] == "CRITICAL"
+    assert d.check_watchdog(None, [], False, now)["verdict"] == "CRITICAL"
+
+
+def test_overall_ignores_not_applicable_and_markdown_has_every_check():
+    vs = [d.verdict("a", "c", "N/A", "not applicable: x"), d.verdict("b", "c", "PASS", "ok")]
+    assert d.overall(vs) == "PASS"
+    assert d.overall(vs + [d.verdict("c", "c", "WARN", "w")]) == "WARN"
+    md = d.render_markdown("sim", vs, "now")
+    assert "Overall: **PASS**" in md and "| N/A | a | c | not applicable: x |" in md
+
+
+def test_unreachable_node_gets_one_critical_verdict():
+    inputs = {
+        "now_epoch": 0,
+        "settings": {
+            "hardware": "simulated",
+            "driver_branch": "580",
+            "memory_floor_gib": 0.25,
+            "disk_headroom_gib": 1,
+            "weights_path": "/w",
+            "cable_threshold_gbps": 190,
+            "expected_nodes": 2,
+            "expected_gpus": 2,
+            "serve_host": "10.0.0.1",
+            "mgmt_address": "192.168.0.1",
+        },
+        "nodes": {"spark-sim-2": {}},
+    }
+    vs = d.build_verdicts(inputs)
+    (node,) = [v for v in vs if v["scope"] == "spark-sim-2"]
+    assert node["check"] == "node reachable" and node["verdict"] == "CRITICAL"

@@ -1,0 +1,103 @@
+"""The lock file: parse, conflicts with the inventory, merge, what moved, the locked model revision."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from ansible_collections.sparkops.cluster.plugins.plugin_utils import lockfile as lf
+
+WANTED = {
+    "image": {
+        "source": "eugr",
+        "repo": "https://github.com/eugr/spark-vllm-docker.git",
+        "ref": "fc08740fba1e79530a879c411b7e39fb65da2a18",
+        "build_args": ["--vllm-ref", "v0.19.0", "--flashinfer-ref", "v0.6.6"],
+        "registry_ref": "",
+    },
+    "model": {"profile": "qwen", "id": "Qwen/Qwen3-235B-A22B-GPTQ-Int4", "revision": "main"},
+}
+RESOLVED = {
+    "image": {
+        "commit": "fc08740fba1e79530a879c411b7e39fb65da2a18",
+        "id": "sha256:" + "a" * 64,
+        "tag": "vllm-node:fc08740fba1e",
+    },
+    "versions": {"vllm": "0.19.0", "torch": "2.12.0.dev20260410+cu130", "nccl": None},
+    "model": {"resolved_revision": "b" * 40},
+}
+
+
+def first_lock():
+    return lf.merge(lf.merge({}, WANTED), RESOLVED)
+
+
+def test_first_lock_has_everything_and_drops_unknowns():
+    lock = first_lock()
+    assert lock["lock_version"] == lf.LOCK_VERSION
+    assert lock["image"]["ref"] == WANTED["image"]["ref"]
+    assert lock["image"]["id"] == "sha256:" + "a" * 64
+    assert "nccl" not in lock["versions"]  # None is "not found", never written as a value
+    assert lf.parse_lock(lf.dumps(lock)) == lock
+
+
+def test_dumps_is_stable_so_no_op_runs_write_nothing():
+    a = lf.dumps(first_lock())
+    b = lf.dumps(json.loads(a))
+    assert a == b
+
+
+def test_no_conflicts_without_a_lock_or_when_inventory_unchanged():
+    assert lf.conflicts({}, WANTED) == []
+    assert lf.conflicts(first_lock(), WANTED) == []
+
+
+def test_inventory_edit_conflicts_with_the_lock():
+    moved = json.loads(json.dumps(WANTED))
+    moved["image"]["build_args"] = ["--use-wheels"]
+    moved["model"]["revision"] = "c" * 40
+    problems = lf.conflicts(first_lock(), moved)
+    assert problems == [
+        'image.build_args: the lock has ["--vllm-ref", "v0.19.0", "--flashinfer-ref", "v0.6.6"], '
+        'the inventory asks for ["--use-wheels"]',
+        f'model.revision: the lock has "main", the inventory asks for "{"c" * 40}"',
+    ]
+
+
+def test_empty_string_and_missing_are_the_same():
+    lock = first_lock()
+    wanted = json.loads(json.dumps(WANTED))
+    del wanted["image"]["registry_ref"]
+    assert lf.conflicts(lock, wanted) == []
+
+
+def test_diff_says_what_moved_and_ignores_timestamps():
+    old = lf.merge(first_lock(), {"written_at": "t1"})
+    new = lf.merge(old, {"image": {"ref": "sim-v2", "id": "sha256:" + "c" * 64}, "written_at": "t2"})
+    assert lf.diff(old, new) == [
+        f'image.id: "sha256:{"a" * 64}" -> "sha256:{"c" * 64}"',
+        f'image.ref: "{WANTED["image"]["ref"]}" -> "sim-v2"',
+    ]
+    assert lf.diff(old, old) == []
+
+
+def test_locked_revision_used_only_for_the_same_profile_model_and_request():
+    lock = first_lock()
+    assert lf.effective_revision("main", lock, "qwen", WANTED["model"]["id"]) == "b" * 40
+    assert lf.effective_revision("main", lock, "other", WANTED["model"]["id"]) == "main"
+    assert lf.effective_revision("d" * 40, lock, "qwen", WANTED["model"]["id"]) == "d" * 40
+    assert lf.effective_revision("main", {}, "qwen", WANTED["model"]["id"]) == "main"
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [("{not json", "not JSON"), ('{"lock_version": 99}', "lock_version 99"), ("[1]", "lock_version")],
+)
+def test_broken_or_foreign_lock_is_refused(text, match):
+    with pytest.raises(lf.LockError, match=match):
+        lf.parse_lock(text)
+
+
+def test_no_lock_is_empty():
+    assert lf.parse_lock(None) == {}
+    assert lf.parse_lock("  \n") == {}

@@ -1,0 +1,90 @@
+"""Guard: direct reads of the inventory layout outside the cluster model may only go down.
+
+Roles read `sparkops_cluster` / `sparkops_node` (roles/cluster_facts). Reading
+`sparkops_fast_links`, `groups['spark_head']`, deriving the head's address, reaching into other
+hosts' variables or borrowing another role's task files spreads one value over many files again.
+BEFORE is the count on main just before the model landed; CEILING is what is left now: lower it
+when you remove more, never raise it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SCANNED = ["roles", "playbooks", "plugins", "molecule", "site.yml"]
+# The model itself, where these reads belong.
+MODEL = {
+    "plugins/plugin_utils/cluster.py",
+    "plugins/action/cluster_facts.py",
+    "plugins/modules/cluster_facts.py",
+}
+MODEL_DIRS = ("roles/cluster_facts/",)
+PATTERNS = {
+    "sparkops_fast_links reads": re.compile(r"sparkops_fast_links"),
+    "groups['spark_head'] reads": re.compile(r"groups\[\s*['\"]spark_head['\"]\s*\]"),
+    "head/primary address derivations": re.compile(r"sparkops_fast_links\s*(\[\s*0\s*\]|\|\s*first)"),
+    "hostvars reach-ins": re.compile(r"\bhostvars\b"),
+    "tasks_from borrowing": re.compile(r"\btasks_from\b"),
+}
+BEFORE = {
+    "sparkops_fast_links reads": 49,
+    "groups['spark_head'] reads": 24,
+    "head/primary address derivations": 15,
+    "hostvars reach-ins": 31,
+    "tasks_from borrowing": 12,
+}
+# After doctor, watchdog, fastpath, ray_cluster, weight_cache's sync, vllm_serve's container and
+# verify.yml read the model (others' roles and molecule not yet switched). tasks_from is above
+# BEFORE: entry points (wait, proof, checkout, settings, jumbo-ping) that merged playbooks include.
+CEILING = {
+    "sparkops_fast_links reads": 15,
+    "groups['spark_head'] reads": 19,
+    "head/primary address derivations": 9,
+    "hostvars reach-ins": 25,
+    "tasks_from borrowing": 16,
+}
+
+
+def scanned_files():
+    for entry in SCANNED:
+        path = ROOT / entry
+        files = [path] if path.is_file() else sorted(path.rglob("*"))
+        for f in files:
+            rel = f.relative_to(ROOT).as_posix()
+            if f.suffix not in {".yml", ".yaml", ".j2", ".py"} or rel in MODEL or rel.startswith(MODEL_DIRS):
+                continue
+            yield rel, f.read_text(encoding="utf-8", errors="replace")
+
+
+def counts():
+    out = dict.fromkeys(PATTERNS, 0)
+    where = {name: {} for name in PATTERNS}
+    for rel, text in scanned_files():
+        for name, pat in PATTERNS.items():
+            n = len(pat.findall(text))
+            if n:
+                out[name] += n
+                where[name][rel] = n
+    return out, where
+
+
+def test_layout_reads_outside_the_model_only_go_down():
+    now, where = counts()
+    print({name: f"{BEFORE[name]} -> {now[name]}" for name in now})
+    for name, n in now.items():
+        assert n <= CEILING[name], f"{name}: {n} > {CEILING[name]} (new reads in {where[name]}); read sparkops_cluster"
+
+
+def test_the_guard_sees_a_new_read():
+    """The patterns really match the reads they guard against."""
+    sample = "x: \"{{ groups['spark_head'][0] }} {{ hostvars[h].sparkops_fast_links[0].address }}\"\n"
+    found = {name: len(p.findall(sample)) for name, p in PATTERNS.items()}
+    assert found == {
+        "sparkops_fast_links reads": 1,
+        "groups['spark_head'] reads": 1,
+        "head/primary address derivations": 1,
+        "hostvars reach-ins": 1,
+        "tasks_from borrowing": 0,
+    }
