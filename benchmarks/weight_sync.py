@@ -167,54 +167,60 @@ def run_sim(args) -> tuple:
         docker_exec(node, f"rm -rf {SIM_DIR}", 120)
     docker_exec(SIM_SOURCE, f"python3 - {repo} {'3' * 40} {args.shards} {shard_bytes}", 600, stdin=SIM_SEED)
     total = shard_bytes * args.shards
-    rows = []
     try:
-        t0 = time.monotonic()
-        docker_exec(
-            SIM_SOURCE,
-            f"rsync -a --mkpath -e '{FABRIC_SSH}' {SIM_DIR}/src/ root@{SIM_TARGET_FAST}:{SIM_DIR}/dst-baseline/",
-            args.timeout_s,
-        )
-        rows.append(("rsync -a over ssh, 1 stream (community baseline)", time.monotonic() - t0, total))
-        docker_exec(SIM_TARGET, f"rm -rf {SIM_DIR}/dst-baseline", 120)
-        # The same bytes copied on one node, timed inside it: what "disk speed" means here.
-        stamps = docker_exec(
-            SIM_SOURCE,
-            f"s=$(date +%s.%N); cp -a {SIM_DIR}/src {SIM_DIR}/local-copy; sync; e=$(date +%s.%N); echo $s $e",
-            args.timeout_s,
-        ).split()
-        local_s = float(stamps[1]) - float(stamps[0])
-        rows.append(("local copy on one node (cp -a + sync, the reference)", local_s, total))
-        docker_exec(SIM_SOURCE, f"rm -rf {SIM_DIR}/local-copy", 120)
-        for transport, hashed in VARIANTS:
-            out = sim_module(
-                {
-                    "cache_dir": f"{SIM_DIR}/src",
-                    "target_cache_dir": f"{SIM_DIR}/dst-{transport}",
-                    "model": "sparkops-bench/synthetic",
-                    "revision": "main",
-                    "targets": [SIM_TARGET_FAST],
-                    "source_address": SIM_SOURCE_FAST,
-                    "transport": transport,
-                    "streams": args.streams,
-                    "hash_copied": hashed,
-                    "ssh_key": "/root/.ssh/sparkops_fabric_ed25519",
-                    "ssh_extra_args": ["-o", "UserKnownHostsFile=/root/.ssh/sparkops_fabric_known_hosts"],
-                },
-                args.timeout_s,
-            )
-            # The module's own wall time (plan, copy, links, check), not Ansible's start-up.
-            rows += variant_rows(
-                variant_name(transport, hashed, args.streams),
-                out["elapsed_s"],
-                out["totals"]["bytes_copied"],
-                out["totals"]["seconds"],
-            )
-            docker_exec(SIM_TARGET, f"rm -rf {SIM_DIR}/dst-{transport}", 120)
+        rows = best_of(args.repeat, lambda: sim_round(args, total))
     finally:
         for node in (SIM_SOURCE, SIM_TARGET):
             subprocess.run(["docker", "exec", node, "rm", "-rf", SIM_DIR], capture_output=True, check=False)
     return rows, total, "spark-sim-1 -> spark-sim-2 over the simulated QSFP network"
+
+
+def sim_round(args, total: int) -> list:
+    """One pass of every variant between the two simulated nodes."""
+    rows = []
+    t0 = time.monotonic()
+    docker_exec(
+        SIM_SOURCE,
+        f"rsync -a --mkpath -e '{FABRIC_SSH}' {SIM_DIR}/src/ root@{SIM_TARGET_FAST}:{SIM_DIR}/dst-baseline/",
+        args.timeout_s,
+    )
+    rows.append(("rsync -a over ssh, 1 stream (community baseline)", time.monotonic() - t0, total))
+    docker_exec(SIM_TARGET, f"rm -rf {SIM_DIR}/dst-baseline", 120)
+    # The same bytes copied on one node, timed inside it: what "disk speed" means here.
+    stamps = docker_exec(
+        SIM_SOURCE,
+        f"s=$(date +%s.%N); cp -a {SIM_DIR}/src {SIM_DIR}/local-copy; sync; e=$(date +%s.%N); echo $s $e",
+        args.timeout_s,
+    ).split()
+    local_s = float(stamps[1]) - float(stamps[0])
+    rows.append(("local copy on one node (cp -a + sync, the reference)", local_s, total))
+    docker_exec(SIM_SOURCE, f"rm -rf {SIM_DIR}/local-copy", 120)
+    for transport, hashed in VARIANTS:
+        out = sim_module(
+            {
+                "cache_dir": f"{SIM_DIR}/src",
+                "target_cache_dir": f"{SIM_DIR}/dst-{transport}",
+                "model": "sparkops-bench/synthetic",
+                "revision": "main",
+                "targets": [SIM_TARGET_FAST],
+                "source_address": SIM_SOURCE_FAST,
+                "transport": transport,
+                "streams": args.streams,
+                "hash_copied": hashed,
+                "ssh_key": "/root/.ssh/sparkops_fabric_ed25519",
+                "ssh_extra_args": ["-o", "UserKnownHostsFile=/root/.ssh/sparkops_fabric_known_hosts"],
+            },
+            args.timeout_s,
+        )
+        # The module's own wall time (plan, copy, links, check), not Ansible's start-up.
+        rows += variant_rows(
+            variant_name(transport, hashed, args.streams),
+            out["elapsed_s"],
+            out["totals"]["bytes_copied"],
+            out["totals"]["seconds"],
+        )
+        docker_exec(SIM_TARGET, f"rm -rf {SIM_DIR}/dst-{transport}", 120)
+    return rows
 
 
 def run_loopback(args) -> tuple:
@@ -229,23 +235,42 @@ def run_loopback(args) -> tuple:
             shard_bytes = int(args.gib * (1 << 30) / args.shards)
             make_model(work / "src", shards=args.shards, shard_bytes=shard_bytes)
             total = sum(f.stat().st_size for f in (work / "src").rglob("*") if f.is_file() and not f.is_symlink())
-            rows = []
-            t = baseline(sshd, work / "src", work / "dst-baseline", args.timeout_s)
-            rows.append(("rsync -a over ssh, 1 stream (community baseline)", t, total))
-            shutil.rmtree(work / "dst-baseline")
-            t0 = time.monotonic()
-            subprocess.run(["cp", "-a", str(work / "src"), str(work / "local-copy")], check=True)
-            os.sync()
-            rows.append(("local copy (cp -a + sync, the reference)", time.monotonic() - t0, total))
-            shutil.rmtree(work / "local-copy")
-            for transport, hashed in VARIANTS:
-                dst = work / f"dst-{transport}"
-                t, copied, copy_s = ours(sshd, work / "src", dst, transport, streams=args.streams, hash_copied=hashed)
-                rows += variant_rows(variant_name(transport, hashed, args.streams), t, copied, copy_s)
-                shutil.rmtree(dst)
+            rows = best_of(args.repeat, lambda: loopback_round(args, sshd, work, total))
         finally:
             sshd.stop()
     return rows, total, "loopback (127.0.0.1 -> 127.0.0.2)"
+
+
+def loopback_round(args, sshd: LoopbackSshd, work: Path, total: int) -> list:
+    """One pass of every variant on this machine."""
+    rows = []
+    t = baseline(sshd, work / "src", work / "dst-baseline", args.timeout_s)
+    rows.append(("rsync -a over ssh, 1 stream (community baseline)", t, total))
+    shutil.rmtree(work / "dst-baseline")
+    os.sync()  # the baseline's dirty pages are not the local copy's to write
+    t0 = time.monotonic()
+    subprocess.run(["cp", "-a", str(work / "src"), str(work / "local-copy")], check=True)
+    os.sync()
+    rows.append(("local copy (cp -a + sync, the reference)", time.monotonic() - t0, total))
+    shutil.rmtree(work / "local-copy")
+    for transport, hashed in VARIANTS:
+        dst = work / f"dst-{transport}"
+        os.sync()
+        t, copied, copy_s = ours(sshd, work / "src", dst, transport, streams=args.streams, hash_copied=hashed)
+        rows += variant_rows(variant_name(transport, hashed, args.streams), t, copied, copy_s)
+        shutil.rmtree(dst)
+    return rows
+
+
+def best_of(rounds: int, one_round) -> list:
+    """Rows of ``rounds`` interleaved passes, each row its fastest pass: the machine is shared, and
+    other load only ever adds time. Interleaving keeps a slow spell from hitting one variant only."""
+    best: dict = {}
+    for _ in range(rounds):
+        for name, secs, nbytes in one_round():
+            if name not in best or secs < best[name][1]:
+                best[name] = (name, secs, nbytes)
+    return list(best.values())
 
 
 def main() -> None:
@@ -254,6 +279,7 @@ def main() -> None:
     ap.add_argument("--shards", type=int, default=8)
     ap.add_argument("--streams", type=int, default=min(8, os.cpu_count() or 1))
     ap.add_argument("--timeout-s", type=float, default=600)
+    ap.add_argument("--repeat", type=int, default=1, help="interleaved passes; each row shows its fastest")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     ap.add_argument("--where", choices=["auto", "sim", "loopback"], default="auto")
     args = ap.parse_args()
@@ -265,7 +291,10 @@ def main() -> None:
     rows, total, where_text = run_sim(args) if where == "sim" else run_loopback(args)
     base_rate = rows[0][2] / rows[0][1]
     local_rate = rows[1][2] / rows[1][1]
-    print(f"weight sync, {total / 1e9:.2f} GB in {args.shards} blobs, {where_text}, {os.cpu_count()} cores here")
+    passes = f", best of {args.repeat} interleaved passes" if args.repeat > 1 else ""
+    print(
+        f"weight sync, {total / 1e9:.2f} GB in {args.shards} blobs, {where_text}, {os.cpu_count()} cores here{passes}"
+    )
     print(f"  {'variant':<66} {'seconds':>9}  {'MB/s':>8}  {'vs rsync':>8}  {'vs local copy':>13}")
     out = []
     for name, secs, nbytes in rows:
