@@ -25,7 +25,7 @@ description:
     because this module failed or was killed. Trade-off - the weights travel unencrypted on the
     private fast-link cable (they are public model files; the password is not sent in clear, rsync's
     daemon auth is a challenge-response); in exchange no CPU goes to a cipher, which measured
-    (benchmarks/weight_sync.py, 2 cores) 1.5-2.5 times faster than I(transport=ssh).
+    (benchmarks/weight_sync.py, 2 cores) 1.7-2.8 times the copy rate of I(transport=ssh).
   - I(transport=ssh) encrypts with I(ssh_cipher) (AES-GCM is the cheapest on the GB10's Arm cores);
     use it where the fast link is shared with machines you do not trust.
   - Before anything is copied, every target's free space is checked against what the copy needs
