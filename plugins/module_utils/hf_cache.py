@@ -595,7 +595,7 @@ def _wait_port(address: str, port: int, proc, deadline_s: float) -> bool:
             with socket.create_connection((address, port), timeout=0.5):
                 return True
         except OSError:
-            time.sleep(0.1)
+            time.sleep(0.02)  # the daemon starts in ~30 ms (measured); a 0.1 s poll cost 0.1 s a sync
     return False
 
 
