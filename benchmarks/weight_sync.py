@@ -13,8 +13,23 @@ sshd on 127.0.0.2 on this machine. Nothing leaves this machine either way.
 
     .venv/bin/python benchmarks/weight_sync.py --gib 1 --streams 4
 
+Each hf_cache_sync variant has two rows: the module's whole run (one SSH session per target, the
+plan, the copy, links, the check after it: what a playbook waits for) and the copy phase alone (the
+rsync streams). The fixed part is about a second here: it weighs on a 1 GiB test, not on the
+~60 GiB of a real model, so use ``--gib`` 4 or more to see the ratio a real sync gets.
+
 On these test machines both ends share the same few cores, so the CPU cost of ssh encryption and of
 rsync is the limit, as it is on a Spark's 200 Gb/s link. Bounded: one pass per variant.
+
+Where the time went (issue 17, 2 cores, 1 GiB in 8 blobs, loopback, ratios within one run): a new
+ssh connection and python3 per step on the target (5 per sync, 0.6-0.7 s each) cost ~3 s against a
+~1.2 s copy, now one session per target; SIGTERM to the daemon took 0.4 s, now SIGKILL once the
+streams are done; the ssh cipher halves the copy (ssh 25-41% of the local copy, rsyncd 53-112%);
+the hash on the target costs ~1 s per GiB (sha256 at ~680 MB/s a core here; the CPU is ~95% busy
+during the copy, so overlapping the two gains nothing on 2 cores). rsync options did not matter
+(xxh128 is negotiated; --checksum-choice=none/xxh3, 4 MiB socket buffers, --preallocate all within
+noise; md5 would be 3x slower), 2 streams beat 1, and a hand-written sendfile/recv_into transport was
+only ~10% faster than the rsync daemon (splice slower still), tar | nc slower: no case for new code.
 """
 
 from __future__ import annotations
@@ -70,16 +85,22 @@ def ours(sshd: LoopbackSshd, src: Path, dst: Path, transport: str, *, streams: i
     elapsed = time.monotonic() - t0
     if res.get("failed"):
         raise SystemExit(f"hf_cache_sync failed: {res['msg']}")
-    return elapsed, res["totals"]["bytes_copied"]
+    return elapsed, res["totals"]["bytes_copied"], res["totals"]["seconds"]
 
 
 # The module's copy alone, and with the target hashing what it received (the default: the hash is
-# recorded when a blob is written, issue 16).
+# recorded when a blob is written, issue 16). rsyncd is the default transport.
 VARIANTS = (("ssh", False), ("rsyncd", False), ("rsyncd", True))
 
 
 def variant_name(transport: str, hashed: bool, streams: int) -> str:
     return f"hf_cache_sync {transport}, {streams} streams" + (", + hash on target" if hashed else "")
+
+
+def variant_rows(name: str, whole_s: float, nbytes: int, copy_s: float) -> list:
+    """The module's whole run (plan, copy, links, check: what a playbook waits for) and its copy
+    phase alone (the rsync streams: what scales with the size of the model)."""
+    return [(f"{name}: whole run", whole_s, nbytes), (f"{name}: copy phase", copy_s, nbytes)]
 
 
 SIM_SOURCE, SIM_TARGET = "spark-sim-1", "spark-sim-2"
@@ -146,50 +167,60 @@ def run_sim(args) -> tuple:
         docker_exec(node, f"rm -rf {SIM_DIR}", 120)
     docker_exec(SIM_SOURCE, f"python3 - {repo} {'3' * 40} {args.shards} {shard_bytes}", 600, stdin=SIM_SEED)
     total = shard_bytes * args.shards
-    rows = []
     try:
-        t0 = time.monotonic()
-        docker_exec(
-            SIM_SOURCE,
-            f"rsync -a --mkpath -e '{FABRIC_SSH}' {SIM_DIR}/src/ root@{SIM_TARGET_FAST}:{SIM_DIR}/dst-baseline/",
-            args.timeout_s,
-        )
-        rows.append(("rsync -a over ssh, 1 stream (community baseline)", time.monotonic() - t0, total))
-        docker_exec(SIM_TARGET, f"rm -rf {SIM_DIR}/dst-baseline", 120)
-        # The same bytes copied on one node, timed inside it: what "disk speed" means here.
-        stamps = docker_exec(
-            SIM_SOURCE,
-            f"s=$(date +%s.%N); cp -a {SIM_DIR}/src {SIM_DIR}/local-copy; sync; e=$(date +%s.%N); echo $s $e",
-            args.timeout_s,
-        ).split()
-        rows.append(("local copy on one node (cp -a, the reference)", float(stamps[1]) - float(stamps[0]), total))
-        docker_exec(SIM_SOURCE, f"rm -rf {SIM_DIR}/local-copy", 120)
-        for transport, hashed in VARIANTS:
-            out = sim_module(
-                {
-                    "cache_dir": f"{SIM_DIR}/src",
-                    "target_cache_dir": f"{SIM_DIR}/dst-{transport}",
-                    "model": "sparkops-bench/synthetic",
-                    "revision": "main",
-                    "targets": [SIM_TARGET_FAST],
-                    "source_address": SIM_SOURCE_FAST,
-                    "transport": transport,
-                    "streams": args.streams,
-                    "hash_copied": hashed,
-                    "ssh_key": "/root/.ssh/sparkops_fabric_ed25519",
-                    "ssh_extra_args": ["-o", "UserKnownHostsFile=/root/.ssh/sparkops_fabric_known_hosts"],
-                },
-                args.timeout_s,
-            )
-            # The module's own wall time (plan, copy, links, check), not Ansible's start-up.
-            rows.append(
-                (variant_name(transport, hashed, args.streams), out["elapsed_s"], out["totals"]["bytes_copied"])
-            )
-            docker_exec(SIM_TARGET, f"rm -rf {SIM_DIR}/dst-{transport}", 120)
+        rows = best_of(args.repeat, lambda: sim_round(args, total))
     finally:
         for node in (SIM_SOURCE, SIM_TARGET):
             subprocess.run(["docker", "exec", node, "rm", "-rf", SIM_DIR], capture_output=True, check=False)
     return rows, total, "spark-sim-1 -> spark-sim-2 over the simulated QSFP network"
+
+
+def sim_round(args, total: int) -> list:
+    """One pass of every variant between the two simulated nodes."""
+    rows = []
+    t0 = time.monotonic()
+    docker_exec(
+        SIM_SOURCE,
+        f"rsync -a --mkpath -e '{FABRIC_SSH}' {SIM_DIR}/src/ root@{SIM_TARGET_FAST}:{SIM_DIR}/dst-baseline/",
+        args.timeout_s,
+    )
+    rows.append(("rsync -a over ssh, 1 stream (community baseline)", time.monotonic() - t0, total))
+    docker_exec(SIM_TARGET, f"rm -rf {SIM_DIR}/dst-baseline", 120)
+    # The same bytes copied on one node, timed inside it: what "disk speed" means here.
+    stamps = docker_exec(
+        SIM_SOURCE,
+        f"s=$(date +%s.%N); cp -a {SIM_DIR}/src {SIM_DIR}/local-copy; sync; e=$(date +%s.%N); echo $s $e",
+        args.timeout_s,
+    ).split()
+    local_s = float(stamps[1]) - float(stamps[0])
+    rows.append(("local copy on one node (cp -a + sync, the reference)", local_s, total))
+    docker_exec(SIM_SOURCE, f"rm -rf {SIM_DIR}/local-copy", 120)
+    for transport, hashed in VARIANTS:
+        out = sim_module(
+            {
+                "cache_dir": f"{SIM_DIR}/src",
+                "target_cache_dir": f"{SIM_DIR}/dst-{transport}",
+                "model": "sparkops-bench/synthetic",
+                "revision": "main",
+                "targets": [SIM_TARGET_FAST],
+                "source_address": SIM_SOURCE_FAST,
+                "transport": transport,
+                "streams": args.streams,
+                "hash_copied": hashed,
+                "ssh_key": "/root/.ssh/sparkops_fabric_ed25519",
+                "ssh_extra_args": ["-o", "UserKnownHostsFile=/root/.ssh/sparkops_fabric_known_hosts"],
+            },
+            args.timeout_s,
+        )
+        # The module's own wall time (plan, copy, links, check), not Ansible's start-up.
+        rows += variant_rows(
+            variant_name(transport, hashed, args.streams),
+            out["elapsed_s"],
+            out["totals"]["bytes_copied"],
+            out["totals"]["seconds"],
+        )
+        docker_exec(SIM_TARGET, f"rm -rf {SIM_DIR}/dst-{transport}", 120)
+    return rows
 
 
 def run_loopback(args) -> tuple:
@@ -204,23 +235,42 @@ def run_loopback(args) -> tuple:
             shard_bytes = int(args.gib * (1 << 30) / args.shards)
             make_model(work / "src", shards=args.shards, shard_bytes=shard_bytes)
             total = sum(f.stat().st_size for f in (work / "src").rglob("*") if f.is_file() and not f.is_symlink())
-            rows = []
-            t = baseline(sshd, work / "src", work / "dst-baseline", args.timeout_s)
-            rows.append(("rsync -a over ssh, 1 stream (community baseline)", t, total))
-            shutil.rmtree(work / "dst-baseline")
-            t0 = time.monotonic()
-            subprocess.run(["cp", "-a", str(work / "src"), str(work / "local-copy")], check=True)
-            os.sync()
-            rows.append(("local copy (cp -a, the reference)", time.monotonic() - t0, total))
-            shutil.rmtree(work / "local-copy")
-            for transport, hashed in VARIANTS:
-                dst = work / f"dst-{transport}"
-                t, copied = ours(sshd, work / "src", dst, transport, streams=args.streams, hash_copied=hashed)
-                rows.append((variant_name(transport, hashed, args.streams), t, copied))
-                shutil.rmtree(dst)
+            rows = best_of(args.repeat, lambda: loopback_round(args, sshd, work, total))
         finally:
             sshd.stop()
     return rows, total, "loopback (127.0.0.1 -> 127.0.0.2)"
+
+
+def loopback_round(args, sshd: LoopbackSshd, work: Path, total: int) -> list:
+    """One pass of every variant on this machine."""
+    rows = []
+    t = baseline(sshd, work / "src", work / "dst-baseline", args.timeout_s)
+    rows.append(("rsync -a over ssh, 1 stream (community baseline)", t, total))
+    shutil.rmtree(work / "dst-baseline")
+    os.sync()  # the baseline's dirty pages are not the local copy's to write
+    t0 = time.monotonic()
+    subprocess.run(["cp", "-a", str(work / "src"), str(work / "local-copy")], check=True)
+    os.sync()
+    rows.append(("local copy (cp -a + sync, the reference)", time.monotonic() - t0, total))
+    shutil.rmtree(work / "local-copy")
+    for transport, hashed in VARIANTS:
+        dst = work / f"dst-{transport}"
+        os.sync()
+        t, copied, copy_s = ours(sshd, work / "src", dst, transport, streams=args.streams, hash_copied=hashed)
+        rows += variant_rows(variant_name(transport, hashed, args.streams), t, copied, copy_s)
+        shutil.rmtree(dst)
+    return rows
+
+
+def best_of(rounds: int, one_round) -> list:
+    """Rows of ``rounds`` interleaved passes, each row its fastest pass: the machine is shared, and
+    other load only ever adds time. Interleaving keeps a slow spell from hitting one variant only."""
+    best: dict = {}
+    for _ in range(rounds):
+        for name, secs, nbytes in one_round():
+            if name not in best or secs < best[name][1]:
+                best[name] = (name, secs, nbytes)
+    return list(best.values())
 
 
 def main() -> None:
@@ -229,6 +279,7 @@ def main() -> None:
     ap.add_argument("--shards", type=int, default=8)
     ap.add_argument("--streams", type=int, default=min(8, os.cpu_count() or 1))
     ap.add_argument("--timeout-s", type=float, default=600)
+    ap.add_argument("--repeat", type=int, default=1, help="interleaved passes; each row shows its fastest")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     ap.add_argument("--where", choices=["auto", "sim", "loopback"], default="auto")
     args = ap.parse_args()
@@ -240,13 +291,16 @@ def main() -> None:
     rows, total, where_text = run_sim(args) if where == "sim" else run_loopback(args)
     base_rate = rows[0][2] / rows[0][1]
     local_rate = rows[1][2] / rows[1][1]
-    print(f"weight sync, {total / 1e9:.2f} GB in {args.shards} blobs, {where_text}, {os.cpu_count()} cores here")
-    print(f"  {'variant':<55} {'seconds':>9}  {'MB/s':>8}  {'vs rsync':>8}  {'vs local copy':>13}")
+    passes = f", best of {args.repeat} interleaved passes" if args.repeat > 1 else ""
+    print(
+        f"weight sync, {total / 1e9:.2f} GB in {args.shards} blobs, {where_text}, {os.cpu_count()} cores here{passes}"
+    )
+    print(f"  {'variant':<66} {'seconds':>9}  {'MB/s':>8}  {'vs rsync':>8}  {'vs local copy':>13}")
     out = []
     for name, secs, nbytes in rows:
         rate = nbytes / secs
         print(
-            f"  {name:<55} {secs:7.2f} s  {rate / 1e6:8.1f}  x{rate / base_rate:7.2f}  {100 * rate / local_rate:12.0f}%"
+            f"  {name:<66} {secs:7.2f} s  {rate / 1e6:8.1f}  x{rate / base_rate:7.2f}  {100 * rate / local_rate:12.0f}%"
         )
         out.append(
             {

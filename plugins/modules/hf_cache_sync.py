@@ -14,10 +14,20 @@ description:
     result. Nothing on a target is ever deleted.
   - The copy runs as I(streams) parallel rsync processes (whole files, no delta - the blobs are
     immutable and the link is fast), bound to I(source_address) so it leaves on the fast link.
-  - I(transport=ssh) encrypts with I(ssh_cipher) (AES-GCM is the cheapest on the GB10's Arm cores).
-    I(transport=rsyncd) starts, over SSH, a temporary rsync daemon on each target bound to the
-    target's fast-link address, accepting only I(source_address) with a one-time password; it
-    stops when the copy ends (or this module dies). No encryption, so use it on a private cable only.
+    Each copied file is flushed to disk (C(--fsync), rsync >= 3.2.4 on both nodes) before the
+    links that make the snapshot complete are written.
+  - Everything the module does on a target (manifest, folders, the temporary daemon, links, the
+    check after the copy) runs in one SSH session per target, one connection and one C(python3).
+  - I(transport=rsyncd) (the default) starts, in that session, a temporary rsync daemon on each
+    target bound to the target's fast-link address only, with C(hosts allow) = I(source_address)
+    only and a one-time password (random, per run, sent over the SSH session, never logged); it
+    listens only while the copy runs and stops when the copy ends, or when the session closes
+    because this module failed or was killed. Trade-off - the weights travel unencrypted on the
+    private fast-link cable (they are public model files; the password is not sent in clear, rsync's
+    daemon auth is a challenge-response); in exchange no CPU goes to a cipher, which measured
+    (benchmarks/weight_sync.py, 2 cores) 1.7-2.8 times the copy rate of I(transport=ssh).
+  - I(transport=ssh) encrypts with I(ssh_cipher) (AES-GCM is the cheapest on the GB10's Arm cores);
+    use it where the fast link is shared with machines you do not trust.
   - Before anything is copied, every target's free space is checked against what the copy needs
     plus I(min_free_bytes_margin); the module fails naming the target and the figures.
   - The source must be complete first (every file of the revision as the Hub listed it at download
@@ -58,7 +68,7 @@ options:
     description: How the bytes travel (see the description).
     type: str
     choices: [ssh, rsyncd]
-    default: ssh
+    default: rsyncd
   streams:
     description: Parallel rsync processes per target; blobs are split among them by size.
     type: int
@@ -183,7 +193,8 @@ from concurrent.futures import ThreadPoolExecutor
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.sparkops.cluster.plugins.module_utils import hf_cache
 
-# Runs on a target: reads hf_cache's source (length-prefixed) from stdin, then its JSON arguments.
+# Runs on a target: reads hf_cache's source (length-prefixed) from stdin, then one JSON line per action
+# (hf_cache.remote_main: a session, so one ssh connection and one python start per target).
 REMOTE_BOOT = (
     "import sys;n=int(sys.stdin.buffer.readline());src=sys.stdin.buffer.read(n);"
     "g={'__name__':'sparkops_hf_cache_remote'};exec(compile(src,'sparkops_hf_cache.py','exec'),g);"
@@ -208,6 +219,7 @@ class Target:
         self.p = module.params
         self.address = address
         self.repo = hf_cache.repo_dir(self.p["target_cache_dir"] or self.p["cache_dir"], self.p["model"])
+        self.proc = None
 
     def ssh_argv(self) -> list:
         p = self.p
@@ -230,42 +242,73 @@ class Target:
             argv += ["-i", p["ssh_key"], "-o", "IdentitiesOnly=yes"]
         return argv + list(p["ssh_extra_args"])
 
-    def _payload(self, args: dict) -> bytes:
+    def _open(self) -> None:
+        """Start this target's session: one ssh connection and one python3 for every action."""
+        argv = [*self.ssh_argv(), self.address, "python3 -c " + shlex.quote(REMOTE_BOOT)]
+        self.proc = hf_cache.open_pipes(argv)
+        self.stderr_chunks: list = []
+        self.out_buf = b""
+        threading.Thread(target=lambda: self.stderr_chunks.append(self.proc.stderr.read()), daemon=True).start()
         src = helper_source()
-        return b"%d\n" % len(src) + src + json.dumps(args).encode() + b"\n"
+        with contextlib.suppress(OSError):  # a dead ssh is reported by call() with its stderr
+            self.proc.stdin.write(b"%d\n" % len(src) + src)
 
-    @staticmethod
-    def _result(text: str, address: str, action: str) -> dict:
-        for line in reversed(text.splitlines()):
-            if line.startswith(hf_cache.RESULT_MARK):
-                res = json.loads(line[len(hf_cache.RESULT_MARK) :])
-                if "error" in res:
-                    raise SyncError(f"{address}: {action} failed on the node: {res['error']}")
-                return res
-        return {}
+    def _next_result(self) -> dict | None:
+        """The next RESULT line already read, else None (other lines are shell noise: dropped)."""
+        while b"\n" in self.out_buf:
+            line, self.out_buf = self.out_buf.split(b"\n", 1)
+            text = line.decode(errors="replace")
+            if text.startswith(hf_cache.RESULT_MARK):
+                return json.loads(text[len(hf_cache.RESULT_MARK) :])
+        return None
 
     def call(self, action: str, timeout: float = 3600, **args) -> dict:
-        argv = [*self.ssh_argv(), self.address, "python3 -c " + shlex.quote(REMOTE_BOOT)]
-        try:
-            proc = subprocess.run(
-                argv,
-                input=self._payload({"action": action, **args}),
-                capture_output=True,
-                timeout=timeout,
-                check=False,
-            )
-        except subprocess.TimeoutExpired as exc:
-            raise SyncError(f"{self.address}: {action} over ssh did not finish in {timeout:.0f} s") from exc
-        out = proc.stdout.decode(errors="replace")
-        res = self._result(out, self.address, action)
-        if res:
-            return res
-        err = proc.stderr.decode(errors="replace").strip()
+        """Run ``action`` on the target in this target's session; its result, or SyncError."""
+        if self.proc is None:
+            self._open()
+        with contextlib.suppress(OSError):
+            self.proc.stdin.write(json.dumps({"action": action, **args}).encode() + b"\n")
+            self.proc.stdin.flush()
+        deadline = time.monotonic() + timeout
+        fd = self.proc.stdout.fileno()
+        while True:
+            res = self._next_result()
+            if res is not None:
+                if "error" in res:
+                    raise SyncError(f"{self.address}: {action} failed on the node: {res['error']}")
+                return res
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.close(kill=True)
+                raise SyncError(f"{self.address}: {action} over ssh did not finish in {timeout:.0f} s")
+            if select.select([fd], [], [], min(left, 1.0))[0]:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    break
+                self.out_buf += chunk
+        rc = self.close()
+        err = b"".join(c for c in self.stderr_chunks if c).decode(errors="replace").strip()
         raise SyncError(
-            f"ssh to {self.address} from {self.p['source_address']} failed (rc {proc.returncode}): {err[-800:]}. "
+            f"ssh to {self.address} from {self.p['source_address']} failed (rc {rc}): {err[-800:]}. "
             "Check that the fabric key is authorized on the target for the fast subnets "
             "(role fabric_ssh), that the target's fast link is up, and that python3 is installed there."
         )
+
+    def close(self, kill: bool = False) -> int | None:
+        """End the session: EOF stops the node's side (and any temporary daemon still running)."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return None
+        with contextlib.suppress(OSError, ValueError):
+            proc.stdin.close()
+        if kill:
+            proc.kill()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        return proc.returncode
 
 
 def url_host(address: str) -> str:
@@ -332,72 +375,48 @@ def rsync_common(p: dict) -> list:
         "--whole-file",  # no delta search: blobs are immutable, the link is faster than the CPU
         "--ignore-times",  # copy exactly the list (a same-size corrupt blob is on it)
         "--numeric-ids",
+        # Each blob is on disk before it counts as copied (its hash recorded, the snapshot linked):
+        # after a power cut a sizes check cannot tell a zero-filled blob from a good one. The local
+        # copy the benchmark compares with pays the same (cp, then sync). rsync >= 3.2.4.
+        "--fsync",
         f"--timeout={p['io_timeout_s']}",
         "--out-format=%n %l",
     ]
 
 
 class Rsyncd:
-    """A temporary rsync daemon on a target, alive while our ssh channel is open."""
+    """A temporary rsync daemon on a target, started and stopped in the target's session."""
 
     def __init__(self, target: Target, module: AnsibleModule):
         self.t, self.m, self.p = target, module, module.params
         self.secret = secrets.token_hex(24)
-        self.proc = None
 
     def __enter__(self):
         t, p = self.t, self.p
-        args = {
-            "action": "rsyncd",
-            "address": t.address,
-            "port": p["rsyncd_port"],
-            "path": p["target_cache_dir"] or p["cache_dir"],
-            "allow": p["source_address"],
-            "user": RSYNC_USER,
-            "secret": self.secret,
-            "timeout": p["io_timeout_s"],
-        }
-        argv = [*t.ssh_argv(), t.address, "python3 -c " + shlex.quote(REMOTE_BOOT)]
-        self.proc = hf_cache.open_pipes(argv)
-        self.proc.stdin.write(t._payload(args))
-        self.proc.stdin.flush()
-        buf = b""
-        deadline = time.monotonic() + p["connect_timeout_s"] + 20
-        fd = self.proc.stdout.fileno()
-        while time.monotonic() < deadline:
-            ready = select.select([fd], [], [], 0.5)[0]
-            if ready:
-                chunk = os.read(fd, 65536)
-                if not chunk:
-                    break
-                buf += chunk
-                text = buf.decode(errors="replace")
-                if hf_cache.READY_MARK in text:
-                    return self
-                if hf_cache.RESULT_MARK in text:
-                    break
-        self._close()
-        err = self.proc.stderr.read().decode(errors="replace").strip() if self.proc.stderr else ""
-        res = {}
-        with contextlib.suppress(SyncError):
-            res = Target._result(buf.decode(errors="replace"), t.address, "rsyncd")
-        raise SyncError(
-            f"{t.address}: the temporary rsync daemon did not start on port {p['rsyncd_port']}: "
-            f"{res.get('error') or buf.decode(errors='replace').strip()[-400:] or err[-400:]}. "
-            "Is the port free (rsyncd_port)? Or use transport: ssh."
-        )
-
-    def _close(self) -> None:
-        with contextlib.suppress(OSError, ValueError):
-            self.proc.stdin.close()  # EOF on the channel stops the daemon
         try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+            t.call(
+                "rsyncd_start",
+                timeout=p["connect_timeout_s"] + 20,
+                address=t.address,
+                port=p["rsyncd_port"],
+                path=p["target_cache_dir"] or p["cache_dir"],
+                allow=p["source_address"],
+                user=RSYNC_USER,
+                secret=self.secret,
+                io_timeout=p["io_timeout_s"],
+            )
+        except SyncError as exc:
+            raise SyncError(
+                f"{t.address}: the temporary rsync daemon did not start on port {p['rsyncd_port']}: {exc}. "
+                "Is the port free (rsyncd_port)? Or use transport: ssh."
+            ) from exc
+        return self
 
     def __exit__(self, *exc):
-        self._close()
+        try:
+            self.t.call("rsyncd_stop", timeout=30)
+        except SyncError:
+            self.t.close(kill=True)  # the node stops the daemon when its session's channel closes
         return False
 
     def argv_env(self, repo_rel: str) -> tuple:
@@ -510,7 +529,7 @@ def main() -> None:
             "revision": {"type": "str", "required": True},
             "targets": {"type": "list", "elements": "str", "required": True},
             "source_address": {"type": "str", "required": True},
-            "transport": {"type": "str", "choices": ["ssh", "rsyncd"], "default": "ssh"},
+            "transport": {"type": "str", "choices": ["ssh", "rsyncd"], "default": "rsyncd"},
             "streams": {"type": "int", "default": 4},
             "verify": {"type": "str", "choices": ["sizes", "full"], "default": "sizes"},
             "ssh_user": {"type": "str", "default": "root"},
@@ -526,6 +545,16 @@ def main() -> None:
         },
         supports_check_mode=True,
     )
+    targets: list = []
+    try:
+        sync(module, targets)
+    finally:
+        for target in targets:  # on success and on fail_json alike: no session (or daemon) outlives us
+            target.close()
+
+
+def sync(module: AnsibleModule, targets: list) -> None:
+    """The module's work; ``targets`` collects the Target objects so that main() closes their sessions."""
     p = module.params
     started = time.monotonic()
     result = {
@@ -564,7 +593,7 @@ def main() -> None:
         fail(f"ssh_key {p['ssh_key']} does not exist on this node (run the fabric_ssh role first)")
     try:
         src_repo = hf_cache.repo_dir(p["cache_dir"], p["model"])
-        targets = [Target(module, a) for a in p["targets"]]
+        targets.extend(Target(module, a) for a in p["targets"])
     except ValueError as exc:
         fail(str(exc))
 

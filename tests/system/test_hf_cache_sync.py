@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import socket
+import subprocess
 
 import pytest
 from ansible_collections.sparkops.cluster.plugins.modules import hf_cache_manifest, hf_cache_sync
@@ -48,6 +49,7 @@ def sync_args(sshd, caches, **kw):
         "model": MODEL,
         "revision": "main",
         "streams": 3,
+        "rsyncd_port": free_port(),  # rsyncd is the default transport: never a fixed port in tests
         **sshd.module_args(),
     }
     args.update(kw)
@@ -150,6 +152,113 @@ def test_rsyncd_transport_copies_and_stops_its_daemon(sshd, caches):
     assert res["totals"]["files_copied"] == 5
     assert target_manifest(caches, verify="full")["complete"]
     # The daemon is gone once the module returns: nothing listens on its port any more.
+    with socket.socket() as s, pytest.raises(OSError):
+        s.settimeout(1)
+        s.connect(("127.0.0.2", port))
+
+
+def test_ssh_transport_copies_and_opens_no_listener(sshd, caches, monkeypatch):
+    listening = []
+    real = hf_cache_sync.Rsyncd.__enter__
+    monkeypatch.setattr(hf_cache_sync.Rsyncd, "__enter__", lambda self: listening.append(1) or real(self))
+    res = run_module(hf_cache_sync, sync_args(sshd, caches, transport="ssh"))
+    assert not res.get("failed"), res.get("msg")
+    assert res["totals"]["files_copied"] == 5
+    assert target_manifest(caches, verify="full")["complete"]
+    assert listening == [], "transport=ssh started a daemon"
+
+
+def test_one_ssh_session_per_target_for_the_whole_sync(sshd, caches, monkeypatch):
+    # Every step on the target (manifest, folders, daemon, links, the check after the copy) goes
+    # through one ssh connection: a connection per step cost more than the copy (benchmark).
+    opened = []
+    real = hf_cache_sync.Target._open
+    monkeypatch.setattr(hf_cache_sync.Target, "_open", lambda self: opened.append(self.address) or real(self))
+    res = run_module(hf_cache_sync, sync_args(sshd, caches))
+    assert not res.get("failed"), res.get("msg")
+    assert res["totals"]["files_copied"] == 5 and target_manifest(caches, verify="full")["complete"]
+    assert opened == ["127.0.0.2"]
+
+
+class _Params:
+    def __init__(self, params):
+        self.params = params
+        self.check_mode = False
+
+
+def _session(sshd, caches):
+    p = sync_args(sshd, caches, ssh_cipher="aes128-gcm@openssh.com", connect_timeout_s=15, io_timeout_s=60)
+    return hf_cache_sync.Target(_Params(p), "127.0.0.2"), p
+
+
+def _rsync_to_daemon(caches, port, source, password, tmp_path):
+    (tmp_path / "probe").write_bytes(b"x")
+    return subprocess.run(
+        [
+            "rsync",
+            f"--address={source}",
+            "--timeout=20",
+            str(tmp_path / "probe"),
+            f"rsync://sparkops@127.0.0.2:{port}/hf/",
+        ],
+        env=dict(os.environ, RSYNC_PASSWORD=password),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_temporary_daemon_accepts_only_the_source_with_the_secret(sshd, caches, tmp_path):
+    target, p = _session(sshd, caches)
+    port = p["rsyncd_port"]
+    try:
+        target.call("mkdirs", repo=target.repo)
+        target.call(
+            "rsyncd_start",
+            address="127.0.0.2",
+            port=port,
+            path=str(caches["dst"]),
+            allow="127.0.0.1",
+            user="sparkops",
+            secret="s3cret-for-this-run",
+            io_timeout=60,
+        )
+        wrong_source = _rsync_to_daemon(caches, port, "127.0.0.3", "s3cret-for-this-run", tmp_path)
+        # rsync refuses a host outside "hosts allow" before auth; with "list = no" it does not even
+        # admit the module exists (rsync 3.5: "Unknown module"; older: "access denied").
+        err = wrong_source.stderr.lower()
+        assert wrong_source.returncode != 0 and ("unknown module" in err or "access denied" in err), err
+        wrong_secret = _rsync_to_daemon(caches, port, "127.0.0.1", "guess", tmp_path)
+        assert wrong_secret.returncode != 0 and "auth failed" in wrong_secret.stderr.lower()
+        assert not (caches["dst"] / "probe").exists()
+        right = _rsync_to_daemon(caches, port, "127.0.0.1", "s3cret-for-this-run", tmp_path)
+        assert right.returncode == 0, right.stderr
+        assert (caches["dst"] / "probe").read_bytes() == b"x"
+        # It listens on the target's address only, not on every address of the node.
+        with socket.socket() as s, pytest.raises(OSError):
+            s.settimeout(1)
+            s.connect(("127.0.0.3", port))
+    finally:
+        target.close()
+
+
+def test_temporary_daemon_stops_when_the_session_closes(sshd, caches):
+    # As when the module dies mid-copy: no rsyncd_stop, only the channel's EOF.
+    target, p = _session(sshd, caches)
+    port = p["rsyncd_port"]
+    target.call(
+        "rsyncd_start",
+        address="127.0.0.2",
+        port=port,
+        path=str(caches["dst"]),
+        allow="127.0.0.1",
+        user="sparkops",
+        secret="x" * 48,
+        io_timeout=60,
+    )
+    socket.create_connection(("127.0.0.2", port), timeout=2).close()
+    target.close()
     with socket.socket() as s, pytest.raises(OSError):
         s.settimeout(1)
         s.connect(("127.0.0.2", port))

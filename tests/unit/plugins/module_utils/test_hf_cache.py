@@ -234,3 +234,24 @@ def test_remote_main_reports_errors_as_a_result_line():
     line = out.getvalue().strip()
     assert line.startswith(hf_cache.RESULT_MARK)
     assert "refusing ref" in json.loads(line[len(hf_cache.RESULT_MARK) :])["error"]
+
+
+def test_remote_main_serves_several_actions_in_one_session(tmp_path):
+    # One channel carries every step on a node; a failed step answers with an error and the
+    # session goes on (the source decides), and rsyncd_stop without a daemon is harmless.
+    repo = tmp_path / "models--org--m"
+    lines = [
+        {"action": "mkdirs", "repo": str(repo)},
+        {"action": "links", "repo": str(repo), "refs": {"../a": "1"}},
+        {"action": "links", "repo": str(repo), "refs": {"main": "a" * 40}},
+        {"action": "rsyncd_stop"},
+    ]
+    out = io.StringIO()
+    rc = hf_cache.remote_main(io.BytesIO(b"".join(json.dumps(x).encode() + b"\n" for x in lines)), out)
+    results = [json.loads(line[len(hf_cache.RESULT_MARK) :]) for line in out.getvalue().splitlines()]
+    assert rc == 3
+    assert len(results) == 4
+    assert results[0]["repo"] == str(repo) and (repo / "blobs").is_dir()
+    assert "refusing ref" in results[1]["error"]
+    assert results[2]["refs_written"] == 1 and (repo / "refs" / "main").read_text() == "a" * 40
+    assert results[3] == {"stopped": False}
