@@ -32,7 +32,7 @@ help:
 	@echo "Checks:"
 	@echo "  make lint         - ruff, yamllint, ansible-lint, syntax checks"
 	@echo "  make unit         - unit tests"
-	@echo "  make test         - lint, unit tests, molecule on the simulated cluster, integration tests (~16 min)"
+	@echo "  make test         - lint, unit tests, collection checks, molecule and integration tests on the simulated cluster, a 4-node ring (~65 min on 2 cores)"
 	@echo "  make collection-checks - build, install next to only the declared collections, syntax by FQCN, docs, sanity, units (~5 min)"
 	@echo "  make changelog    - lint changelogs/fragments/ and regenerate CHANGELOG.md from them"
 	@echo "  make bench-weights - weight-sync benchmark (not part of make test)"
