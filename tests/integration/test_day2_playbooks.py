@@ -94,7 +94,7 @@ def test_teardown_then_site_brings_serving_back():
     assert res.returncode == 0, res.stdout[-4000:]
     for node in NODES:
         left = node_sh(node, "docker ps -a --format '{{.Names}}'").stdout.split()
-        assert "sparkops-vllm" not in left and "sparkops-ray" not in left, (node, left)
+        assert not {"sparkops-vllm", "sparkops-ray", "sparkops-watchdog"} & set(left), (node, left)
     print(f"\nteardown.yml: {res.elapsed:.1f} s")
     res = run_playbook("site.yml")
     assert res.returncode == 0, res.stdout[-4000:]
