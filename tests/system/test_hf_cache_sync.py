@@ -191,6 +191,20 @@ def _session(sshd, caches):
     return hf_cache_sync.Target(_Params(p), "127.0.0.2"), p
 
 
+def _start_daemon(target, caches, port, secret):
+    """The temporary daemon on the target's 127.0.0.2, accepting only the source 127.0.0.1."""
+    return target.call(
+        "rsyncd_start",
+        address="127.0.0.2",
+        port=port,
+        path=str(caches["dst"]),
+        allow="127.0.0.1",
+        user="sparkops",
+        secret=secret,
+        io_timeout=60,
+    )
+
+
 def _rsync_to_daemon(caches, port, source, password, tmp_path):
     (tmp_path / "probe").write_bytes(b"x")
     return subprocess.run(
@@ -214,16 +228,7 @@ def test_temporary_daemon_accepts_only_the_source_with_the_secret(sshd, caches, 
     port = p["rsyncd_port"]
     try:
         target.call("mkdirs", repo=target.repo)
-        target.call(
-            "rsyncd_start",
-            address="127.0.0.2",
-            port=port,
-            path=str(caches["dst"]),
-            allow="127.0.0.1",
-            user="sparkops",
-            secret="s3cret-for-this-run",
-            io_timeout=60,
-        )
+        _start_daemon(target, caches, port, "s3cret-for-this-run")
         wrong_source = _rsync_to_daemon(caches, port, "127.0.0.3", "s3cret-for-this-run", tmp_path)
         # rsync refuses a host outside "hosts allow" before auth; with "list = no" it does not even
         # admit the module exists (rsync 3.5: "Unknown module"; older: "access denied").
@@ -247,16 +252,7 @@ def test_temporary_daemon_stops_when_the_session_closes(sshd, caches):
     # As when the module dies mid-copy: no rsyncd_stop, only the channel's EOF.
     target, p = _session(sshd, caches)
     port = p["rsyncd_port"]
-    target.call(
-        "rsyncd_start",
-        address="127.0.0.2",
-        port=port,
-        path=str(caches["dst"]),
-        allow="127.0.0.1",
-        user="sparkops",
-        secret="x" * 48,
-        io_timeout=60,
-    )
+    _start_daemon(target, caches, port, "x" * 48)
     socket.create_connection(("127.0.0.2", port), timeout=2).close()
     target.close()
     with socket.socket() as s, pytest.raises(OSError):
