@@ -248,7 +248,10 @@ class Target:
         self.proc = hf_cache.open_pipes(argv)
         self.stderr_chunks: list = []
         self.out_buf = b""
-        threading.Thread(target=lambda: self.stderr_chunks.append(self.proc.stderr.read()), daemon=True).start()
+        # Bound to this session's stream: close() drops self.proc before the reader may have run.
+        stderr = self.proc.stderr
+        self.stderr_reader = threading.Thread(target=lambda: self.stderr_chunks.append(stderr.read()), daemon=True)
+        self.stderr_reader.start()
         src = helper_source()
         with contextlib.suppress(OSError):  # a dead ssh is reported by call() with its stderr
             self.proc.stdin.write(b"%d\n" % len(src) + src)
@@ -287,6 +290,7 @@ class Target:
                     break
                 self.out_buf += chunk
         rc = self.close()
+        self.stderr_reader.join(timeout=5)  # ssh has exited: its stderr ends at once
         err = b"".join(c for c in self.stderr_chunks if c).decode(errors="replace").strip()
         raise SyncError(
             f"ssh to {self.address} from {self.p['source_address']} failed (rc {rc}): {err[-800:]}. "
