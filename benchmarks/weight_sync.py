@@ -19,7 +19,7 @@ rsync streams). The fixed part is about a second here: it weighs on a 1 GiB test
 ~60 GiB of a real model, so use ``--gib`` 4 or more to see the ratio a real sync gets.
 
 On these test machines both ends share the same few cores, so the CPU cost of ssh encryption and of
-rsync is the limit, as it is on a Spark's 200 Gb/s link. Bounded: one pass per variant.
+rsync is the limit, as it is on a Spark's 200 Gb/s link. Bounded: --repeat passes (default 1) per variant.
 
 Where the time went (issue 17, 2 cores, 1 GiB in 8 blobs, loopback, ratios within one run): a new
 ssh connection and python3 per step on the target (5 per sync, 0.6-0.7 s each) cost ~3 s against a
