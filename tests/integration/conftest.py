@@ -52,6 +52,21 @@ def node_sh(node: str, script: str, check: bool = True, timeout: float = 120) ->
     )
 
 
+def stop_worker_ray_unwatched(worker: str = "spark-sim-2", head: str = "spark-sim-1") -> None:
+    """Stop a worker's Ray with the head's watchdog stopped first.
+
+    The watchdog would (rightly) restart the group within one interval and heal what the test wants
+    the playbooks to see. The repair's site.yml starts it again: assert_watchdog_running checks it.
+    """
+    node_sh(head, "docker stop -t 2 sparkops-watchdog >/dev/null")
+    node_sh(worker, "docker update --restart=no sparkops-ray >/dev/null && docker stop -t 2 sparkops-ray")
+
+
+def assert_watchdog_running(head: str = "spark-sim-1") -> None:
+    state = node_sh(head, "docker inspect --format '{{.State.Status}}' sparkops-watchdog", check=False)
+    assert state.stdout.strip() == "running", state.stdout + state.stderr
+
+
 def ansible_env(extra: dict | None = None) -> dict:
     env = dict(os.environ)
     env.update(

@@ -14,7 +14,17 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import NODES, ROOT, VENV_BIN, WORKER_FAST, ansible_env, node_sh, run_playbook
+from conftest import (
+    NODES,
+    ROOT,
+    VENV_BIN,
+    WORKER_FAST,
+    ansible_env,
+    assert_watchdog_running,
+    node_sh,
+    run_playbook,
+    stop_worker_ray_unwatched,
+)
 
 pytestmark = pytest.mark.usefixtures("sim_cluster")
 
@@ -42,10 +52,7 @@ def test_status_runs_and_agrees_with_verify_on_a_dead_worker():
         assert f"node {node}: driver" in out
     print(f"\nstatus.yml on a healthy cluster: {res.elapsed:.1f} s")
 
-    # The watchdog would (rightly) restart the group within one interval and heal what this test
-    # wants status to see; stop it for the test. The repair's site.yml starts it again.
-    node_sh("spark-sim-1", "docker stop -t 2 sparkops-watchdog >/dev/null")
-    node_sh("spark-sim-2", "docker update --restart=no sparkops-ray >/dev/null && docker stop -t 2 sparkops-ray")
+    stop_worker_ray_unwatched()
     try:
         status = run_playbook("playbooks/status.yml", timeout=300)
         assert status.returncode == 0, "status is read-only: it reports, it does not fail\n" + status.stdout[-4000:]
@@ -64,8 +71,7 @@ def test_status_runs_and_agrees_with_verify_on_a_dead_worker():
     finally:
         repair = run_playbook("site.yml")
     assert repair.returncode == 0, repair.stdout[-4000:]
-    state = node_sh("spark-sim-1", "docker inspect --format '{{.State.Status}}' sparkops-watchdog")
-    assert state.stdout.strip() == "running", state.stdout + state.stderr
+    assert_watchdog_running()
 
 
 def test_benchmark_on_the_sim_is_marked_as_the_test_double():

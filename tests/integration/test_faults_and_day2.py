@@ -12,7 +12,19 @@ import secrets
 import time
 
 import pytest
-from conftest import ENDPOINT, NODES, ROOT, WORKER_FAST, api_key, node_sh, recap, run_adhoc, run_playbook
+from conftest import (
+    ENDPOINT,
+    NODES,
+    ROOT,
+    WORKER_FAST,
+    api_key,
+    assert_watchdog_running,
+    node_sh,
+    recap,
+    run_adhoc,
+    run_playbook,
+    stop_worker_ray_unwatched,
+)
 
 pytestmark = pytest.mark.usefixtures("sim_cluster")
 
@@ -83,7 +95,7 @@ def test_interrupted_image_transfer_is_redone():
 
 def test_worker_down_then_back():
     """A worker's Ray gone: the wait names it, the health check sees the dead engine, site.yml repairs."""
-    node_sh("spark-sim-2", "docker update --restart=no sparkops-ray >/dev/null && docker stop -t 2 sparkops-ray")
+    stop_worker_ray_unwatched()
     try:
         res = run_playbook("playbooks/verify.yml", extra_vars={"ray_cluster_join_timeout_s": 60})
         assert res.returncode != 0
@@ -102,6 +114,7 @@ def test_worker_down_then_back():
         res = run_playbook("site.yml")
     assert res.returncode == 0, res.stdout[-4000:]
     assert not health().get("failed")
+    assert_watchdog_running()
 
 
 def test_head_node_restart_brings_serving_back():
