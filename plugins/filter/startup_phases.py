@@ -93,15 +93,21 @@ def startup_phases(
     if start is None:
         raise ValueError(f"vllm_started_at is not an RFC 3339 time: {vllm_started_at!r}")
     # stdout and stderr come from docker separately: order by time (stable for equal times).
-    lines = sorted(_timed_lines(vllm_log), key=lambda tl: tl[0])
+    # `docker logs` of a restarted container holds every earlier run too: only the lines this
+    # start wrote (at or after StartedAt) describe it.
+    lines = sorted(((ts, m) for ts, m in _timed_lines(vllm_log) if ts >= start), key=lambda tl: tl[0])
     found: dict[str, tuple[datetime, str, str]] = {"container_start": (start, "docker inspect StartedAt", "")}
-    ray = _find(sorted(_timed_lines(ray_log), key=lambda tl: tl[0]), (RAY_MARKER,), "last")
-    if ray:
-        found["ray_ready"] = (ray[0], "Ray container log", ray[1].strip()[:160])
     for phase, markers, which in VLLM_MARKERS:
         hit = _find(lines, markers, which)
         if hit:
             found[phase] = (hit[0], "vLLM container log", hit[1].strip()[:160])
+    # Ray may come up before the vLLM container (a negative offset is normal); the Ray start this
+    # vLLM start used is the last one before its API was ready (a later one belongs to a later start).
+    ray_until = found["api_ready"][0] if "api_ready" in found else None
+    ray_lines = sorted(_timed_lines(ray_log), key=lambda tl: tl[0])
+    ray = _find([tl for tl in ray_lines if ray_until is None or tl[0] <= ray_until], (RAY_MARKER,), "last")
+    if ray:
+        found["ray_ready"] = (ray[0], "Ray container log", ray[1].strip()[:160])
     first = parse_ts(first_token_at) if first_token_at else None
     if first:
         found["first_token"] = (first, "smoke completion (streamed)", "")

@@ -95,3 +95,18 @@ def test_docker_nanoseconds_and_offsets_parse_and_garbage_is_refused():
     assert parse_ts("yesterday") is None
     with pytest.raises(ValueError, match="RFC 3339"):
         startup_phases("", "not a time")
+
+
+def test_a_restarted_container_is_read_from_its_last_start_only():
+    """`docker logs` of a restarted container holds the earlier runs too (CI: api_ready at -279 s)."""
+    earlier = VLLM_COLD.replace("2026-11-23T10:", "2026-11-23T09:")
+    ray = RAY + "2026-11-23T10:30:00.000000000Z Ray runtime started.\n"  # a later Ray restart
+    got = startup_phases(earlier + VLLM_COLD, "2026-11-23T10:00:00.5Z", ray, "2026-11-23T10:04:45.25Z")
+    p = by_phase(got)
+    assert p["weights_loading"]["since_start_s"] == 30.0
+    assert p["api_ready"]["since_start_s"] == 280.5
+    assert all(x["since_start_s"] >= 0 for x in got["phases"] if x["phase"] != "ray_ready" and x["at"])
+    assert p["ray_ready"]["since_start_s"] == -2.5  # not the Ray start after this vLLM's API was up
+    # The earlier run's compile-cache line does not count for this start.
+    hit_then = earlier.replace("Compiling a graph for", "Directly load the compiled graph(s) for")
+    assert startup_phases(hit_then + VLLM_COLD, "2026-11-23T10:00:00.5Z")["compile_cache"] == "miss"
