@@ -185,6 +185,7 @@ elapsed_s:
 
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.sparkops.cluster.plugins.module_utils.ray_status import (
@@ -218,20 +219,36 @@ def _run(argv: list[str], timeout: float) -> str:
 def observe(p: dict) -> dict:
     """Read the cluster once; return the result fields (plus `error` when nothing could be read)."""
     status, nodes, errors = None, None, []
+    # The two readings are independent Python processes in the container (each ~1 s of imports):
+    # start the node list's in the background while `ray status` runs.
+    pool = None
+    nodes_future = None
+    if p["nodes_text"] is None and p["nodes_command"] and p["text"] is None:
+        pool = ThreadPoolExecutor(max_workers=1)
+        nodes_future = pool.submit(_run, p["nodes_command"], p["command_timeout_s"])
     try:
-        out = p["text"] if p["text"] is not None else _run(p["command"], p["command_timeout_s"])
-        if looks_like_node_list(out):
-            nodes = parse_ray_nodes(out)
-        else:
-            status = parse_ray_status(out)
-    except (CommandError, RayParseError) as exc:
-        errors.append(str(exc))
-    if p["nodes_text"] is not None or p["nodes_command"]:
         try:
-            out = p["nodes_text"] if p["nodes_text"] is not None else _run(p["nodes_command"], p["command_timeout_s"])
-            nodes = parse_ray_nodes(out)
+            out = p["text"] if p["text"] is not None else _run(p["command"], p["command_timeout_s"])
+            if looks_like_node_list(out):
+                nodes = parse_ray_nodes(out)
+            else:
+                status = parse_ray_status(out)
         except (CommandError, RayParseError) as exc:
             errors.append(str(exc))
+        if p["nodes_text"] is not None or p["nodes_command"]:
+            try:
+                if p["nodes_text"] is not None:
+                    out = p["nodes_text"]
+                elif nodes_future is not None:
+                    out = nodes_future.result()
+                else:
+                    out = _run(p["nodes_command"], p["command_timeout_s"])
+                nodes = parse_ray_nodes(out)
+            except (CommandError, RayParseError) as exc:
+                errors.append(str(exc))
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True)
     r = membership(status, nodes)
     if status is not None and not status["available"]:
         errors.append(status["message"])

@@ -14,6 +14,7 @@ import time
 import pytest
 from conftest import (
     ENDPOINT,
+    HEAD_FAST,
     NODES,
     ROOT,
     WORKER_FAST,
@@ -115,6 +116,31 @@ def test_worker_down_then_back():
     assert res.returncode == 0, res.stdout[-4000:]
     assert not health().get("failed")
     assert_watchdog_running()
+
+
+def test_ray_answers_on_the_fast_links_only_and_a_lost_rule_comes_back():
+    """Ray has no authentication: its GCS port is dropped on the management LAN, open on the fast link."""
+    import yaml
+
+    hosts = yaml.safe_load((ROOT / "inventory" / "sim" / "hosts.yml").read_text())
+    mgmt = hosts["all"]["children"]["spark_cluster"]["children"]["spark_head"]["hosts"]["spark-sim-1"]["ansible_host"]
+
+    def reaches(address: str) -> bool:
+        return node_sh("spark-sim-2", f"nc -z -w 3 {address} 6379", check=False).returncode == 0
+
+    assert reaches(HEAD_FAST), "the GCS port does not answer on the fast link"
+    assert not reaches(mgmt), "Ray's GCS port answers on the management LAN"
+    # A lost rule (someone's `iptables -D`): the management LAN reaches Ray until the next run.
+    drop = "-m comment --comment 'sparkops: Ray is unauthenticated; fast links only' -j DROP"
+    node_sh("spark-sim-1", f"iptables -D SPARKOPS-RAY {drop}")
+    assert reaches(mgmt)
+    res = run_playbook("playbooks/serve.yml")
+    assert res.returncode == 0, res.stdout[-4000:]
+    assert recap(res.stdout)["spark-sim-1"]["changed"] >= 1
+    assert not reaches(mgmt), "the rerun did not put the DROP rule back"
+    assert reaches(HEAD_FAST)
+    again = run_playbook("playbooks/serve.yml")
+    assert again.returncode == 0 and recap(again.stdout)["spark-sim-1"]["changed"] == 0, again.stdout[-3000:]
 
 
 def test_head_node_restart_brings_serving_back():

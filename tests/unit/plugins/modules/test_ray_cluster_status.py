@@ -189,3 +189,26 @@ def test_container_builds_both_commands(tmp_path):
     assert calls[0] == "exec sparkops-ray ray status --address 10.0.0.1:6379"
     assert calls[1].startswith("exec sparkops-ray python3 -c import json, ray;")
     assert r["nodes_alive"] == 1 and r["dead_node_ips"] == ["127.0.0.3"], r
+
+
+def test_a_failing_node_list_is_reported_next_to_a_good_ray_status(tmp_path):
+    """The node list runs alongside `ray status`; when it fails, membership is judged on `ray status`."""
+    r = run_module(
+        mod,
+        {
+            "command": sequence_command(tmp_path, "status_2nodes.txt"),
+            "nodes_command": ["sh", "-c", "echo 'ray.init: no cluster' >&2; exit 3"],
+            "expected_nodes": 2,
+            "wait_timeout_s": 0,
+        },
+    )
+    assert r["ready"] and r["source"].startswith("ray status (its Active list"), r
+    good = run_module(
+        mod,
+        {
+            "command": ["cat", str(RAY / "ray-2.52.1_status_2nodes.txt")],
+            "nodes_command": ["cat", str(RAY / "ray-2.52.1_nodes_2nodes.json")],
+            "expected_nodes": 2,
+        },
+    )
+    assert good["source"] == "ray status and the GCS node list", good
