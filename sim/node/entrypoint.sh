@@ -15,21 +15,23 @@ rename_ifaces() {
         addr=${pair%%=*}
         name=${pair##*=}
         deadline=$((SECONDS + 60))
+        # Docker may still be renaming the link (veth* -> eth*) when its address shows: a rename
+        # of the old name then fails, so look again until the link carries our name.
         while :; do
             dev=$(ip -o -4 addr show | awk -v a="$addr" '{split($4, p, "/"); if (p[1] == a) print $2}')
-            [ -n "$dev" ] && break
+            dev=${dev%%@*}
+            [ -n "$dev" ] && [ "$dev" = "$name" ] && break
+            if [ -n "$dev" ]; then
+                ip link set dev "$dev" down 2>/dev/null \
+                    && ip link set dev "$dev" name "$name" 2>/dev/null
+            fi
             if [ "$SECONDS" -ge "$deadline" ]; then
-                echo "sim-node: address $addr never appeared; cannot name it $name" >&2
+                echo "sim-node: address $addr is on '${dev:-no link}', could not name it $name in 60 s" >&2
                 return 1
             fi
             sleep 0.2
         done
-        dev=${dev%%@*}
-        if [ "$dev" != "$name" ]; then
-            ip link set dev "$dev" down
-            ip link set dev "$dev" name "$name"
-            ip link set dev "$name" up
-        fi
+        ip link set dev "$name" up
     done
     # Docker drops addresses of a renamed link's routes; make sure each is still there.
     for pair in ${SIM_IFACES:-}; do
