@@ -1,4 +1,6 @@
 #!/usr/bin/python
+# Copyright: sparkops maintainers
+# Apache-2.0
 """Module: a role's small configuration files and folders, checked and written in one call."""
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ description:
   - Meant for configuration files (kilobytes), not for large payloads; the content travels in the
     module's arguments.
 version_added: "0.6.0"
-author: sparkops maintainers
+author:
+  - sparkops maintainers (!UNKNOWN)
 options:
   files:
     description: The files to write.
@@ -65,13 +68,15 @@ options:
         description: The folder's mode, four octal digits in quotes, such as C("0755").
         type: str
         required: true
+extends_documentation_fragment:
+  - sparkops.cluster.attributes
 attributes:
   check_mode:
     support: full
-    description: Reports which files and folders would change and writes nothing.
+    details: Reports which files and folders would change and writes nothing.
   diff_mode:
     support: full
-    description: Shows the old and new content of each file that changes.
+    details: Shows the old and new content of each file that changes.
 notes:
   - Files are written as the connecting user (root on the nodes); owner and group are left as they are.
 """
