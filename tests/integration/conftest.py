@@ -62,6 +62,15 @@ def stop_worker_ray_unwatched(worker: str = "spark-sim-2", head: str = "spark-si
     node_sh(worker, "docker update --restart=no sparkops-ray >/dev/null && docker stop -t 2 sparkops-ray")
 
 
+def reset_watchdog(head: str = "spark-sim-1") -> None:
+    """The head's watchdog running with no restart in its hourly window (its full budget)."""
+    node_sh(
+        head,
+        "docker stop -t 5 sparkops-watchdog >/dev/null && rm -f /var/lib/sparkops/watchdog-state.json"
+        " && docker start sparkops-watchdog >/dev/null",
+    )
+
+
 def assert_watchdog_running(head: str = "spark-sim-1") -> None:
     state = node_sh(head, "docker inspect --format '{{.State.Status}}' sparkops-watchdog", check=False)
     assert state.stdout.strip() == "running", state.stdout + state.stderr

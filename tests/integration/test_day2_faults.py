@@ -11,7 +11,7 @@ import json
 import time
 
 import pytest
-from conftest import ROOT, SIM_STATE, api_key, node_sh, run_playbook
+from conftest import ROOT, SIM_STATE, api_key, node_sh, reset_watchdog, run_playbook
 
 HEAD, WORKER = "spark-sim-1", "spark-sim-2"
 EVENTS = "/var/lib/sparkops/watchdog.jsonl"
@@ -76,11 +76,7 @@ def healthy(sim_cluster):
     wait_serving(120)
     # Each fault starts from a watchdog with no restart in its hourly window: the earlier tests'
     # restarts would otherwise count against watchdog_max_restarts_per_hour (2 in inventory/sim).
-    node_sh(
-        HEAD,
-        "docker stop -t 5 sparkops-watchdog >/dev/null && rm -f /var/lib/sparkops/watchdog-state.json"
-        " && docker start sparkops-watchdog >/dev/null",
-    )
+    reset_watchdog(HEAD)
     yield
     # Leave the cluster serving for the next test (and the next helper).
     if not completion_ok():

@@ -22,6 +22,7 @@ from conftest import (
     assert_watchdog_running,
     node_sh,
     recap,
+    reset_watchdog,
     run_adhoc,
     run_playbook,
     stop_worker_ray_unwatched,
@@ -163,6 +164,9 @@ def locked_copy(tmp_path):
 
 
 def test_upgrade_to_a_new_image_commit(tmp_path):
+    # A watchdog with its whole restart budget: unpaused, it took the swap for a failure and
+    # restarted the group under it (CI: the upgrade failed and rolled back).
+    reset_watchdog()
     before = state_file()
     lock = locked_copy(tmp_path)
     res = run_playbook(
@@ -183,9 +187,11 @@ def test_upgrade_to_a_new_image_commit(tmp_path):
         assert node_sh(node, f"docker image inspect {before['image']}", check=False).returncode == 0
     assert len(set(image_ids().values())) == 1
     assert not health().get("failed")
+    assert_watchdog_running()
 
 
 def test_upgrade_to_a_broken_image_rolls_back(tmp_path):
+    reset_watchdog()
     before = state_file()
     lock = locked_copy(tmp_path)
     locked = lock.read_bytes() if lock.exists() else None
@@ -203,6 +209,7 @@ def test_upgrade_to_a_broken_image_rolls_back(tmp_path):
     assert not health().get("failed")
     serving = node_sh("spark-sim-1", "docker inspect --format '{{.Config.Image}}' sparkops-vllm").stdout.strip()
     assert serving == before["image"]
+    assert_watchdog_running()
 
 
 def test_secrets_never_reach_output_or_files(tmp_path):
