@@ -16,8 +16,13 @@ exit status and stderr), so the build host learns every hop's result from one st
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import shlex
+import subprocess
+import sys
+import tempfile
+import time
 
 # Run on every node, the build host included (there with `load` empty). argv: CODE_B64 NODE SPEC_B64.
 # Python 3.8+ standard library only (whatever python3 the node has).
@@ -143,9 +148,9 @@ def tree_problems(source: str, edges: list) -> list:
     """What makes `edges` not a tree rooted at `source` (each node reached once, from a node already reached)."""
     problems = []
     reached = {source}
-    pending = [e for e in edges]
+    pending = list(edges)
     # Edges may come in any order: take each once its sender is reached (bounded by len(edges) passes).
-    for _ in range(len(edges) + 1):
+    for _pass in range(len(edges) + 1):
         rest = []
         for e in pending:
             if not all(k in e for k in ("from", "to", "ip")):
@@ -183,8 +188,9 @@ def plan(source: str, edges: list, need: list) -> dict:
 
     def walk(node: str, depth: int) -> bool:
         # The tree is checked (tree_problems) before this; depth bounds a malformed one anyway.
-        below = any([walk(c, depth + 1) for c in kids.get(node, [])]) if depth <= len(edges) else False
-        on_way[node] = node in want or below
+        # Every child is walked (no short cut): each one's on_way is needed.
+        below = [walk(c, depth + 1) for c in kids.get(node, [])] if depth <= len(edges) else []
+        on_way[node] = node in want or True in below
         return on_way[node]
 
     walk(source, 0)
@@ -240,7 +246,7 @@ def flatten(report: dict, want_load: list) -> dict:
     """Every hop's result from the build host's nested report: {hops, loaded, failed}."""
     hops, loaded, failed = [], [], []
     stack = list(report.get("children", []))
-    for _ in range(10000):  # bounded walk (a tree of at most a few dozen hops)
+    for _step in range(10000):  # bounded walk (a tree of at most a few dozen hops)
         if not stack:
             break
         c = stack.pop(0)
@@ -285,3 +291,65 @@ def describe_failure(hop: dict) -> str:
     return f"{hop['from']} -> {hop['to']} ({hop['ip']}): {hop['error']}" + (
         f"; stderr: {' | '.join(stderr)}" if stderr else ""
     )
+
+
+class TransferTimeout(Exception):
+    """The relay on the build host did not end within its own bound plus a margin."""
+
+
+def _tail(f, n=1500) -> str:
+    f.seek(0)
+    return f.read().decode("utf-8", "replace")[-n:].strip()
+
+
+def stream_from_source(*, docker: str, image: str, zstd_level: int, source: str, spec: dict) -> dict:
+    """`docker save IMAGE | zstd | relay` on the build host; the relay starts the whole tree.
+
+    Returns {report (the nested relay report, or None), save_rc, zstd_rc, relay_rc, save_stderr,
+    relay_stderr, seconds}; raises TransferTimeout (after killing the three) past spec's timeout.
+    """
+    with (
+        tempfile.TemporaryFile() as save_err,
+        tempfile.TemporaryFile() as relay_out,
+        tempfile.TemporaryFile() as relay_err,
+    ):
+        # Temporary files, not pipes, for what nobody reads until the end (a full pipe would stall the stream).
+        started = time.monotonic()
+        save = subprocess.Popen([docker, "save", image], stdout=subprocess.PIPE, stderr=save_err)
+        zstd = subprocess.Popen(
+            ["zstd", "-q", "-T0", f"-{zstd_level}"], stdin=save.stdout, stdout=subprocess.PIPE, stderr=save_err
+        )
+        save.stdout.close()
+        relay = subprocess.Popen(
+            relay_argv(sys.executable, source, spec), stdin=zstd.stdout, stdout=relay_out, stderr=relay_err
+        )
+        zstd.stdout.close()
+        procs = (save, zstd, relay)
+        try:
+            # The relay stops itself at timeout_s; the margin covers its report.
+            relay.wait(timeout=float(spec["timeout_s"]) + 30)
+            save_rc, zstd_rc = save.wait(timeout=30), zstd.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+            for proc in procs:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=10)
+            raise TransferTimeout from None
+        report = None
+        for line in reversed(_tail(relay_out, 10**7).splitlines()):
+            try:
+                report = json.loads(line)
+                break
+            except ValueError:
+                continue
+        return {
+            "report": report,
+            "save_rc": save_rc,
+            "zstd_rc": zstd_rc,
+            "relay_rc": relay.returncode,
+            "save_stderr": _tail(save_err),
+            "relay_stderr": _tail(relay_err),
+            "seconds": round(time.monotonic() - started, 2),
+        }

@@ -119,30 +119,10 @@ seconds:
   type: float
 """
 
-import contextlib
-import json
 import shutil
-import subprocess
-import sys
-import tempfile
-import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.sparkops.cluster.plugins.module_utils import image_fanout
-
-
-def _tail(f, n=1500) -> str:
-    f.seek(0)
-    return f.read().decode("utf-8", "replace")[-n:].strip()
-
-
-def _kill(procs) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-    for p in procs:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            p.wait(timeout=10)
 
 
 def main():
@@ -196,44 +176,20 @@ def main():
         python=p["python"],
         timeout_s=p["timeout_s"],
     )
-    # Temporary files, not pipes, for what nobody reads until the end (a full pipe would stall the stream).
-    save_err, relay_out, relay_err = (tempfile.TemporaryFile() for _ in range(3))  # noqa: SIM115 - closed at exit
-    started = time.monotonic()
-    save = subprocess.Popen([p["docker"], "save", p["image"]], stdout=subprocess.PIPE, stderr=save_err)
-    zstd = subprocess.Popen(
-        ["zstd", "-q", "-T0", f"-{p['zstd_level']}"], stdin=save.stdout, stdout=subprocess.PIPE, stderr=save_err
-    )
-    save.stdout.close()
-    relay = subprocess.Popen(
-        image_fanout.relay_argv(sys.executable, p["source"], spec),
-        stdin=zstd.stdout,
-        stdout=relay_out,
-        stderr=relay_err,
-    )
-    zstd.stdout.close()
-    procs = [save, zstd, relay]
     try:
-        # The relay stops itself at timeout_s; the margin covers its report.
-        relay.wait(timeout=p["timeout_s"] + 30)
-        save_rc, zstd_rc = save.wait(timeout=30), zstd.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        _kill(procs)
+        run = image_fanout.stream_from_source(
+            docker=p["docker"], image=p["image"], zstd_level=p["zstd_level"], source=p["source"], spec=spec
+        )
+    except image_fanout.TransferTimeout:
         module.fail_json(
             msg=f"the image transfer did not finish in {p['timeout_s']} s; raise spark_vllm_image_transfer_timeout_s "
             "or check the fast links",
             plan=the_plan,
         )
-    seconds = round(time.monotonic() - started, 2)
-    report = None
-    for line in reversed(_tail(relay_out, 10**7).splitlines()):
-        try:
-            report = json.loads(line)
-            break
-        except ValueError:
-            continue
+    report, save_rc, zstd_rc, seconds = run["report"], run["save_rc"], run["zstd_rc"], run["seconds"]
     if report is None:
         module.fail_json(
-            msg=f"the relay on {p['source']} gave no report (exit {relay.returncode}): {_tail(relay_err)}",
+            msg=f"the relay on {p['source']} gave no report (exit {run['relay_rc']}): {run['relay_stderr']}",
             plan=the_plan,
         )
     result = image_fanout.flatten(report, the_plan["loads"])
@@ -248,7 +204,7 @@ def main():
     if save_rc != 0 or zstd_rc != 0:
         module.fail_json(
             msg=f"docker save {p['image']} | zstd on {p['source']} failed (exit {save_rc}/{zstd_rc}): "
-            f"{_tail(save_err)}. Is the image on the build host, and is there room in its temporary directory?",
+            f"{run['save_stderr']}. Is the image on the build host, and is there room in its temporary directory?",
             **out,
         )
     if report.get("timeout"):
