@@ -14,7 +14,7 @@ description:
     A chain of N nodes therefore takes about the time of one copy, not N-1 copies one after another.
   - The relay (a short Python program, standard library only) travels inside the ssh command; nothing is installed
     on the nodes. Every node needs C(python3) and C(zstd), and ssh from each node to its children's addresses
-    (the fabric_ssh role's key).
+    (the fabric_ssh role gives every node its own key, accepted by every node from the fast-link subnets).
   - Only nodes in I(need) load the image. A node that already holds it still relays when a node below it needs
     it; a subtree that needs nothing gets nothing.
   - Bounded by I(timeout_s). A failed hop fails the module naming the hop (from, to, address) and the end of
