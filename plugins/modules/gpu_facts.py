@@ -16,6 +16,8 @@ description:
   - Fails when nvidia-smi reports a driver/library version mismatch (the loaded kernel module differs from the
     user-space driver, typically after a driver update without a reboot), or prints something unexpected.
   - On a DGX Spark (GB10) C(memory.total) is C([N/A]) (unified memory); I(memory_total_mib) is then null.
+  - With I(packages), also reads those Debian packages' versions and apt selections with one
+    C(dpkg-query), so that a role needs no second module run for the driver packages.
   - Returns plain results, not ansible_facts. Read-only.
 version_added: "0.1.0"
 author:
@@ -39,6 +41,17 @@ options:
     description: Timeout of one nvidia-smi run, in seconds.
     type: float
     default: 30
+  packages:
+    description: Debian packages (the driver's) to report in I(packages), read with C(dpkg-query).
+    type: list
+    elements: str
+    default: []
+  query_gpu:
+    description:
+      - Ask nvidia-smi. C(false) reads only I(packages) and the kernel module's version - right after a driver
+        package changed, nvidia-smi fails with a driver/library mismatch until the reboot.
+    type: bool
+    default: true
 extends_documentation_fragment:
   - sparkops.cluster.attributes
   - sparkops.cluster.attributes.read_only
@@ -120,6 +133,14 @@ cuda_driver_version:
     - Newest CUDA version the driver supports (C(CUDA Version) of the nvidia-smi banner); null when not obtainable.
   returned: always
   type: str
+packages:
+  description:
+    - One entry per package of I(packages) that dpkg knows, keys C(version), C(selection) (C(install), C(hold),
+      C(deinstall), C(purge)) and C(installed) (whether its status is C(installed)). A package dpkg has never
+      seen is absent; no C(dpkg-query) on the host leaves it empty.
+  returned: always
+  type: dict
+  sample: {"nvidia-driver-580-open": {"version": "580.95.05-0ubuntu1", "selection": "hold", "installed": true}}
 """
 
 import subprocess
@@ -178,6 +199,9 @@ def gather(p: dict) -> tuple[dict, str | None]:
         "branch_reason": None,
         "cuda_driver_version": None,
     }
+    if not p.get("query_gpu", True):
+        result["reason"] = "nvidia-smi not asked (query_gpu=false)"
+        return _with_branch(result, p), None
     smi = p["nvidia_smi_path"]
     error = None
     try:
@@ -216,6 +240,10 @@ def gather(p: dict) -> tuple[dict, str | None]:
                     rc2, banner = 1, ""
                 if rc2 == 0:
                     result["cuda_driver_version"] = parse_banner(banner)["cuda_driver_version"]
+    return _with_branch(result, p), error
+
+
+def _with_branch(result: dict, p: dict) -> dict:
     drv, kmod = result["driver_version"], result["kernel_module_version"]
     result["driver_branch"] = driver_branch(drv) or driver_branch(kmod)
     if drv and kmod:
@@ -223,7 +251,28 @@ def gather(p: dict) -> tuple[dict, str | None]:
     status = branch_status(p["expected_branch"], drv, kmod)
     result["on_branch"] = status["on_branch"]
     result["branch_reason"] = status["reason"]
-    return result, error
+    return result
+
+
+def read_packages(names: list, timeout: float) -> dict:
+    """Version, apt selection and installed state of each package dpkg knows (dpkg-query exits 1 for the rest)."""
+    if not names:
+        return {}
+    fmt = "${Package}\t${Version}\t${db:Status-Want}\t${db:Status-Status}\n"
+    try:
+        rc, out, _err = _run(["dpkg-query", "-W", f"-f={fmt}", *names], timeout)
+    except (SmiMissing, subprocess.TimeoutExpired):
+        return {}
+    found = {}
+    for line in out.splitlines() if rc in (0, 1) else []:
+        fields = line.split("\t")
+        if len(fields) == 4 and fields[0] in names:
+            found[fields[0]] = {
+                "version": fields[1] or None,
+                "selection": fields[2],
+                "installed": fields[3] == "installed",
+            }
+    return found
 
 
 def main():
@@ -233,6 +282,8 @@ def main():
             "proc_version_path": {"type": "path", "default": "/proc/driver/nvidia/version"},
             "expected_branch": {"type": "str", "default": "580"},
             "timeout_s": {"type": "float", "default": 30},
+            "packages": {"type": "list", "elements": "str", "default": []},
+            "query_gpu": {"type": "bool", "default": True},
         },
         supports_check_mode=True,
     )
@@ -244,6 +295,7 @@ def main():
     if p["timeout_s"] <= 0:
         module.fail_json(msg=f"timeout_s must be positive, got {p['timeout_s']:g}")
     result, error = gather(p)
+    result["packages"] = read_packages(p["packages"], p["timeout_s"])
     if error:
         module.fail_json(msg=error, changed=False, **result)
     module.exit_json(changed=False, **result)

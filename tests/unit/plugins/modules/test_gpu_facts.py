@@ -126,3 +126,46 @@ def test_argument_errors(tmp_path):
     assert r["failed"] is True and "timeout_s must be positive" in r["msg"]
     r = run_module(mod, {"nvidia_smi": "x"})
     assert r["failed"] is True and "nvidia_smi" in r["msg"]
+
+
+def test_packages_are_read_from_this_hosts_dpkg(tmp_path):
+    # The real dpkg-query of the machine running the tests (Debian): dpkg itself is installed.
+    r = run_module(mod, {"nvidia_smi_path": str(tmp_path / "none"), "packages": ["dpkg", "sparkops-no-such-package"]})
+    assert r.get("failed") is not True, r
+    assert set(r["packages"]) == {"dpkg"}
+    assert r["packages"]["dpkg"]["installed"] is True and r["packages"]["dpkg"]["version"]
+
+
+def test_held_and_removed_driver_packages(tmp_path, monkeypatch):
+    # What dpkg-query -W -f='${Package}\t${Version}\t${db:Status-Want}\t${db:Status-Status}\n' prints for a
+    # held driver, a package whose files were removed (config-files) and one dpkg never saw (stderr, exit 1).
+    fake = tmp_path / "dpkg-query"
+    fake.write_text(
+        "#!/bin/sh\n"
+        "printf 'nvidia-driver-580-open\\t580.95.05-0ubuntu1\\thold\\tinstalled\\n'\n"
+        "printf 'nvidia-dkms-580-open\\t580.95.05-0ubuntu1\\tdeinstall\\tconfig-files\\n'\n"
+        "echo 'dpkg-query: no packages found matching libnvidia-x' >&2\n"
+        "exit 1\n"
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    r = run_module(
+        mod,
+        {
+            "nvidia_smi_path": str(tmp_path / "none"),
+            "packages": ["nvidia-driver-580-open", "nvidia-dkms-580-open", "libnvidia-x"],
+        },
+    )
+    assert r["packages"] == {
+        "nvidia-driver-580-open": {"version": "580.95.05-0ubuntu1", "selection": "hold", "installed": True},
+        "nvidia-dkms-580-open": {"version": "580.95.05-0ubuntu1", "selection": "deinstall", "installed": False},
+    }
+
+
+def test_query_gpu_false_reads_packages_only_and_never_runs_nvidia_smi(tmp_path):
+    # After a driver package changed, nvidia-smi fails (library mismatch) until the reboot: not asked.
+    smi = fake_smi(tmp_path, "", "Failed to initialize NVML: Driver/library version mismatch\n", rc=18)
+    r = run_module(mod, {"nvidia_smi_path": smi, "query_gpu": False, "packages": ["dpkg"]})
+    assert r.get("failed") is not True, r
+    assert r["gpu_present"] is False and "not asked" in r["reason"]
+    assert r["packages"]["dpkg"]["installed"] is True
