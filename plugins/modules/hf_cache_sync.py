@@ -133,7 +133,7 @@ options:
     default: {}
   follow:
     description:
-      - This node is itself still receiving the model (from I(upstream)): forward every blob as soon
+      - This node is itself still receiving the model (from I(upstream)); it forwards every blob as soon
         as it is complete here (under its own name - rsync and huggingface_hub write under a temporary
         name and rename when done) and the target lacks it, until this node's snapshot is complete by
         its list files; then make the normal pass (the rest, links, refs, the check). A chain
