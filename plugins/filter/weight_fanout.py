@@ -17,7 +17,7 @@ def _address_facing(node: dict, ip: str) -> str:
             return link["ip"]
     raise FanoutError(
         f"no link of this node is on the subnet of {ip}: the fan-out edge does not run along a cable "
-        "(check sparkops_fast_links)"
+        "(check the links the inventory gives each node)"
     )
 
 
