@@ -285,12 +285,12 @@ def run_fanout(args) -> None:
     )
     print("  edges: " + ", ".join(f"{e['from']}->{e['to']}@{e['ip']} (w{e['wave']})" for e in fig["edges"]))
     print(
-        f"  one copy, {source} to one node:        {one:7.2f} s  (module {fig['one_copy_module_s']:.2f} s, "
+        f"  one copy, {source} to one node (role's sync):  {one:7.2f} s  (module {fig['one_copy_module_s']:.2f} s, "
         f"copy phase {fig['one_copy_copy_s']:.2f} s, {total / 1e6 / one:7.1f} MB/s)"
     )
     print(
-        f"  fan-out to {len(receivers)} node(s) (plan + copies):  {fan:7.2f} s  "
-        f"({len(receivers) * total / 1e6 / fan:7.1f} MB/s delivered in all)"
+        f"  fan-out to {len(receivers)} node(s) (role's sync):   {fan:7.2f} s  (source's module "
+        f"{fig['fanout_source_module_s']:.2f} s; {len(receivers) * total / 1e6 / fan:7.1f} MB/s delivered in all)"
     )
     print(
         f"  ratio fan-out / one copy: {fan / one:.2f}  (1.00 ideal; {len(receivers)} = one copy after another), "
