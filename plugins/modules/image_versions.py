@@ -15,7 +15,11 @@ description:
   - Compares them with I(pins) (a pin matches the same version or one that only adds release numbers or a local
     label, so C(13.2) matches C(13.2.0) and C(0.19.0) matches C(0.19.0+cu132) but not C(0.19.0.dev5)) and with
     I(locked) (exact), and fails naming the component and both versions unless I(fail_on_mismatch=false).
-  - Read-only; changes nothing.
+  - With I(cache_dir), what an image carries is kept in a file named after its image ID, and a later
+    run reads that file instead of starting a container. An image ID is the hash of the image's
+    configuration, which names every layer, so the same ID always carries the same versions. The pins
+    and the lock are compared on every run. A cache file that cannot be read is ignored and rewritten.
+  - Read-only on the image and the node's configuration; the cache file is the only thing written.
 version_added: "0.2.0"
 author:
   - sparkops maintainers (!UNKNOWN)
@@ -44,6 +48,11 @@ options:
     description: Timeout of the probe container, in seconds.
     type: float
     default: 180
+  cache_dir:
+    description:
+      - Folder for the versions read from each image ID (created if missing). Unset, the probe container
+        runs every time.
+    type: path
 extends_documentation_fragment:
   - sparkops.cluster.attributes
   - sparkops.cluster.attributes.read_only
@@ -79,9 +88,21 @@ matches:
   description: Whether there are no problems.
   returned: always
   type: bool
+image_id:
+  description: The image's ID, when I(cache_dir) is set.
+  returned: when cache_dir is set
+  type: str
+cached:
+  description: Whether the versions came from the cache file of this image ID (no container started).
+  returned: always
+  type: bool
 """
 
+import json
+import os
+import re
 import subprocess
+import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.sparkops.cluster.plugins.module_utils.image_versions import (
@@ -90,6 +111,75 @@ from ansible_collections.sparkops.cluster.plugins.module_utils.image_versions im
     compare_versions,
     parse_probe_output,
 )
+
+_ID_RE = re.compile(r"^sha256:([0-9a-f]{64})$")
+
+
+def _docker(module, argv: list, timeout: float) -> subprocess.CompletedProcess:
+    p = module.params
+    try:
+        return subprocess.run([p["docker"], *argv], capture_output=True, text=True, timeout=timeout, check=False)
+    except FileNotFoundError:
+        module.fail_json(msg=f"{p['docker']} is not installed on this host: install Docker (the image role needs it)")
+    except subprocess.TimeoutExpired:
+        module.fail_json(msg=f"`docker {argv[0]}` on {p['image']} did not finish in {timeout} s; is dockerd up?")
+    raise AssertionError  # fail_json exits
+
+
+def image_id(module) -> str:
+    p = module.params
+    res = _docker(module, ["image", "inspect", "--format", "{{.Id}}", p["image"]], 60)
+    found = _ID_RE.match(res.stdout.strip())
+    if res.returncode != 0 or not found:
+        module.fail_json(
+            msg=f"{p['image']} is not on this host ({res.stderr.strip()[-300:] or res.stdout.strip()[-300:]}): "
+            "build or transfer it first (playbooks/image.yml)",
+        )
+    return found.group(1)
+
+
+def read_cache(path: str) -> dict | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            versions = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(versions, dict) or not set(COMPONENTS) <= set(versions):
+        return None
+    return versions
+
+
+def write_cache(path: str, versions: dict) -> None:
+    folder = os.path.dirname(path)
+    os.makedirs(folder, mode=0o755, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".image-versions-")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(versions, f, sort_keys=True)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def probe(module) -> dict:
+    p = module.params
+    res = _docker(
+        module, ["run", "--rm", "--network", "none", "--entrypoint", "python3", p["image"], "-c", PROBE], p["timeout_s"]
+    )
+    if res.returncode != 0:
+        module.fail_json(
+            msg=f"could not run python3 in {p['image']} (exit {res.returncode}): {res.stderr.strip()[-500:]}. "
+            "Is the image on this host, and does it have python3?",
+            rc=res.returncode,
+        )
+    try:
+        return parse_probe_output(res.stdout)
+    except ValueError as exc:
+        module.fail_json(msg=f"{p['image']}: {exc}", stdout=res.stdout[-2000:])
+    raise AssertionError  # fail_json exits
 
 
 def main():
@@ -101,6 +191,7 @@ def main():
             fail_on_mismatch=dict(type="bool", default=True),
             docker=dict(type="str", default="docker"),
             timeout_s=dict(type="float", default=180),
+            cache_dir=dict(type="path"),
         ),
         supports_check_mode=True,
     )
@@ -110,25 +201,23 @@ def main():
         module.fail_json(
             msg=f"unknown components {', '.join(unknown)} in pins/locked; use only {', '.join(COMPONENTS)}",
         )
-    argv = [p["docker"], "run", "--rm", "--network", "none", "--entrypoint", "python3", p["image"], "-c", PROBE]
-    try:
-        res = subprocess.run(argv, capture_output=True, text=True, timeout=p["timeout_s"], check=False)
-    except FileNotFoundError:
-        module.fail_json(msg=f"{p['docker']} is not installed on this host: install Docker (the image role needs it)")
-    except subprocess.TimeoutExpired:
-        module.fail_json(msg=f"the version probe in {p['image']} did not finish in {p['timeout_s']} s; is dockerd up?")
-    if res.returncode != 0:
-        module.fail_json(
-            msg=f"could not run python3 in {p['image']} (exit {res.returncode}): {res.stderr.strip()[-500:]}. "
-            "Is the image on this host, and does it have python3?",
-            rc=res.returncode,
-        )
-    try:
-        versions = parse_probe_output(res.stdout)
-    except ValueError as exc:
-        module.fail_json(msg=f"{p['image']}: {exc}", stdout=res.stdout[-2000:])
+    result = dict(changed=False, cached=False)
+    versions = None
+    cache = None
+    if p["cache_dir"]:
+        result["image_id"] = "sha256:" + image_id(module)
+        cache = os.path.join(p["cache_dir"], f"image-versions-{result['image_id'][7:]}.json")
+        versions = read_cache(cache)
+        result["cached"] = versions is not None
+    if versions is None:
+        versions = probe(module)
+        if cache and not module.check_mode:
+            try:
+                write_cache(cache, versions)
+            except OSError as exc:
+                module.warn(f"could not keep the versions in {cache} ({exc}); the next run probes the image again")
     problems = compare_versions(versions, p["pins"], p["locked"])
-    result = dict(changed=False, versions=versions, problems=problems, matches=not problems)
+    result.update(versions=versions, problems=problems, matches=not problems)
     if problems and p["fail_on_mismatch"]:
         module.fail_json(
             msg=f"{p['image']} is not the image that was pinned: "

@@ -38,9 +38,11 @@ BEFORE = {
 # After doctor, watchdog, fastpath, ray_cluster, weight_cache's sync, vllm_serve's container and
 # verify.yml read the model (others' roles and molecule not yet switched). tasks_from is above
 # BEFORE: entry points (wait, proof, checkout, settings, jumbo-ping) that merged playbooks include.
+# The groups['spark_head'] reads left are molecule's verify.yml, which finds the head on its own on
+# purpose: it checks what the roles did without trusting the model they read.
 CEILING = {
     "sparkops_fast_links reads": 12,
-    "groups['spark_head'] reads": 17,
+    "groups['spark_head'] reads": 6,
     "head/primary address derivations": 6,
     "hostvars reach-ins": 23,
     "tasks_from borrowing": 15,

@@ -1,0 +1,102 @@
+"""image_versions with cache_dir: the probe container runs once per image ID, the pins are compared every run.
+
+`docker` is a fake executable (a shell script) that logs its calls and answers `image inspect` with an ID
+from a file and `run` with the probe's versions line.
+"""
+
+from __future__ import annotations
+
+import json
+
+from ansible_collections.sparkops.cluster.plugins.modules import image_versions
+from module_runner import run_module
+
+ID_A = "sha256:" + "a" * 64
+ID_B = "sha256:" + "b" * 64
+VERSIONS = {"vllm": "0.19.0", "torch": "2.12.0", "cuda": "13.2.0", "flashinfer": "0.6.6", "ray": "2.52.1", "nccl": None}
+
+
+def fake_docker(tmp_path, image_id=ID_A, versions=None):
+    (tmp_path / "id").write_text(image_id)
+    line = "SPARKOPS-IMAGE-VERSIONS " + json.dumps(versions or VERSIONS)
+    (tmp_path / "line").write_text(line + "\n")
+    script = tmp_path / "docker"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'echo "$1 $2" >> {tmp_path}/calls\n'
+        f'if [ "$1" = image ]; then cat {tmp_path}/id; echo; exit 0; fi\n'
+        f'if [ "$1" = run ]; then cat {tmp_path}/line; exit 0; fi\n'
+        "exit 2\n"
+    )
+    script.chmod(0o755)
+    return str(script)
+
+
+def calls(tmp_path):
+    path = tmp_path / "calls"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def run(tmp_path, docker, **args):
+    return run_module(
+        image_versions, {"image": "vllm-node:abc", "docker": docker, "cache_dir": str(tmp_path / "cache"), **args}
+    )
+
+
+def test_the_probe_runs_once_per_image_id(tmp_path):
+    docker = fake_docker(tmp_path)
+    first = run(tmp_path, docker)
+    assert not first.get("failed") and first["versions"]["vllm"] == "0.19.0"
+    assert first["cached"] is False and first["image_id"] == ID_A
+    assert [c for c in calls(tmp_path) if c.startswith("run")] == ["run --rm"]
+    cached = json.loads((tmp_path / "cache" / f"image-versions-{'a' * 64}.json").read_text())
+    assert cached["ray"] == "2.52.1"
+
+    second = run(tmp_path, docker)
+    assert second["cached"] is True and second["versions"] == first["versions"]
+    assert [c for c in calls(tmp_path) if c.startswith("run")] == ["run --rm"], (
+        "a cached image ID must not start a container"
+    )
+
+    # A new image under the same tag is a new ID: probed again.
+    (tmp_path / "id").write_text(ID_B)
+    third = run(tmp_path, docker)
+    assert third["cached"] is False and third["image_id"] == ID_B
+    assert len([c for c in calls(tmp_path) if c.startswith("run")]) == 2
+
+
+def test_pins_are_compared_on_a_cached_reading(tmp_path):
+    docker = fake_docker(tmp_path)
+    run(tmp_path, docker)
+    res = run(tmp_path, docker, pins={"vllm": "0.20.0"})
+    assert res["failed"] and res["cached"] is True
+    assert "vllm" in res["msg"] and "0.20.0" in res["msg"] and "0.19.0" in res["msg"]
+
+
+def test_an_unreadable_cache_file_is_probed_again_and_rewritten(tmp_path):
+    docker = fake_docker(tmp_path)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    bad = cache / f"image-versions-{'a' * 64}.json"
+    bad.write_text('{"vllm": "9.9.9"}')  # not every component: not trusted
+    res = run(tmp_path, docker)
+    assert res["cached"] is False and res["versions"]["vllm"] == "0.19.0"
+    assert json.loads(bad.read_text())["vllm"] == "0.19.0"
+
+
+def test_an_image_missing_on_the_node_fails_with_what_to_do(tmp_path):
+    docker = fake_docker(tmp_path, image_id="")
+    res = run(tmp_path, docker)
+    assert res["failed"] and "not on this host" in res["msg"] and "image.yml" in res["msg"]
+    assert not any(c.startswith("run") for c in calls(tmp_path))
+
+
+def test_check_mode_writes_no_cache(tmp_path):
+    docker = fake_docker(tmp_path)
+    res = run_module(
+        image_versions,
+        {"image": "vllm-node:abc", "docker": docker, "cache_dir": str(tmp_path / "cache")},
+        check_mode=True,
+    )
+    assert not res.get("failed") and res["cached"] is False
+    assert not (tmp_path / "cache").exists()
