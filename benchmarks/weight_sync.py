@@ -21,6 +21,13 @@ rsync streams). The fixed part is about a second here: it weighs on a 1 GiB test
 On these test machines both ends share the same few cores, so the CPU cost of ssh encryption and of
 rsync is the limit, as it is on a Spark's 200 Gb/s link. Bounded: --repeat passes (default 1) per variant.
 
+``--fanout INVENTORY`` (a simulated cluster of any topology, e.g. ``.sim/inventories/ring-4``): times,
+in one run on the same data, one copy from the source to its first receiver in the fan-out and the
+weight_cache role's fan-out to every other node (benchmarks/weight_fanout.yml), and prints the ratio
+(fan-out time / one copy time: 1.0 is the ideal, N-1 is one copy after another) with the core count.
+
+    .venv/bin/python benchmarks/weight_sync.py --fanout .sim/inventories/ring-4 --gib 1
+
 Where the time went (issue 17, 2 cores, 1 GiB in 8 blobs, loopback, ratios within one run): a new
 ssh connection and python3 per step on the target (5 per sync, 0.6-0.7 s each) cost ~3 s against a
 ~1.2 s copy, now one session per target; SIGTERM to the daemon took 0.4 s, now SIGKILL once the
@@ -223,6 +230,79 @@ def sim_round(args, total: int) -> list:
     return rows
 
 
+def run_fanout(args) -> None:
+    """One copy, then the fan-out to every node, on the simulated cluster of ``args.fanout``; prints the ratio."""
+    inventory = Path(args.fanout).resolve()
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), SPARKOPS_SIM_STATE=str(ROOT / ".sim"))
+    listing = json.loads(
+        subprocess.run(
+            [str(ROOT / ".venv" / "bin" / "ansible-inventory"), "-i", str(inventory), "--list"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=ROOT,
+            env=env,
+            timeout=120,
+        ).stdout
+    )
+    nodes = sorted(listing["_meta"]["hostvars"])
+    source = listing["spark_head"]["hosts"][0]
+    shard_bytes = int(args.gib * (1 << 30) / args.shards)
+    for node in nodes:
+        docker_exec(node, f"rm -rf {SIM_DIR}", 120)
+    repo = f"{SIM_DIR}/hub/models--sparkops-bench--synthetic"
+    docker_exec(source, f"python3 - {repo} {'3' * 40} {args.shards} {shard_bytes}", 600, stdin=SIM_SEED)
+    with tempfile.TemporaryDirectory(prefix="sparkops-fanout-") as tmp:
+        result = Path(tmp) / "fanout.json"
+        try:
+            res = subprocess.run(
+                [
+                    str(ROOT / ".venv" / "bin" / "ansible-playbook"),
+                    "-i",
+                    str(inventory),
+                    str(ROOT / "benchmarks" / "weight_fanout.yml"),
+                    "-e",
+                    json.dumps({"bench_result": str(result), "weight_cache_streams": args.streams}),
+                ],
+                capture_output=True,
+                text=True,
+                cwd=ROOT,
+                env=env,
+                timeout=args.timeout_s,
+                check=False,
+            )
+            if res.returncode != 0 or not result.exists():
+                raise SystemExit(f"benchmarks/weight_fanout.yml failed: {res.stdout[-3000:]} {res.stderr[-1500:]}")
+            fig = json.loads(result.read_text())
+        finally:
+            for node in nodes:
+                subprocess.run(["docker", "exec", node, "rm", "-rf", SIM_DIR], capture_output=True, check=False)
+    total, receivers = fig["bytes"], fig["receivers"]
+    one, fan = fig["one_copy_s"], fig["fanout_s"]
+    print(
+        f"weight fan-out, {total / 1e9:.2f} GB in {args.shards} blobs, {fig['topology']} of {len(nodes)} nodes "
+        f"({inventory.name}), {os.cpu_count()} cores here, all nodes on one disk"
+    )
+    print("  edges: " + ", ".join(f"{e['from']}->{e['to']}@{e['ip']} (w{e['wave']})" for e in fig["edges"]))
+    print(
+        f"  one copy, {source} to one node (role's sync):  {one:7.2f} s  (module {fig['one_copy_module_s']:.2f} s, "
+        f"copy phase {fig['one_copy_copy_s']:.2f} s, {total / 1e6 / one:7.1f} MB/s)"
+    )
+    print(
+        f"  fan-out to {len(receivers)} node(s) (role's sync):   {fan:7.2f} s  (source's module "
+        f"{fig['fanout_source_module_s']:.2f} s; {len(receivers) * total / 1e6 / fan:7.1f} MB/s delivered in all)"
+    )
+    print(
+        f"  ratio fan-out / one copy: {fan / one:.2f}  (1.00 ideal; {len(receivers)} = one copy after another), "
+        f"{os.cpu_count()} cores"
+    )
+    if args.json:
+        args.json.write_text(
+            json.dumps({"cores": os.cpu_count(), "nodes": len(nodes), **fig, "ratio": round(fan / one, 2)}, indent=2)
+            + "\n"
+        )
+
+
 def run_loopback(args) -> tuple:
     reason = sshd_available()
     if reason:
@@ -282,7 +362,11 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1, help="interleaved passes; each row shows its fastest")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     ap.add_argument("--where", choices=["auto", "sim", "loopback"], default="auto")
+    ap.add_argument("--fanout", type=Path, help="inventory of a simulated cluster: one copy vs the fan-out to all")
     args = ap.parse_args()
+    if args.fanout:
+        run_fanout(args)
+        return
     where = args.where
     if where == "auto":
         where = "sim" if sim_ready() is None else "loopback"

@@ -8,7 +8,8 @@ DOCUMENTATION = r"""
 module: hf_cache_sync
 short_description: Copy one model of a Hugging Face hub cache to other nodes over the fast link
 description:
-  - Runs on the node that holds the model (the source). For each target it reads the target's
+  - Runs on the node that holds the model (the source), or on one that forwards it (I(follow)).
+    For each target (all targets at once) it reads the target's
     manifest over SSH, copies only what the target lacks or holds with the wrong size (or, with
     I(verify=full), the wrong content), then creates the snapshot links and refs, and checks the
     result. Nothing on a target is ever deleted.
@@ -123,6 +124,31 @@ options:
         Costs one read of the copied bytes on the target.
     type: bool
     default: true
+  source_addresses:
+    description:
+      - Per target address, this node's own address on the cable it shares with that target (a ring
+        node sends each way on a different cable); targets not named here use I(source_address).
+        SSH and rsync bind to it and the temporary daemon accepts only it.
+    type: dict
+    default: {}
+  follow:
+    description:
+      - This node is itself still receiving the model (from I(upstream)); it forwards every blob as soon
+        as it is complete here (under its own name - rsync and huggingface_hub write under a temporary
+        name and rename when done) and the target lacks it, until this node's snapshot is complete by
+        its list files; then make the normal pass (the rest, links, refs, the check). A chain
+        A to B to C so takes about one copy plus the last blob, not two copies.
+      - Fails naming I(upstream) when no blob completed or grew here for I(io_timeout_s), and after
+        I(follow_timeout_s) in any case. Check mode does not follow (it plans against what is here).
+    type: bool
+    default: false
+  upstream:
+    description: The node that fills this one (with I(follow)), named in messages.
+    type: str
+  follow_timeout_s:
+    description: With I(follow), the longest this node waits for its own copy to complete.
+    type: int
+    default: 7200
 extends_documentation_fragment:
   - sparkops.cluster.attributes
 attributes:
@@ -157,7 +183,9 @@ revision:
   returned: always
   type: str
 totals:
-  description: bytes_copied, files_copied, seconds (copy time) and MB_per_s (10^6 bytes/s) over all targets.
+  description:
+    - bytes_copied, files_copied, seconds (copy time - the follow, then the slowest of the targets, which
+      are copied side by side) and MB_per_s (10^6 bytes/s) over all targets.
   returned: always
   type: dict
 targets:
@@ -172,6 +200,10 @@ compared:
 elapsed_s:
   description: Wall time of the whole module run (manifests, copy, links, checks).
   returned: success
+  type: float
+followed_s:
+  description: With I(follow), seconds spent forwarding while this node was still receiving.
+  returned: when follow ran
   type: float
 """
 
@@ -201,6 +233,8 @@ REMOTE_BOOT = (
     "raise SystemExit(g['remote_main']())"
 )
 RSYNC_USER = "sparkops"
+# How often a follower looks for blobs that completed since (a directory scan: cheap).
+FOLLOW_POLL_S = 0.25
 
 
 class SyncError(Exception):
@@ -219,6 +253,8 @@ class Target:
         self.p = module.params
         self.address = address
         self.repo = hf_cache.repo_dir(self.p["target_cache_dir"] or self.p["cache_dir"], self.p["model"])
+        # This node's address on the cable to this target (a ring node has one per neighbour).
+        self.source_address = (self.p.get("source_addresses") or {}).get(address) or self.p["source_address"]
         self.proc = None
 
     def ssh_argv(self) -> list:
@@ -228,7 +264,7 @@ class Target:
             "-l",
             p["ssh_user"],
             "-b",
-            p["source_address"],
+            self.source_address,
             "-c",
             p["ssh_cipher"],
             "-o",
@@ -293,7 +329,7 @@ class Target:
         self.stderr_reader.join(timeout=5)  # ssh has exited: its stderr ends at once
         err = b"".join(c for c in self.stderr_chunks if c).decode(errors="replace").strip()
         raise SyncError(
-            f"ssh to {self.address} from {self.p['source_address']} failed (rc {rc}): {err[-800:]}. "
+            f"ssh to {self.address} from {self.source_address} failed (rc {rc}): {err[-800:]}. "
             "Check that the fabric key is authorized on the target for the fast subnets "
             "(role fabric_ssh), that the target's fast link is up, and that python3 is installed there."
         )
@@ -404,7 +440,7 @@ class Rsyncd:
                 address=t.address,
                 port=p["rsyncd_port"],
                 path=p["target_cache_dir"] or p["cache_dir"],
-                allow=p["source_address"],
+                allow=t.source_address,
                 user=RSYNC_USER,
                 secret=self.secret,
                 io_timeout=p["io_timeout_s"],
@@ -427,7 +463,7 @@ class Rsyncd:
         p = self.p
         url = f"rsync://{RSYNC_USER}@{url_host(self.t.address)}:{p['rsyncd_port']}/hf/{repo_rel}/"
         env = dict(os.environ, RSYNC_PASSWORD=self.secret)
-        return [*rsync_common(p), f"--address={p['source_address']}", "./", url], env
+        return [*rsync_common(p), f"--address={self.t.source_address}", "./", url], env
 
 
 def plan_for(target: Target, src_manifest: dict, hash_names) -> dict:
@@ -475,6 +511,36 @@ def gib(n: int) -> str:
     return f"{n / 1073741824:.1f} GiB" if n >= 1073741824 else f"{n / 1048576:.1f} MiB"
 
 
+def transport(stack: contextlib.ExitStack, module: AnsibleModule, target: Target) -> tuple:
+    """(argv, env) of an rsync to ``target``; with rsyncd its temporary daemon lives as long as ``stack``."""
+    p = module.params
+    if p["transport"] == "rsyncd":
+        daemon = stack.enter_context(Rsyncd(target, module))
+        return daemon.argv_env(os.path.basename(target.repo))
+    argv = [*rsync_common(p), "-e", shlex.join(target.ssh_argv()), "./", f"{url_host(target.address)}:{target.repo}/"]
+    return argv, None
+
+
+def copy_files(module: AnsibleModule, target: Target, channel: tuple, files: dict, *, src_repo: str, progress) -> float:
+    """Copy ``files`` (repo-relative path -> size) in parallel streams; seconds taken, or SyncError."""
+    argv, env = channel
+    lists = hf_cache.plan_streams(files, module.params["streams"])
+    start = time.monotonic()
+    with ThreadPoolExecutor(max_workers=len(lists)) as pool:
+        futures = [
+            pool.submit(hf_cache.run_stream, argv, env, names, src_repo, progress, timeout=4 * 3600) for names in lists
+        ]
+        results = [f.result() for f in futures]
+    failed = [(rc, err) for rc, err in results if rc != 0]
+    if failed:
+        rc, err = failed[0]
+        raise SyncError(
+            f"{target.address}: rsync failed (rc {rc}) in {len(failed)} of {len(lists)} stream(s): {err.strip()}. "
+            "What was copied stays; run again to copy the rest."
+        )
+    return time.monotonic() - start
+
+
 def sync_target(module: AnsibleModule, target: Target, plan: dict, src_repo: str) -> dict:
     p = module.params
     done = {"stale_temp_removed": [], "bytes_copied": 0, "files_copied": 0, "seconds": 0.0, "MB_per_s": None}
@@ -482,37 +548,10 @@ def sync_target(module: AnsibleModule, target: Target, plan: dict, src_repo: str
     done["stale_temp_removed"] = mk.get("stale_temp_removed", [])
     if plan["copy"]:
         progress = Progress(p["progress_file"], target.address, plan["bytes_to_copy"])
-        lists = hf_cache.plan_streams(plan["copy"], p["streams"])
-        repo_rel = os.path.basename(target.repo)
-        start = time.monotonic()
         with contextlib.ExitStack() as stack:
-            if p["transport"] == "rsyncd":
-                daemon = stack.enter_context(Rsyncd(target, module))
-                argv, env = daemon.argv_env(repo_rel)
-            else:
-                argv = [
-                    *rsync_common(p),
-                    "-e",
-                    shlex.join(target.ssh_argv()),
-                    "./",
-                    f"{url_host(target.address)}:{target.repo}/",
-                ]
-                env = None
-            with ThreadPoolExecutor(max_workers=len(lists)) as pool:
-                futures = [
-                    pool.submit(hf_cache.run_stream, argv, env, files, src_repo, progress, timeout=4 * 3600)
-                    for files in lists
-                ]
-                results = [f.result() for f in futures]
-        elapsed = time.monotonic() - start
+            channel = transport(stack, module, target)
+            elapsed = copy_files(module, target, channel, plan["copy"], src_repo=src_repo, progress=progress)
         progress.write(final=True)
-        failed = [(rc, err) for rc, err in results if rc != 0]
-        if failed:
-            rc, err = failed[0]
-            raise SyncError(
-                f"{target.address}: rsync failed (rc {rc}) in {len(failed)} of {len(lists)} stream(s): {err.strip()}. "
-                "What was copied stays; run again to copy the rest."
-            )
         done.update(
             bytes_copied=plan["bytes_to_copy"],
             files_copied=len(plan["copy"]),
@@ -522,6 +561,95 @@ def sync_target(module: AnsibleModule, target: Target, plan: dict, src_repo: str
     if plan["links"] or plan["refs"]:
         done.update(target.call("links", repo=target.repo, links=plan["links"], refs=plan["refs"]))
     return done
+
+
+def local_blobs(repo: str) -> tuple:
+    """(name -> size of the complete blobs here, bytes in blobs being written).
+
+    A blob under its own name is complete: rsync writes ``.<name>.XXXXXX`` and renames it at the end,
+    huggingface_hub writes ``<name>.incomplete`` and renames it; neither is a hash name.
+    """
+    done, partial = {}, 0
+    with contextlib.suppress(FileNotFoundError), os.scandir(os.path.join(repo, "blobs")) as it:
+        for entry in it:
+            with contextlib.suppress(OSError):
+                if not entry.is_file(follow_symlinks=False):
+                    continue
+                size = entry.stat(follow_symlinks=False).st_size
+                if hf_cache.hash_kind(entry.name):
+                    done[entry.name] = size
+                else:
+                    partial += size
+    return done, partial
+
+
+def follow_upstream(module: AnsibleModule, targets: list, src_repo: str, result: dict) -> dict:
+    """Forward every blob that is complete here while the upstream is still filling this node.
+
+    Returns target address -> names of the blobs forwarded. Ends when this node's snapshot is complete
+    by its list files (the final pass then copies the rest, links, refs and checks); SyncError when
+    nothing new arrived for ``io_timeout_s`` (the upstream stalled or died) or after ``follow_timeout_s``.
+    """
+    p = module.params
+    upstream = p["upstream"] or "the upstream node"
+    started = time.monotonic()
+    have: dict = {}
+    for t in targets:
+        t.call("mkdirs", repo=t.repo)
+        probe = t.call("manifest", timeout=600, repo=t.repo, revision=p["revision"], all_blobs=True, record=False)
+        have[t.address] = {n: s for n, s in probe["manifest"]["blobs"].items() if hf_cache.hash_kind(n)}
+    sent: dict = {t.address: [] for t in targets}
+    totals = result["totals"]
+    with contextlib.ExitStack() as stack:
+        channels = {t.address: transport(stack, module, t) for t in targets}
+        progress = {t.address: Progress(p["progress_file"], t.address, 0) for t in targets}
+        last_seen, last_change = None, time.monotonic()
+        while True:
+            mine = hf_cache.build_manifest(src_repo, p["revision"])
+            ready, partial = local_blobs(src_repo)
+            if mine["revision_found"] and mine["complete"]:
+                break
+            now = time.monotonic()
+            if (ready, partial) != last_seen:
+                last_seen, last_change = (ready, partial), now
+            elif now - last_change > p["io_timeout_s"]:
+                raise SyncError(
+                    f"{upstream} sent nothing for {p['io_timeout_s']} s (no blob completed or grew in "
+                    f"{src_repo}/blobs; {len(ready)} complete so far): the copy from {upstream} to this node "
+                    "stalled or failed - see that node's sync. What arrived stays; run again to resume."
+                )
+            if now - started > p["follow_timeout_s"]:
+                raise SyncError(
+                    f"this node's copy from {upstream} was not complete after follow_timeout_s="
+                    f"{p['follow_timeout_s']} s ({len(ready)} blob(s) here): "
+                    + "; ".join(hf_cache.completeness_problems(mine))
+                )
+            todo = {
+                t: {f"blobs/{n}": s for n, s in ready.items() if have[t.address].get(n) != s}
+                for t in targets
+                if any(have[t.address].get(n) != s for n, s in ready.items())
+            }
+            if not todo:
+                time.sleep(FOLLOW_POLL_S)
+                continue
+
+            def forward(t: Target, files: dict) -> float:
+                return copy_files(
+                    module, t, channels[t.address], files, src_repo=src_repo, progress=progress[t.address]
+                )
+
+            with ThreadPoolExecutor(max_workers=len(todo)) as pool:
+                futures = {t: pool.submit(forward, t, files) for t, files in todo.items()}
+                for t, fut in futures.items():
+                    fut.result()  # SyncError: the first failure ends the follow
+                    files = todo[t]
+                    names = [path.removeprefix("blobs/") for path in files]
+                    have[t.address].update({n: ready[n] for n in names})
+                    sent[t.address].extend(names)
+                    totals["bytes_copied"] += sum(files.values())
+                    totals["files_copied"] += len(files)
+    result["followed_s"] = round(time.monotonic() - started, 2)
+    return sent
 
 
 def main() -> None:
@@ -546,6 +674,10 @@ def main() -> None:
             "connect_timeout_s": {"type": "int", "default": 15},
             "io_timeout_s": {"type": "int", "default": 300},
             "hash_copied": {"type": "bool", "default": True},
+            "source_addresses": {"type": "dict", "default": {}},
+            "follow": {"type": "bool", "default": False},
+            "upstream": {"type": "str"},
+            "follow_timeout_s": {"type": "int", "default": 7200},
         },
         supports_check_mode=True,
     )
@@ -579,20 +711,26 @@ def sync(module: AnsibleModule, targets: list) -> None:
         fail(f"rsyncd_port={p['rsyncd_port']} is not a TCP port")
     if p["min_free_bytes_margin"] < 0:
         fail("min_free_bytes_margin must be >= 0")
-    for addr in [p["source_address"], *p["targets"]]:
+    p["source_addresses"] = {str(k): str(v) for k, v in (p["source_addresses"] or {}).items()}
+    for addr in [p["source_address"], *p["targets"], *p["source_addresses"], *p["source_addresses"].values()]:
         try:
             ipaddress.ip_address(addr)
         except ValueError:
             fail(f"{addr!r} is not an IP address: give the nodes' fast-link addresses (sparkops_fast_links)")
-    if p["source_address"] in p["targets"]:
-        fail(f"the source {p['source_address']} is among the targets: list only the other nodes")
+    if p["source_address"] in p["targets"] or set(p["source_addresses"].values()) & set(p["targets"]):
+        fail(f"an address of this node is among the targets {p['targets']}: list only the other nodes")
+    if set(p["source_addresses"]) - set(p["targets"]):
+        fail(f"source_addresses names {sorted(set(p['source_addresses']) - set(p['targets']))}, not among the targets")
+    if p["follow_timeout_s"] < 1 or p["io_timeout_s"] < 1:
+        fail("follow_timeout_s and io_timeout_s must be at least 1 (seconds)")
     if len(set(p["targets"])) != len(p["targets"]):
         fail(f"targets has duplicates: {p['targets']}")
-    if not local_address_ok(p["source_address"]):
-        fail(
-            f"source_address {p['source_address']} is not an address of this node: the sync must leave on "
-            "this node's fast link. Check sparkops_fast_links and that the link is configured (roce_network)."
-        )
+    for own in sorted({p["source_address"], *p["source_addresses"].values()}):
+        if not local_address_ok(own):
+            fail(
+                f"source address {own} is not an address of this node: the sync must leave on "
+                "this node's fast link. Check sparkops_fast_links and that the link is configured (roce_network)."
+            )
     if p["ssh_key"] and not os.path.isfile(p["ssh_key"]):
         fail(f"ssh_key {p['ssh_key']} does not exist on this node (run the fabric_ssh role first)")
     try:
@@ -600,6 +738,17 @@ def sync(module: AnsibleModule, targets: list) -> None:
         targets.extend(Target(module, a) for a in p["targets"])
     except ValueError as exc:
         fail(str(exc))
+
+    result["totals"] = {"bytes_to_copy": 0, "bytes_copied": 0, "files_copied": 0, "seconds": 0.0}
+    forwarded: dict = {t.address: [] for t in targets}
+    if p["follow"] and not module.check_mode:
+        # ---- forward what has arrived while the upstream still fills this node
+        follow_start = time.monotonic()
+        try:
+            forwarded = follow_upstream(module, targets, src_repo, result)
+        except SyncError as exc:
+            fail(str(exc))
+        result["totals"]["seconds"] = round(time.monotonic() - follow_start, 2)
 
     # ---- the source must be complete (and, with verify=full, correct)
     src = hf_cache.build_manifest(src_repo, p["revision"])
@@ -645,45 +794,56 @@ def sync(module: AnsibleModule, targets: list) -> None:
             + "; ".join(short)
             + ". Free space or lower weight_cache_min_free_gib."
         )
-    result["changed"] = not all(plan["in_sync"] for plan in plans)
-    total_bytes = sum(plan["bytes_to_copy"] for plan in plans)
-    result["totals"] = {"bytes_to_copy": total_bytes, "bytes_copied": 0, "files_copied": 0, "seconds": 0.0}
-    if module.check_mode or not result["changed"]:
-        result["elapsed_s"] = round(time.monotonic() - started, 2)
-        module.exit_json(**result)
+    result["changed"] = not all(plan["in_sync"] for plan in plans) or result["totals"]["files_copied"] > 0
+    result["totals"]["bytes_to_copy"] = sum(plan["bytes_to_copy"] for plan in plans)
+    if module.check_mode or all(plan["in_sync"] for plan in plans):
+        finish(module, result, started)
 
-    # ---- copy
-    copy_seconds = 0.0
-    for plan, target, summary in zip(plans, targets, result["targets"], strict=True):
-        if plan["in_sync"]:
-            continue
-        try:
-            done = sync_target(module, target, plan, src_repo)
-        except SyncError as exc:
-            fail(str(exc))
-        summary.update(done)
-        copy_seconds += done["seconds"]
-        result["totals"]["bytes_copied"] += done["bytes_copied"]
-        result["totals"]["files_copied"] += done["files_copied"]
-        # ---- check what is there now
-        try:
-            # Sizes of everything again, and the hash of what was just copied (recorded on the target,
-            # so later checks there need not read it again): the other blobs were hashed by the plan a
-            # moment ago (verify=full) or were there before.
-            copied = [path.removeprefix("blobs/") for path in plan["copy"] if path.startswith("blobs/")]
-            after = plan_for(target, src, copied if p["verify"] == "full" or p["hash_copied"] else ())
-        except SyncError as exc:
-            fail(str(exc))
+    # ---- copy to every target at once (each on its own cable), then check each
+    def one(plan: dict, target: Target) -> dict:
+        done = sync_target(module, target, plan, src_repo)
+        # Sizes of everything again, and the hash of what was just copied or forwarded (recorded on the
+        # target, so later checks there need not read it again): the other blobs were hashed by the plan
+        # a moment ago (verify=full) or were there before.
+        copied = [path.removeprefix("blobs/") for path in plan["copy"] if path.startswith("blobs/")]
+        copied += forwarded[target.address]
+        after = plan_for(target, src, copied if p["verify"] == "full" or p["hash_copied"] else ())
         if not after["in_sync"] or not after["complete"]:
-            fail(
+            raise SyncError(
                 f"{target.address}: after the copy the target still differs from the source "
                 f"(missing {after['missing'][:3]}, wrong size {after['mismatched'][:3]}, "
                 f"wrong hash {after['hash_failed'][:3]}; {'; '.join(after['problems']) or 'complete'}). "
                 "Check the target's disk and run again."
             )
-    result["totals"]["seconds"] = round(copy_seconds, 2)
-    result["totals"]["MB_per_s"] = (
-        round(result["totals"]["bytes_copied"] / 1e6 / copy_seconds, 1) if copy_seconds > 0 else None
+        return done
+
+    work = [(plan, t, summary) for plan, t, summary in zip(plans, targets, result["targets"], strict=True)]
+    work = [w for w in work if not w[0]["in_sync"]]
+    errors, seconds = [], [0.0]
+    with ThreadPoolExecutor(max_workers=len(work)) as pool:
+        futures = [(pool.submit(one, plan, t), summary) for plan, t, summary in work]
+        for fut, summary in futures:
+            try:
+                done = fut.result()
+            except SyncError as exc:
+                errors.append(str(exc))
+                continue
+            summary.update(done)
+            seconds.append(done["seconds"])
+            result["totals"]["bytes_copied"] += done["bytes_copied"]
+            result["totals"]["files_copied"] += done["files_copied"]
+    if errors:
+        fail("; ".join(errors))
+    # The copies ran side by side: the slowest is the copy time (after the follow, if any).
+    result["totals"]["seconds"] = round(result["totals"]["seconds"] + max(seconds), 2)
+    finish(module, result, started)
+
+
+def finish(module: AnsibleModule, result: dict, started: float) -> None:
+    totals = result["totals"]
+    seconds = totals.get("seconds") or 0.0
+    totals["MB_per_s"] = (
+        round(totals["bytes_copied"] / 1e6 / seconds, 1) if totals["bytes_copied"] and seconds else None
     )
     result["elapsed_s"] = round(time.monotonic() - started, 2)
     module.exit_json(**result)
