@@ -817,8 +817,7 @@ def sync(module: AnsibleModule, targets: list) -> None:
             )
         return done
 
-    work = [(plan, t, summary) for plan, t, summary in zip(plans, targets, result["targets"], strict=True)]
-    work = [w for w in work if not w[0]["in_sync"]]
+    work = [w for w in zip(plans, targets, result["targets"], strict=True) if not w[0]["in_sync"]]
     errors, seconds = [], [0.0]
     with ThreadPoolExecutor(max_workers=len(work)) as pool:
         futures = [(pool.submit(one, plan, t), summary) for plan, t, summary in work]
