@@ -26,7 +26,9 @@ print(json.dumps({"missed": missed, "modules": sorted(m for m in sys.modules if 
 
 def test_every_filter_action_and_helper_module_is_imported():
     out = subprocess.run(
-        [sys.executable, "-c", PROBE, str(ROOT / "collections")],
+        # The folder that holds ansible_collections/: collections/ in a checkout, the install tree under
+        # ansible-test.
+        [sys.executable, "-c", PROBE, str(Path(preload_plugins.__file__).parents[5])],
         capture_output=True,
         text=True,
         check=True,
