@@ -59,3 +59,22 @@ def hub_client(request):
         if os.environ.get("SPARKOPS_REQUIRE_HUB_CLIENTS") == "1":
             pytest.fail(f"SPARKOPS_REQUIRE_HUB_CLIENTS=1 but huggingface_hub {request.param} did not install: {exc}")
         pytest.skip(f"huggingface_hub {request.param} could not be installed (no PyPI?): {exc}")
+
+
+@pytest.fixture
+def sshd(tmp_path):
+    """A throw-away sshd on loopback (sshd_helpers.LoopbackSshd) for the tests that ssh to a "node".
+
+    Skipped where it cannot run (no openssh-server, not root), unless SPARKOPS_REQUIRE_SSHD=1 (CI).
+    """
+    from sshd_helpers import LoopbackSshd, sshd_available  # noqa: PLC0415 - HERE is on sys.path above
+
+    reason = sshd_available()
+    if reason:
+        if os.environ.get("SPARKOPS_REQUIRE_SSHD") == "1":
+            pytest.fail(f"SPARKOPS_REQUIRE_SSHD=1 but {reason}")
+        pytest.skip(reason)
+    (tmp_path / "ssh").mkdir()
+    server = LoopbackSshd(tmp_path / "ssh").start()
+    yield server
+    server.stop()

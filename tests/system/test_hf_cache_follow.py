@@ -18,23 +18,10 @@ import pytest
 from ansible_collections.sparkops.cluster.plugins.modules import hf_cache_manifest, hf_cache_sync
 from hf_cache_helpers import MODEL, REVISION, make_model, write_listing
 from module_runner import run_module
-from sshd_helpers import LoopbackSshd, free_port, sshd_available
+from sshd_helpers import free_port
 
-REASON = sshd_available()
 REPO = "models--" + MODEL.replace("/", "--")
 SHARDS, SHARD_BYTES = 6, 1024 * 1024
-
-
-@pytest.fixture
-def sshd(tmp_path):
-    if REASON:
-        if os.environ.get("SPARKOPS_REQUIRE_SSHD") == "1":
-            pytest.fail(f"SPARKOPS_REQUIRE_SSHD=1 but {REASON}")
-        pytest.skip(REASON)
-    (tmp_path / "ssh").mkdir()
-    server = LoopbackSshd(tmp_path / "ssh").start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture

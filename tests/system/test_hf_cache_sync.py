@@ -16,21 +16,7 @@ import pytest
 from ansible_collections.sparkops.cluster.plugins.modules import hf_cache_manifest, hf_cache_sync
 from hf_cache_helpers import MODEL, REVISION, make_model
 from module_runner import run_module
-from sshd_helpers import LoopbackSshd, free_port, sshd_available
-
-REASON = sshd_available()
-
-
-@pytest.fixture
-def sshd(tmp_path):
-    if REASON:
-        if os.environ.get("SPARKOPS_REQUIRE_SSHD") == "1":
-            pytest.fail(f"SPARKOPS_REQUIRE_SSHD=1 but {REASON}")
-        pytest.skip(REASON)
-    (tmp_path / "ssh").mkdir()
-    server = LoopbackSshd(tmp_path / "ssh").start()
-    yield server
-    server.stop()
+from sshd_helpers import free_port
 
 
 @pytest.fixture

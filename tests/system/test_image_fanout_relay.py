@@ -19,22 +19,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "unit"))
 
 from module_runner import run_module  # noqa: E402
-from sshd_helpers import LoopbackSshd, sshd_available  # noqa: E402
 
-REASON = sshd_available()
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-def sshd(tmp_path):
-    if REASON:
-        if os.environ.get("SPARKOPS_REQUIRE_SSHD") == "1":
-            pytest.fail(f"SPARKOPS_REQUIRE_SSHD=1 but {REASON}")
-        pytest.skip(REASON)
-    (tmp_path / "ssh").mkdir()
-    server = LoopbackSshd(tmp_path / "ssh").start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture
