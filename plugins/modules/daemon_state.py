@@ -267,6 +267,8 @@ def main() -> None:
     docker = None
     if p["containers"]:
         docker = p["docker_path"] if os.path.isabs(p["docker_path"]) else module.get_bin_path(p["docker_path"])
+        if docker is not None and not os.access(docker, os.X_OK):
+            docker = None
     module.exit_json(
         changed=False,
         init_system="systemd" if systemd else "sysvinit",
