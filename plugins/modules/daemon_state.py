@@ -156,14 +156,13 @@ def systemd_runs() -> bool:
 def service_state(module: AnsibleModule, name: str, systemd: bool) -> dict:
     if systemd:
         systemctl = module.get_bin_path("systemctl", required=True)
-        rc, out, _ = module.run_command([systemctl, "is-active", name])
+        out = module.run_command([systemctl, "is-active", name])[1]
         running = out.strip() in ("active", "activating", "reloading")
-        rc, _, _ = module.run_command([systemctl, "is-enabled", name])
-        return {"running": running, "enabled": rc == 0}
+        return {"running": running, "enabled": module.run_command([systemctl, "is-enabled", name])[0] == 0}
     script = f"/etc/init.d/{name}"
     if not os.access(script, os.X_OK):
         return {"running": False, "enabled": False}
-    rc, _, _ = module.run_command([script, "status"])
+    rc = module.run_command([script, "status"])[0]
     return {"running": rc == 0, "enabled": bool(glob.glob(f"/etc/rc?.d/S??{name}"))}
 
 
@@ -174,8 +173,8 @@ def missing_packages(module: AnsibleModule, names: list[str]) -> list[str]:
     if dpkg is None:
         return list(names)
     # Exit code 1 only says that some name is unknown; the lines tell which are installed.
-    _, out, _ = module.run_command([dpkg, "-W", "-f", "${Package} ${db:Status-Status}\\n", *names])
-    installed = {p for p, _, status in (line.partition(" ") for line in out.splitlines()) if status == "installed"}
+    out = module.run_command([dpkg, "-W", "-f", "${Package} ${db:Status-Status}\\n", *names])[1]
+    installed = {line.split(" ")[0] for line in out.splitlines() if line.endswith(" installed")}
     return [n for n in names if n not in installed]
 
 
@@ -209,7 +208,7 @@ def container_differences(info: dict, want: dict, image_id: str | None) -> list[
 
 
 def docker_inspect(module: AnsibleModule, docker: str, *args: str) -> dict | None:
-    rc, out, _ = module.run_command([docker, *args])
+    rc, out = module.run_command([docker, *args])[:2]
     if rc != 0:
         return None
     try:
