@@ -207,27 +207,27 @@ def container_differences(info: dict, want: dict, image_id: str | None) -> list[
     return diffs
 
 
-def docker_inspect(module: AnsibleModule, docker: str, *args: str) -> dict | None:
-    rc, out = module.run_command([docker, *args])[:2]
-    if rc != 0:
-        return None
+def docker_inspect(module: AnsibleModule, docker: str, *names: str) -> list[dict]:
+    """What one `docker inspect` finds of `names` (it exits 1 when one is missing and prints the others)."""
+    out = module.run_command([docker, "inspect", *names])[1]
     try:
         found = json.loads(out)
     except ValueError:
-        return None
-    return found[0] if found else None
+        return []
+    return found if isinstance(found, list) else []
 
 
 def container_state(module: AnsibleModule, docker: str | None, want: dict) -> dict:
     if docker is None:
         return {"exists": False, "running": False, "differences": ["no docker CLI on this node"], "matches": False}
-    info = docker_inspect(module, docker, "container", "inspect", want["name"])
+    # One docker process for the container and its image: a container has State, an image RepoTags
+    # (a container's name cannot contain the image reference's colon, and containers are looked up first).
+    found = docker_inspect(module, docker, want["name"], *([want["image"]] if want.get("image") else []))
+    info = next((o for o in found if "State" in o and o.get("Name") == "/" + want["name"]), None)
     if info is None:
         return {"exists": False, "running": False, "differences": ["no such container"], "matches": False}
-    image_id = None
-    if want.get("image") is not None:
-        image = docker_inspect(module, docker, "image", "inspect", want["image"])
-        image_id = image.get("Id") if image else None
+    image = next((o for o in found if "RepoTags" in o), None)
+    image_id = image.get("Id") if image else None
     running = bool((info.get("State") or {}).get("Running"))
     diffs = container_differences(info, want, image_id)
     return {"exists": True, "running": running, "differences": diffs, "matches": running and not diffs}

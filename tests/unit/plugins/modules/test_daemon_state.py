@@ -80,3 +80,55 @@ def test_packages_paths_and_a_missing_container_in_one_run(tmp_path):
     assert res["paths"] == {str(present): True, str(tmp_path / "absent"): False}
     assert res["containers"]["sparkops-no-such-container"]["matches"] is False
     assert res["init_system"] in ("systemd", "sysvinit")
+
+
+def recorded_docker(tmp_path: Path) -> Path:
+    """A `docker` that answers `docker inspect NAME...` from the recordings as docker 20.10 does: the
+    objects it found as one JSON list, `Error: No such object` on stderr and exit 1 for the others."""
+    objects = {
+        "sparkops-watchdog": INSPECT,
+        INSPECT["Config"]["Image"]: json.loads((FIXTURES / "docker-20.10.24_watchdog_image_inspect.json").read_text())[
+            0
+        ],
+    }
+    (tmp_path / "objects.json").write_text(json.dumps(objects))
+    script = tmp_path / "docker"
+    script.write_text(
+        "#!/usr/bin/env python3\nimport json, sys\n"
+        f"objects = json.load(open({str(tmp_path / 'objects.json')!r}))\n"
+        "assert sys.argv[1] == 'inspect'\n"
+        "found = [objects[n] for n in sys.argv[2:] if n in objects]\n"
+        "print(json.dumps(found, indent=4))\n"
+        "for n in sys.argv[2:]:\n"
+        "    if n not in objects:\n"
+        "        print(f'Error: No such object: {n}', file=sys.stderr)\n"
+        "sys.exit(0 if len(found) == len(sys.argv) - 2 else 1)\n"
+    )
+    script.chmod(0o755)
+    return script
+
+
+def test_one_docker_inspect_finds_the_container_and_its_image(tmp_path):
+    docker = recorded_docker(tmp_path)
+    missing_image = dict(WANTED, name="sparkops-watchdog", image="vllm-node:not-built")
+    res = run_module(
+        daemon_state,
+        {"containers": [WANTED], "docker_path": str(docker)},
+        check_mode=True,
+    )
+    assert res["containers"]["sparkops-watchdog"] == {
+        "exists": True,
+        "running": True,
+        "differences": [],
+        "matches": True,
+    }, res
+    res = run_module(daemon_state, {"containers": [missing_image], "docker_path": str(docker)})
+    state = res["containers"]["sparkops-watchdog"]
+    assert state["exists"] and not state["matches"] and state["differences"][0].startswith("image"), state
+    res = run_module(daemon_state, {"containers": [dict(WANTED, name="sparkops-gone")], "docker_path": str(docker)})
+    assert res["containers"]["sparkops-gone"] == {
+        "exists": False,
+        "running": False,
+        "differences": ["no such container"],
+        "matches": False,
+    }
