@@ -16,7 +16,7 @@ description:
     it from the private key, and the C(.pub) file beside it.
   - I(authorized_keys_user) - that user's C(~/.ssh/authorized_keys) lines and the modes of the file and folder.
   - I(files) - existence, kind, mode and SHA-1 of files (so the role skips a write already in place).
-  - Public keys only: no private key material is returned. Read-only.
+  - Only public keys are returned, never private key material. Read-only.
 version_added: "0.7.0"
 author:
   - sparkops maintainers (!UNKNOWN)
@@ -141,7 +141,7 @@ def main():
         argument_spec={
             "host_keys_dir": {"type": "path", "default": "/etc/ssh"},
             "key_path": {"type": "path"},
-            "authorized_keys_user": {"type": "str"},
+            "authorized_keys_user": {"type": "str", "no_log": False},
             "files": {"type": "list", "elements": "path", "default": []},
         },
         supports_check_mode=True,
