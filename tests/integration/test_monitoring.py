@@ -15,7 +15,7 @@ from urllib.parse import quote
 
 import pytest
 import yaml
-from conftest import NODES, ROOT, SIM_STATE, node_sh
+from conftest import NODES, ROOT, SIM_STATE, node_sh, recap, run_playbook
 
 HEAD = NODES[0]
 HOSTS = yaml.safe_load((ROOT / "inventory" / "sim" / "hosts.yml").read_text())
@@ -162,3 +162,53 @@ def test_an_alert_fires_when_the_vllm_double_stops(sim_cluster):
             every_s=5,
         )
     wait_for("VllmEndpointDown resolved", lambda: not firing(), 60)
+
+
+GRAFANA_DIR = "/etc/grafana"
+DASHBOARDS_DIR = "/var/lib/grafana/dashboards/sparkops"  # monitoring_grafana_dashboards_dir's default
+
+
+def test_the_dashboard_is_provisioned_where_grafana_is_installed(sim_cluster):
+    """Grafana's provisioning folder on the head only: the dashboard and both provisioning files land
+    there, and nowhere else; a rerun changes nothing. sparkops does not install Grafana, so the test
+    makes the folder a Grafana package would, and removes what it and the role made."""
+    worker = NODES[1]
+    made = [f"{GRAFANA_DIR}/provisioning/{kind}/sparkops.yml" for kind in ("dashboards", "datasources")]
+    dashboard = f"{DASHBOARDS_DIR}/sparkops-dashboard.json"
+    node_sh(HEAD, f"test ! -e {GRAFANA_DIR} && test ! -e /var/lib/grafana && mkdir -p {GRAFANA_DIR}/provisioning")
+    try:
+        first = run_playbook("playbooks/monitoring.yml", timeout=300)
+        assert first.returncode == 0, first.stdout[-3000:]
+        assert recap(first.stdout)[HEAD]["changed"] >= 1, first.stdout[-3000:]
+        assert recap(first.stdout)[worker]["changed"] == 0, "the worker has no Grafana: nothing to provision"
+        # Grafana's files are no other daemon's configuration: nothing else restarts for them (and no
+        # grafana-server runs here to restart).
+        handlers = [b for b in first.stdout.split("\n\n") if b.startswith("RUNNING HANDLER")]
+        assert not [b for b in handlers if "changed:" in b], handlers
+
+        shipped = json.loads(
+            (ROOT / "roles" / "monitoring" / "files" / "grafana" / "sparkops-dashboard.json").read_text()
+        )
+        assert json.loads(node_sh(HEAD, f"cat {dashboard}").stdout) == shipped
+        dashboards = yaml.safe_load(node_sh(HEAD, f"cat {made[0]}").stdout)
+        assert dashboards["apiVersion"] == 1
+        [provider] = dashboards["providers"]
+        assert provider["type"] == "file" and provider["options"]["path"] == DASHBOARDS_DIR, provider
+        datasources = yaml.safe_load(node_sh(HEAD, f"cat {made[1]}").stdout)
+        [source] = datasources["datasources"]
+        # Prometheus where it listens (the head's fast link).
+        assert source["type"] == "prometheus" and source["url"] == PROM, source
+        # The dashboard's panels use its `datasource` variable, which defaults to this data source.
+        [variable] = [v for v in shipped["templating"]["list"] if v["type"] == "datasource"]
+        assert variable["current"]["value"] == source["uid"] and variable["query"] == source["type"], variable
+        modes = node_sh(HEAD, f"stat -c '%a %n' {dashboard} {' '.join(made)}").stdout.split("\n")
+        assert all(line.startswith("644 ") for line in modes if line), modes
+        assert node_sh(worker, f"test -e {GRAFANA_DIR} || test -e /var/lib/grafana", check=False).returncode != 0
+
+        again = run_playbook("playbooks/monitoring.yml", timeout=300)
+        assert again.returncode == 0, again.stdout[-3000:]
+        assert {h: r["changed"] for h, r in recap(again.stdout).items()} == dict.fromkeys(NODES, 0), again.stdout[
+            -3000:
+        ]
+    finally:
+        node_sh(HEAD, f"rm -rf {GRAFANA_DIR} /var/lib/grafana", check=False)
