@@ -18,13 +18,19 @@ what=${1:-all}
 declare -a names=() times=() results=()
 failed=0
 
+# Each stage's output is also kept, so that the end of the run can repeat what a failed
+# stage printed last (CI shows the end of the output; a failure early in a 40-minute run
+# would otherwise be out of sight).
+stage_logs=$(mktemp -d)
+trap 'rm -rf "$stage_logs"' EXIT
+
 stage() {
     local name=$1; shift
     local t0=$SECONDS rc
     echo
     echo "=== stage: $name"
-    "$@"
-    rc=$?
+    "$@" 2>&1 | tee "$stage_logs/${#names[@]}.log"
+    rc=${PIPESTATUS[0]}
     names+=("$name"); times+=($((SECONDS - t0)))
     if [ "$rc" -eq 0 ]; then results+=(ok); else results+=("FAILED rc=$rc"); failed=$((failed + 1)); fi
     echo "=== stage: $name: rc=$rc in $((SECONDS - t0)) s"
@@ -122,4 +128,10 @@ for i in "${!names[@]}"; do
     printf '  %-14s %5d s  %s\n' "${names[$i]}" "${times[$i]}" "${results[$i]}"
 done
 echo "stages: $(( ${#names[@]} - failed )) passed, $failed failed"
+for i in "${!names[@]}"; do
+    [ "${results[$i]}" = ok ] && continue
+    echo
+    echo "=== what the failed stage ${names[$i]} printed last:"
+    tail -n 60 "$stage_logs/$i.log"
+done
 [ "$failed" -eq 0 ]

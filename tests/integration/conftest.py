@@ -164,7 +164,14 @@ def run_adhoc(host: str, module: str, args: dict, timeout: float = 300) -> dict:
 
 
 def api_key() -> str:
-    return (SIM_STATE / "credentials" / "api_key").read_text().strip()
+    key_file = SIM_STATE / "credentials" / "api_key"
+    if not key_file.is_file():
+        # serve.yml makes the key on the first deployment: without it the pair never got that far.
+        raise AssertionError(
+            f"{key_file} does not exist: the simulated pair was never deployed as far as serve.yml "
+            "(did molecule's converge or `make sim` fail? its output is earlier in this run)"
+        )
+    return key_file.read_text().strip()
 
 
 HEAD_FAST = "10.213.0.11"
