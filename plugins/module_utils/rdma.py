@@ -182,3 +182,38 @@ def check_roce_gid(device_info: dict, expected_ipv4: str, gid_index: int = 3, po
         "this interface (assign it, then check again)",
     )
     return result
+
+
+def gid_report(sysfs_root: str, expect: dict, gid_index: int = 3) -> dict:
+    """rdma_facts' result: the devices, netdev to device, and per expected netdev its GID check.
+
+    expect maps netdev to the IPv4 address (no prefix) it must carry as RoCE v2 GID gid_index.
+    """
+    state = read_rdma_sysfs(sysfs_root)
+    devices = state["devices"]
+    netdev_map = {nd: name for name, dev in devices.items() for nd in dev["netdevs"]}
+    checks = {}
+    for netdev, ipv4 in sorted(expect.items()):
+        name = device_for_netdev(devices, netdev)
+        if name is None:
+            where = "" if state["present"] else f" ({state['reason']})"
+            checks[netdev] = {
+                "device": None,
+                "expected_ipv4": ipv4,
+                "ok": False,
+                "status": "no_device",
+                "reason": f"no RDMA device has netdev {netdev}{where}; check the interface name (ibdev2netdev)",
+                "found": None,
+                "at_index": None,
+            }
+            continue
+        check = check_roce_gid(devices[name], ipv4, gid_index=gid_index)
+        checks[netdev] = {"device": name, "expected_ipv4": ipv4, **check}
+    return {
+        "rdma_present": state["present"],
+        "reason": state["reason"],
+        "devices": devices,
+        "netdev_to_device": netdev_map,
+        "gid_checks": checks,
+        "gid_ok": all(c["ok"] for c in checks.values()),
+    }

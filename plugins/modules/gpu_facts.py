@@ -18,6 +18,8 @@ description:
   - On a DGX Spark (GB10) C(memory.total) is C([N/A]) (unified memory); I(memory_total_mib) is then null.
   - With I(packages), also reads those Debian packages' versions and apt selections with one
     C(dpkg-query), so that a role needs no second module run for the driver packages.
+  - With I(files), also reports those files' existence, mode and SHA-1, so that a role can skip writing a file
+    (the driver pin) that is already in place, without a module run of its own.
   - Returns plain results, not ansible_facts. Read-only.
 version_added: "0.1.0"
 author:
@@ -52,6 +54,12 @@ options:
         package changed, nvidia-smi fails with a driver/library mismatch until the reboot.
     type: bool
     default: true
+  files:
+    description: Files whose existence, kind, mode and SHA-1 to report in I(files).
+    type: list
+    elements: path
+    default: []
+    version_added: "0.7.0"
 extends_documentation_fragment:
   - sparkops.cluster.attributes
   - sparkops.cluster.attributes.read_only
@@ -141,12 +149,19 @@ packages:
   returned: always
   type: dict
   sample: {"nvidia-driver-580-open": {"version": "580.95.05-0ubuntu1", "selection": "hold", "installed": true}}
+files:
+  description: Per path of I(files), C(exists), C(kind) (C(file), C(directory), C(link), C(other)), C(mode) and C(sha1).
+  returned: always
+  type: dict
+  sample: {"/etc/apt/preferences.d/sparkops-nvidia-driver-pin": {"exists": true, "kind": "file", "mode": "0644",
+           "sha1": "0a4d55a8d778e5022fab701977c5d840bbc486d0"}}
 """
 
 import subprocess
 from pathlib import Path
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.sparkops.cluster.plugins.module_utils.node_read import file_states
 from ansible_collections.sparkops.cluster.plugins.module_utils.nvidia_smi import (
     NvidiaSmiError,
     branch_status,
@@ -284,6 +299,7 @@ def main():
             "timeout_s": {"type": "float", "default": 30},
             "packages": {"type": "list", "elements": "str", "default": []},
             "query_gpu": {"type": "bool", "default": True},
+            "files": {"type": "list", "elements": "path", "default": []},
         },
         supports_check_mode=True,
     )
@@ -296,6 +312,7 @@ def main():
         module.fail_json(msg=f"timeout_s must be positive, got {p['timeout_s']:g}")
     result, error = gather(p)
     result["packages"] = read_packages(p["packages"], p["timeout_s"])
+    result["files"] = file_states(p["files"])
     if error:
         module.fail_json(msg=error, changed=False, **result)
     module.exit_json(changed=False, **result)

@@ -53,6 +53,20 @@ options:
       - Folder for the versions read from each image ID (created if missing). Unset, the probe container
         runs every time.
     type: path
+  serve_help:
+    description:
+      - Also return what the image's vLLM prints for C(vllm serve --help=all), then O(envs_marker), then the
+        C(VLLM_*) variables its C(vllm.envs) reads, one per line (none for a vLLM without
+        C(vllm.envs.environment_variables)).
+      - With O(cache_dir), a complete answer (the help exited 0) is kept in C(vllm-help-<image ID>.txt) there,
+        so a rerun on the same image ID starts no container for it.
+      - Fails when the help exits non-zero, with the end of its output.
+    type: bool
+    default: false
+  envs_marker:
+    description: The line that separates the help from the variable names in RV(serve_help).
+    type: str
+    default: "@@sparkops: VLLM_* variables@@"
 extends_documentation_fragment:
   - sparkops.cluster.attributes
   - sparkops.cluster.attributes.read_only
@@ -65,6 +79,13 @@ EXAMPLES = r"""
     pins: "{{ sparkops_image_pins }}"
     locked: "{{ sparkops_lock.versions | default({}) }}"
   register: image_versions
+
+- name: Read what an image carries and what its vLLM accepts (kept per image ID)
+  sparkops.cluster.image_versions:
+    image: vllm-node:fc08740fba1e
+    cache_dir: /var/lib/sparkops/image-probes
+    serve_help: true
+  register: image_probe
 
 - name: Only read what an image carries
   sparkops.cluster.image_versions:
@@ -95,6 +116,15 @@ image_id:
 cached:
   description: Whether the versions came from the cache file of this image ID (no container started).
   returned: always
+  type: bool
+serve_help:
+  description:
+    - C(vllm serve --help=all)'s output, O(envs_marker), then the C(VLLM_*) variable names, one per line.
+  returned: when serve_help is true
+  type: str
+serve_help_cached:
+  description: Whether RV(serve_help) came from the cache file of this image ID (no container started).
+  returned: when serve_help is true
   type: bool
 """
 
@@ -182,6 +212,72 @@ def probe(module) -> dict:
     raise AssertionError  # fail_json exits
 
 
+def serve_help(module, image_id_hex: str | None) -> tuple[str, bool]:
+    """`vllm serve --help=all`, the marker and the VLLM_* names: from the cache when kept, else one container run."""
+    p = module.params
+    cache = os.path.join(p["cache_dir"], f"vllm-help-{image_id_hex}.txt") if p["cache_dir"] and image_id_hex else None
+    if cache:
+        try:
+            with open(cache, encoding="utf-8") as f:
+                text = f.read()
+            if text:
+                return text, True
+        except OSError:
+            pass
+    # The help's exit status is the container's; a vLLM without vllm.envs.environment_variables
+    # (older releases) prints no variables, and the caller's env check is then skipped.
+    script = (
+        "vllm serve --help=all; rc=$?; printf '%s\\n' \"$SPARKOPS_ENVS_MARKER\"; "
+        "python3 -c 'import vllm.envs as e; print(chr(10).join(sorted(e.environment_variables)))' 2>/dev/null; "
+        "exit $rc"
+    )
+    res = _docker(
+        module,
+        [
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            "-e",
+            f"SPARKOPS_ENVS_MARKER={p['envs_marker']}",
+            "--entrypoint",
+            "sh",
+            p["image"],
+            "-c",
+            script,
+        ],
+        p["timeout_s"],
+    )
+    if res.returncode != 0:
+        module.fail_json(
+            msg=f"`vllm serve --help=all` in {p['image']} exited {res.returncode}: "
+            f"{(res.stderr.strip() or res.stdout.strip())[-500:]}. The image's vLLM cannot say which options it has; "
+            "check that the image is the one the build made (playbooks/image.yml).",
+            rc=res.returncode,
+        )
+    if cache and not module.check_mode:
+        try:
+            write_text(cache, res.stdout)
+        except OSError as exc:
+            module.warn(f"could not keep vLLM's options in {cache} ({exc}); the next run asks the image again")
+    return res.stdout, False
+
+
+def write_text(path: str, text: str) -> None:
+    folder = os.path.dirname(path)
+    os.makedirs(folder, mode=0o755, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".vllm-help-")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -192,6 +288,8 @@ def main():
             docker=dict(type="str", default="docker"),
             timeout_s=dict(type="float", default=180),
             cache_dir=dict(type="path"),
+            serve_help=dict(type="bool", default=False),
+            envs_marker=dict(type="str", default="@@sparkops: VLLM_* variables@@"),
         ),
         supports_check_mode=True,
     )
@@ -216,6 +314,8 @@ def main():
                 write_cache(cache, versions)
             except OSError as exc:
                 module.warn(f"could not keep the versions in {cache} ({exc}); the next run probes the image again")
+    if p["serve_help"]:
+        result["serve_help"], result["serve_help_cached"] = serve_help(module, result.get("image_id", "")[7:] or None)
     problems = compare_versions(versions, p["pins"], p["locked"])
     result.update(versions=versions, problems=problems, matches=not problems)
     if problems and p["fail_on_mismatch"]:

@@ -94,42 +94,11 @@ gid_ok:
 import ipaddress
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.sparkops.cluster.plugins.module_utils.rdma import (
-    check_roce_gid,
-    device_for_netdev,
-    read_rdma_sysfs,
-)
+from ansible_collections.sparkops.cluster.plugins.module_utils.rdma import gid_report
 
 
 def run(p: dict) -> dict:
-    state = read_rdma_sysfs(p["sysfs_root"])
-    devices = state["devices"]
-    netdev_map = {nd: name for name, dev in devices.items() for nd in dev["netdevs"]}
-    checks = {}
-    for netdev, ipv4 in sorted(p["expect"].items()):
-        name = device_for_netdev(devices, netdev)
-        if name is None:
-            where = "" if state["present"] else f" ({state['reason']})"
-            checks[netdev] = {
-                "device": None,
-                "expected_ipv4": ipv4,
-                "ok": False,
-                "status": "no_device",
-                "reason": f"no RDMA device has netdev {netdev}{where}; check the interface name (ibdev2netdev)",
-                "found": None,
-                "at_index": None,
-            }
-            continue
-        check = check_roce_gid(devices[name], ipv4, gid_index=p["gid_index"])
-        checks[netdev] = {"device": name, "expected_ipv4": ipv4, **check}
-    return {
-        "rdma_present": state["present"],
-        "reason": state["reason"],
-        "devices": devices,
-        "netdev_to_device": netdev_map,
-        "gid_checks": checks,
-        "gid_ok": all(c["ok"] for c in checks.values()),
-    }
+    return gid_report(p["sysfs_root"], p["expect"], gid_index=p["gid_index"])
 
 
 def main():

@@ -16,15 +16,32 @@ ID_B = "sha256:" + "b" * 64
 VERSIONS = {"vllm": "0.19.0", "torch": "2.12.0", "cuda": "13.2.0", "flashinfer": "0.6.6", "ray": "2.52.1", "nccl": None}
 
 
-def fake_docker(tmp_path, image_id=ID_A, versions=None):
+def fake_docker(tmp_path, image_id=ID_A, versions=None, help_rc=0):
     (tmp_path / "id").write_text(image_id)
     line = "SPARKOPS-IMAGE-VERSIONS " + json.dumps(versions or VERSIONS)
     (tmp_path / "line").write_text(line + "\n")
     script = tmp_path / "docker"
+    # `run ... --entrypoint sh IMAGE -c SCRIPT` is the options' question: the fake runs SCRIPT with a
+    # `vllm` and a `python3` of its own on PATH, so the marker and the exit status come from the
+    # module's own script.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "vllm").write_text(
+        f"#!/bin/sh\necho 'usage: vllm serve [--max-model-len MAX_MODEL_LEN]'\nexit {help_rc}\n"
+    )
+    (bin_dir / "python3").write_text("#!/bin/sh\necho VLLM_API_KEY\necho VLLM_HOST_IP\n")
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
     script.write_text(
         "#!/bin/sh\n"
         f'echo "$1 $2" >> {tmp_path}/calls\n'
         f'if [ "$1" = image ]; then cat {tmp_path}/id; echo; exit 0; fi\n'
+        'prev=; for a in "$@"; do [ "$prev" = --entrypoint ] && [ "$a" = sh ] && ep=1; prev=$a; done\n'
+        'if [ "$1" = run ] && [ -n "$ep" ]; then\n'
+        '  for a in "$@"; do case "$a" in SPARKOPS_ENVS_MARKER=*) export "$a";; esac; done\n'
+        '  while [ "$1" != "-c" ]; do shift; done\n'
+        f'  echo "run help" >> {tmp_path}/calls; PATH={bin_dir}:$PATH exec sh -c "$2"\n'
+        "fi\n"
         f'if [ "$1" = run ]; then cat {tmp_path}/line; exit 0; fi\n'
         "exit 2\n"
     )
@@ -100,3 +117,30 @@ def test_check_mode_writes_no_cache(tmp_path):
     )
     assert not res.get("failed") and res["cached"] is False
     assert not (tmp_path / "cache").exists()
+
+
+def test_vllm_options_are_asked_once_per_image_id(tmp_path):
+    docker = fake_docker(tmp_path)
+    first = run(tmp_path, docker, serve_help=True, envs_marker="@@MARK@@")
+    assert not first.get("failed"), first
+    help_text, names = first["serve_help"].split("@@MARK@@\n")
+    assert "--max-model-len" in help_text and names.split() == ["VLLM_API_KEY", "VLLM_HOST_IP"]
+    assert first["serve_help_cached"] is False
+    assert (tmp_path / "cache" / f"vllm-help-{'a' * 64}.txt").read_text() == first["serve_help"]
+
+    second = run(tmp_path, docker, serve_help=True, envs_marker="@@MARK@@")
+    assert second["serve_help_cached"] is True and second["serve_help"] == first["serve_help"]
+    assert calls(tmp_path).count("run help") == 1, "a kept answer must not start a container"
+
+
+def test_a_failing_help_fails_and_is_not_kept(tmp_path):
+    docker = fake_docker(tmp_path, help_rc=2)
+    res = run(tmp_path, docker, serve_help=True)
+    assert res["failed"] and "--help=all" in res["msg"] and "exited 2" in res["msg"]
+    assert not (tmp_path / "cache" / f"vllm-help-{'a' * 64}.txt").exists()
+
+
+def test_without_serve_help_no_options_are_asked(tmp_path):
+    docker = fake_docker(tmp_path)
+    res = run(tmp_path, docker)
+    assert "serve_help" not in res and "run help" not in calls(tmp_path)
