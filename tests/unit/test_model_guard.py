@@ -45,7 +45,7 @@ CEILING = {
     "groups['spark_head'] reads": 6,
     "head/primary address derivations": 5,
     "hostvars reach-ins": 23,
-    "tasks_from borrowing": 15,
+    "tasks_from borrowing": 12,
 }
 
 
