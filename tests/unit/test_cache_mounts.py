@@ -120,8 +120,14 @@ def test_without_the_cache_env_inductor_and_triton_caches_stay_in_tmp():
     assert all(": /tmp/torchinductor_root" in p for p in problems)
 
 
+BENCHMARK = ROOT / "benchmarks/compile_cache_reuse.py"
+
+
+# benchmarks/ stays out of the built collection (galaxy.yml build_ignore): under `ansible-test units`
+# (the installed tree) there is no benchmark to compare; `make unit` runs this from the checkout.
+@pytest.mark.skipif(not BENCHMARK.is_file(), reason="benchmarks/ is not shipped in the built collection")
 def test_the_benchmark_lays_out_what_sparkops_mounts():
-    spec = importlib.util.spec_from_file_location("compile_cache_reuse", ROOT / "benchmarks/compile_cache_reuse.py")
+    spec = importlib.util.spec_from_file_location("compile_cache_reuse", BENCHMARK)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     by_name = {v.split(":")[0].rsplit("/", 1)[-1]: v.split(":")[1] for v in _cache_volumes()}
