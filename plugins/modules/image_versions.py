@@ -179,19 +179,24 @@ def read_cache(path: str) -> dict | None:
     return versions
 
 
-def write_cache(path: str, versions: dict) -> None:
+def write_text(path: str, text: str) -> None:
+    """Replace `path` with `text` at once (a temporary file in the same folder, then a rename), mode 0644."""
     folder = os.path.dirname(path)
     os.makedirs(folder, mode=0o755, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".image-versions-")
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".sparkops-probe-")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(versions, f, sort_keys=True)
+            f.write(text)
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def write_cache(path: str, versions: dict) -> None:
+    write_text(path, json.dumps(versions, sort_keys=True))
 
 
 def probe(module) -> dict:
@@ -261,21 +266,6 @@ def serve_help(module, image_id_hex: str | None) -> tuple[str, bool]:
         except OSError as exc:
             module.warn(f"could not keep vLLM's options in {cache} ({exc}); the next run asks the image again")
     return res.stdout, False
-
-
-def write_text(path: str, text: str) -> None:
-    folder = os.path.dirname(path)
-    os.makedirs(folder, mode=0o755, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".vllm-help-")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def main():
