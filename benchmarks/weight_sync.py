@@ -83,7 +83,7 @@ def ours(sshd: LoopbackSshd, src: Path, dst: Path, transport: str, *, streams: i
         "revision": "main",
         "streams": streams,
         "transport": transport,
-        "rsyncd_port": free_port(),
+        "receiver_port": free_port(),
         "hash_copied": hash_copied,
         **sshd.module_args(),
     }
@@ -96,8 +96,8 @@ def ours(sshd: LoopbackSshd, src: Path, dst: Path, transport: str, *, streams: i
 
 
 # The module's copy alone, and with the target hashing what it received (the default: the hash is
-# recorded when a blob is written, issue 16). rsyncd is the default transport.
-VARIANTS = (("ssh", False), ("rsyncd", False), ("rsyncd", True))
+# recorded when a blob is written, issue 16). tcp is the default transport.
+VARIANTS = (("ssh", False), ("rsyncd", False), ("rsyncd", True), ("tcp", False), ("tcp", True))
 
 
 def variant_name(transport: str, hashed: bool, streams: int) -> str:
@@ -118,6 +118,13 @@ FABRIC_SSH = (
     f"-o BatchMode=yes -b {SIM_SOURCE_FAST}"
 )
 SIM_SEED = (ROOT / "sim" / "seed_shards.py").read_text()
+LOCAL_DIRECT_ROW = "local copy on one node, dd oflag=direct (transport=tcp's write path)"
+# Every blob copied by dd with O_DIRECT and fsync, one after another, timed inside the node.
+LOCAL_DIRECT = (
+    "mkdir -p {dst}; s=$(date +%s.%N); for f in $(find {src} -path '*/blobs/*' -type f); do "
+    "dd if=$f of={dst}/$(basename $f) bs=4M oflag=direct conv=fsync status=none || exit 1; done; "
+    "e=$(date +%s.%N); echo $s $e"
+)
 
 
 def docker_exec(node: str, script: str, timeout: float, stdin: str | None = None) -> str:
@@ -202,6 +209,13 @@ def sim_round(args, total: int) -> list:
     local_s = float(stamps[1]) - float(stamps[0])
     rows.append(("local copy on one node (cp -a + sync, the reference)", local_s, total))
     docker_exec(SIM_SOURCE, f"rm -rf {SIM_DIR}/local-copy", 120)
+    # The same write path as transport=tcp, on one node: what the network itself costs is the gap
+    # between this row and the tcp rows.
+    stamps = docker_exec(
+        SIM_SOURCE, LOCAL_DIRECT.format(src=f"{SIM_DIR}/src", dst=f"{SIM_DIR}/local-direct"), args.timeout_s
+    )
+    rows.append((LOCAL_DIRECT_ROW, float(stamps.split()[1]) - float(stamps.split()[0]), total))
+    docker_exec(SIM_SOURCE, f"rm -rf {SIM_DIR}/local-direct", 120)
     for transport, hashed in VARIANTS:
         out = sim_module(
             {

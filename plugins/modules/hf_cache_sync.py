@@ -13,20 +13,26 @@ description:
     manifest over SSH, copies only what the target lacks or holds with the wrong size (or, with
     I(verify=full), the wrong content), then creates the snapshot links and refs, and checks the
     result. Nothing on a target is ever deleted.
-  - The copy runs as I(streams) parallel rsync processes (whole files, no delta - the blobs are
-    immutable and the link is fast), bound to I(source_address) so it leaves on the fast link.
-    Each copied file is flushed to disk (C(--fsync), rsync >= 3.2.4 on both nodes) before the
+  - The copy runs as I(streams) parallel streams, blobs split among them by size, bound to
+    I(source_address) so it leaves on the fast link. Each copied file is flushed to disk before the
     links that make the snapshot complete are written.
-  - Everything the module does on a target (manifest, folders, the temporary daemon, links, the
+  - Everything the module does on a target (manifest, folders, the temporary receiver, links, the
     check after the copy) runs in one SSH session per target, one connection and one C(python3).
-  - I(transport=rsyncd) (the default) starts, in that session, a temporary rsync daemon on each
-    target bound to the target's fast-link address only, with C(hosts allow) = I(source_address)
-    only and a one-time password (random, per run, sent over the SSH session, never logged); it
-    listens only while the copy runs and stops when the copy ends, or when the session closes
-    because this module failed or was killed. Trade-off - the weights travel unencrypted on the
-    private fast-link cable (they are public model files; the password is not sent in clear, rsync's
-    daemon auth is a challenge-response); in exchange no CPU goes to a cipher, which measured
-    (benchmarks/weight_sync.py, 2 cores) 1.7-2.8 times the copy rate of I(transport=ssh).
+  - I(transport=tcp) (the default) starts, in that session, a temporary receiver on each target bound
+    to the target's fast-link address only, accepting only I(source_address), which must answer a
+    challenge with a one-time secret (random, per run, sent over the SSH session, never logged; it never
+    crosses the fast link). The source sends each blob with C(sendfile(2)); the target writes it with
+    coreutils C(dd oflag=direct conv=fsync) under a temporary name and renames it when complete. Only
+    C(blobs/<hash name>) can be written. O_DIRECT bypasses the page cache, which is where a copy spent
+    its time (benchmarks/weight_sync.py), and leaves no cached weights behind on a Spark, whose unified
+    memory counts them against vLLM's KV cache. On a filesystem without O_DIRECT it writes through the
+    cache and drops what it wrote (C(oflag=nocache)).
+  - I(transport=rsyncd) starts a temporary rsync daemon instead (same binding, C(hosts allow) and
+    one-time password; rsync's daemon auth is a challenge-response); rsync writes through the page cache.
+  - Both leave the weights unencrypted on the private fast-link cable (they are public model files);
+    in exchange no CPU goes to a cipher, which measured (benchmarks/weight_sync.py, 2 cores) 1.7-2.8
+    times the copy rate of I(transport=ssh). Every copied blob is hashed on the target afterwards
+    (I(hash_copied)), so what arrived is checked against its name, whatever carried it.
   - I(transport=ssh) encrypts with I(ssh_cipher) (AES-GCM is the cheapest on the GB10's Arm cores);
     use it where the fast link is shared with machines you do not trust.
   - Before anything is copied, every target's free space is checked against what the copy needs
@@ -62,16 +68,16 @@ options:
     elements: str
     required: true
   source_address:
-    description: This node's fast-link address; SSH and rsync connect from it.
+    description: This node's fast-link address; SSH and the copy connect from it.
     type: str
     required: true
   transport:
     description: How the bytes travel (see the description).
     type: str
-    choices: [ssh, rsyncd]
-    default: rsyncd
+    choices: [tcp, rsyncd, ssh]
+    default: tcp
   streams:
-    description: Parallel rsync processes per target; blobs are split among them by size.
+    description: Parallel streams (connections, or rsync processes) per target; blobs are split among them by size.
     type: int
     default: 4
   verify:
@@ -98,10 +104,11 @@ options:
     type: list
     elements: str
     default: []
-  rsyncd_port:
-    description: TCP port of the temporary rsync daemon (I(transport=rsyncd)).
+  receiver_port:
+    description: TCP port of the temporary receiver on each target (I(transport=tcp) or I(transport=rsyncd)).
     type: int
     default: 8873
+    aliases: [rsyncd_port]
   min_free_bytes_margin:
     description: Bytes a target must still have free after the copy.
     type: int
@@ -114,7 +121,7 @@ options:
     type: int
     default: 15
   io_timeout_s:
-    description: rsync's I/O timeout (C(--timeout)); a stalled stream fails after this.
+    description: I/O timeout of a stream (rsync's C(--timeout)); a stalled stream fails after this.
     type: int
     default: 300
   hash_copied:
@@ -128,7 +135,7 @@ options:
     description:
       - Per target address, this node's own address on the cable it shares with that target (a ring
         node sends each way on a different cable); targets not named here use I(source_address).
-        SSH and rsync bind to it and the temporary daemon accepts only it.
+        SSH and the copy bind to it and the temporary receiver accepts only it.
     type: dict
     default: {}
   follow:
@@ -168,7 +175,7 @@ EXAMPLES = r"""
     revision: main
     targets: [192.168.100.11]
     source_address: 192.168.100.10
-    transport: rsyncd
+    transport: tcp
     streams: 8
     ssh_key: /root/.ssh/sparkops_fabric_ed25519
     ssh_extra_args: [-o, UserKnownHostsFile=/root/.ssh/sparkops_fabric_known_hosts]
@@ -189,7 +196,10 @@ totals:
   returned: always
   type: dict
 targets:
-  description: Per target - address, plan (missing, mismatched, hash_failed, bytes_to_copy), what was done, rate.
+  description:
+    - Per target - address, plan (missing, mismatched, hash_failed, bytes_to_copy), what was done, rate.
+    - With I(transport=tcp) also C(write) (C(O_DIRECT), or buffered where the filesystem refuses it) and
+      C(verified_on_receipt) (blobs hashed as they arrived).
   returned: always
   type: list
   elements: dict
@@ -256,6 +266,9 @@ class Target:
         # This node's address on the cable to this target (a ring node has one per neighbour).
         self.source_address = (self.p.get("source_addresses") or {}).get(address) or self.p["source_address"]
         self.proc = None
+        # transport=tcp: how the target wrote (O_DIRECT or not), and the blobs it hashed as they arrived.
+        self.write = None
+        self.verified_on_receipt: set = set()
 
     def ssh_argv(self) -> list:
         p = self.p
@@ -438,7 +451,7 @@ class Rsyncd:
                 "rsyncd_start",
                 timeout=p["connect_timeout_s"] + 20,
                 address=t.address,
-                port=p["rsyncd_port"],
+                port=p["receiver_port"],
                 path=p["target_cache_dir"] or p["cache_dir"],
                 allow=t.source_address,
                 user=RSYNC_USER,
@@ -447,8 +460,8 @@ class Rsyncd:
             )
         except SyncError as exc:
             raise SyncError(
-                f"{t.address}: the temporary rsync daemon did not start on port {p['rsyncd_port']}: {exc}. "
-                "Is the port free (rsyncd_port)? Or use transport: ssh."
+                f"{t.address}: the temporary rsync daemon did not start on port {p['receiver_port']}: {exc}. "
+                "Is the port free (receiver_port)? Or use transport: ssh."
             ) from exc
         return self
 
@@ -461,7 +474,7 @@ class Rsyncd:
 
     def argv_env(self, repo_rel: str) -> tuple:
         p = self.p
-        url = f"rsync://{RSYNC_USER}@{url_host(self.t.address)}:{p['rsyncd_port']}/hf/{repo_rel}/"
+        url = f"rsync://{RSYNC_USER}@{url_host(self.t.address)}:{p['receiver_port']}/hf/{repo_rel}/"
         env = dict(os.environ, RSYNC_PASSWORD=self.secret)
         return [*rsync_common(p), f"--address={self.t.source_address}", "./", url], env
 
@@ -477,7 +490,7 @@ def plan_for(target: Target, src_manifest: dict, hash_names) -> dict:
         hash={n: src_manifest["blobs"][n] for n in hash_names},
         record=not target.m.check_mode,
     )
-    if not probe.get("rsync"):
+    if target.p["transport"] != "tcp" and not probe.get("rsync"):
         raise SyncError(f"{target.address}: rsync is not installed on the target (apt-get install rsync)")
     dst = probe["manifest"]
     diff = hf_cache.diff_manifests(src_manifest, dst)
@@ -511,32 +524,95 @@ def gib(n: int) -> str:
     return f"{n / 1073741824:.1f} GiB" if n >= 1073741824 else f"{n / 1048576:.1f} MiB"
 
 
-def transport(stack: contextlib.ExitStack, module: AnsibleModule, target: Target) -> tuple:
-    """(argv, env) of an rsync to ``target``; with rsyncd its temporary daemon lives as long as ``stack``."""
+class Receiver:
+    """transport=tcp: a temporary receiver on a target (hf_cache.TemporaryReceiver), started and
+    stopped in the target's session; :meth:`stream` sends files to it over one connection."""
+
+    def __init__(self, target: Target, module: AnsibleModule):
+        self.t, self.p = target, module.params
+        self.secret = secrets.token_hex(24)
+
+    def __enter__(self):
+        t, p = self.t, self.p
+        try:
+            started = t.call(
+                "tcp_start",
+                timeout=p["connect_timeout_s"] + 20,
+                address=t.address,
+                port=p["receiver_port"],
+                repo=t.repo,
+                allow=t.source_address,
+                secret=self.secret,
+                io_timeout=p["io_timeout_s"],
+                verify=p["hash_copied"] or p["verify"] == "full",
+            )
+        except SyncError as exc:
+            raise SyncError(
+                f"{t.address}: the temporary receiver did not start on port {p['receiver_port']}: {exc}. "
+                "Is the port free (receiver_port)? Or use transport: rsyncd."
+            ) from exc
+        self.t.write = started.get("write")
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            stopped = self.t.call("tcp_stop", timeout=self.p["io_timeout_s"] + 30)
+        except SyncError:
+            self.t.close(kill=True)  # the node stops the receiver when its session's channel closes
+            return False
+        # Hashed on receipt and recorded there: the check after the copy need not read them again.
+        self.t.verified_on_receipt.update(stopped.get("verified", []))
+        return False
+
+    def stream(self, names: list, src_repo: str, progress) -> tuple:
+        channel = {
+            "address": self.t.address,
+            "port": self.p["receiver_port"],
+            "source_address": self.t.source_address,
+            "secret": self.secret,
+            "io_timeout": self.p["io_timeout_s"],
+        }
+        return hf_cache.send_stream(channel, names, src_repo, progress)
+
+
+def transport(stack: contextlib.ExitStack, module: AnsibleModule, target: Target):
+    """A function (names, src_repo, progress) -> (rc, message) that copies files to ``target`` in one
+    stream; a temporary receiver or daemon it needs lives as long as ``stack``."""
     p = module.params
+    if p["transport"] == "tcp":
+        return stack.enter_context(Receiver(target, module)).stream
     if p["transport"] == "rsyncd":
         daemon = stack.enter_context(Rsyncd(target, module))
-        return daemon.argv_env(os.path.basename(target.repo))
-    argv = [*rsync_common(p), "-e", shlex.join(target.ssh_argv()), "./", f"{url_host(target.address)}:{target.repo}/"]
-    return argv, None
+        argv, env = daemon.argv_env(os.path.basename(target.repo))
+    else:
+        argv = [
+            *rsync_common(p),
+            "-e",
+            shlex.join(target.ssh_argv()),
+            "./",
+            f"{url_host(target.address)}:{target.repo}/",
+        ]
+        env = None
+
+    def rsync_stream(names: list, src_repo: str, progress) -> tuple:
+        return hf_cache.run_stream(argv, env, names, src_repo, progress, timeout=4 * 3600)
+
+    return rsync_stream
 
 
-def copy_files(module: AnsibleModule, target: Target, channel: tuple, files: dict, *, src_repo: str, progress) -> float:
+def copy_files(module: AnsibleModule, target: Target, stream, files: dict, *, src_repo: str, progress) -> float:
     """Copy ``files`` (repo-relative path -> size) in parallel streams; seconds taken, or SyncError."""
-    argv, env = channel
     lists = hf_cache.plan_streams(files, module.params["streams"])
     start = time.monotonic()
     with ThreadPoolExecutor(max_workers=len(lists)) as pool:
-        futures = [
-            pool.submit(hf_cache.run_stream, argv, env, names, src_repo, progress, timeout=4 * 3600) for names in lists
-        ]
+        futures = [pool.submit(stream, names, src_repo, progress) for names in lists]
         results = [f.result() for f in futures]
     failed = [(rc, err) for rc, err in results if rc != 0]
     if failed:
         rc, err = failed[0]
         raise SyncError(
-            f"{target.address}: rsync failed (rc {rc}) in {len(failed)} of {len(lists)} stream(s): {err.strip()}. "
-            "What was copied stays; run again to copy the rest."
+            f"{target.address}: the copy ({module.params['transport']}) failed (rc {rc}) in {len(failed)} of "
+            f"{len(lists)} stream(s): {err.strip()}. What was copied stays; run again to copy the rest."
         )
     return time.monotonic() - start
 
@@ -558,6 +634,8 @@ def sync_target(module: AnsibleModule, target: Target, plan: dict, src_repo: str
             seconds=round(elapsed, 2),
             MB_per_s=round(plan["bytes_to_copy"] / 1e6 / max(elapsed, 1e-6), 1),
         )
+        if target.write:
+            done.update(write=target.write, verified_on_receipt=len(target.verified_on_receipt))
     if plan["links"] or plan["refs"]:
         done.update(target.call("links", repo=target.repo, links=plan["links"], refs=plan["refs"]))
     return done
@@ -661,14 +739,14 @@ def main() -> None:
             "revision": {"type": "str", "required": True},
             "targets": {"type": "list", "elements": "str", "required": True},
             "source_address": {"type": "str", "required": True},
-            "transport": {"type": "str", "choices": ["ssh", "rsyncd"], "default": "rsyncd"},
+            "transport": {"type": "str", "choices": ["tcp", "rsyncd", "ssh"], "default": "tcp"},
             "streams": {"type": "int", "default": 4},
             "verify": {"type": "str", "choices": ["sizes", "full"], "default": "sizes"},
             "ssh_user": {"type": "str", "default": "root"},
             "ssh_key": {"type": "path"},
             "ssh_cipher": {"type": "str", "default": "aes128-gcm@openssh.com"},
             "ssh_extra_args": {"type": "list", "elements": "str", "default": []},
-            "rsyncd_port": {"type": "int", "default": 8873},
+            "receiver_port": {"type": "int", "default": 8873, "aliases": ["rsyncd_port"]},
             "min_free_bytes_margin": {"type": "int", "default": 0},
             "progress_file": {"type": "path"},
             "connect_timeout_s": {"type": "int", "default": 15},
@@ -706,9 +784,9 @@ def sync(module: AnsibleModule, targets: list) -> None:
 
     # ---- arguments
     if not 1 <= p["streams"] <= 64:
-        fail(f"streams={p['streams']}: use 1 to 64 parallel rsync processes")
-    if not 1 <= p["rsyncd_port"] <= 65535:
-        fail(f"rsyncd_port={p['rsyncd_port']} is not a TCP port")
+        fail(f"streams={p['streams']}: use 1 to 64 parallel streams")
+    if not 1 <= p["receiver_port"] <= 65535:
+        fail(f"receiver_port={p['receiver_port']} is not a TCP port")
     if p["min_free_bytes_margin"] < 0:
         fail("min_free_bytes_margin must be >= 0")
     p["source_addresses"] = {str(k): str(v) for k, v in (p["source_addresses"] or {}).items()}
@@ -807,6 +885,7 @@ def sync(module: AnsibleModule, targets: list) -> None:
         # a moment ago (verify=full) or were there before.
         copied = [path.removeprefix("blobs/") for path in plan["copy"] if path.startswith("blobs/")]
         copied += forwarded[target.address]
+        copied = [name for name in copied if name not in target.verified_on_receipt]
         after = plan_for(target, src, copied if p["verify"] == "full" or p["hash_copied"] else ())
         if not after["in_sync"] or not after["complete"]:
             raise SyncError(

@@ -96,7 +96,7 @@ def follow_args(sshd, chain, **kw):
         "model": MODEL,
         "revision": "main",
         "streams": 2,
-        "rsyncd_port": free_port(),
+        "receiver_port": free_port(),
         "follow": True,
         "upstream": "spark-up",
         "io_timeout_s": 10,

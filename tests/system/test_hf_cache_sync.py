@@ -35,7 +35,7 @@ def sync_args(sshd, caches, **kw):
         "model": MODEL,
         "revision": "main",
         "streams": 3,
-        "rsyncd_port": free_port(),  # rsyncd is the default transport: never a fixed port in tests
+        "receiver_port": free_port(),  # the receiver (tcp or rsyncd) listens on it: never a fixed port in tests
         **sshd.module_args(),
     }
     args.update(kw)
@@ -133,7 +133,7 @@ def test_not_enough_space_is_refused_with_figures_and_copies_nothing(sshd, cache
 
 def test_rsyncd_transport_copies_and_stops_its_daemon(sshd, caches):
     port = free_port()
-    res = run_module(hf_cache_sync, sync_args(sshd, caches, transport="rsyncd", rsyncd_port=port))
+    res = run_module(hf_cache_sync, sync_args(sshd, caches, transport="rsyncd", receiver_port=port))
     assert not res.get("failed"), res.get("msg")
     assert res["totals"]["files_copied"] == 5
     assert target_manifest(caches, verify="full")["complete"]
@@ -143,10 +143,42 @@ def test_rsyncd_transport_copies_and_stops_its_daemon(sshd, caches):
         s.connect(("127.0.0.2", port))
 
 
+def test_tcp_transport_hashes_on_receipt_records_it_and_stops_its_receiver(sshd, caches):
+    port = free_port()
+    res = run_module(hf_cache_sync, sync_args(sshd, caches, transport="tcp", receiver_port=port))
+    assert not res.get("failed"), res.get("msg")
+    target = res["targets"][0]
+    assert target["files_copied"] == 5 and target["verified_on_receipt"] == 5
+    assert target["write"] in ("O_DIRECT", "buffered, then dropped from the page cache")
+    # The receiver recorded what it hashed, so the check after the copy did not read it again and a
+    # later sizes check on that node trusts it.
+    repo = caches["dst"] / f"models--{MODEL.replace('/', '--')}"
+    record = json.loads((repo / ".sparkops" / "hashed-blobs.json").read_text())["blobs"]
+    assert set(record) == set(caches["names"].values())
+    assert target_manifest(caches, verify="full")["complete"]
+    with socket.socket() as s, pytest.raises(OSError):
+        s.settimeout(1)
+        s.connect(("127.0.0.2", port))
+
+
+def test_tcp_receiver_port_in_use_fails_clearly_and_copies_nothing(sshd, caches):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.2", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        res = run_module(hf_cache_sync, sync_args(sshd, caches, transport="tcp", receiver_port=port))
+    assert res["failed"]
+    assert f"the temporary receiver did not start on port {port}" in res["msg"]
+    assert "Is the port free (receiver_port)?" in res["msg"]
+    assert not list((caches["dst"] / f"models--{MODEL.replace('/', '--')}" / "blobs").iterdir())
+
+
 def test_ssh_transport_copies_and_opens_no_listener(sshd, caches, monkeypatch):
     listening = []
     real = hf_cache_sync.Rsyncd.__enter__
     monkeypatch.setattr(hf_cache_sync.Rsyncd, "__enter__", lambda self: listening.append(1) or real(self))
+    real_tcp = hf_cache_sync.Receiver.__enter__
+    monkeypatch.setattr(hf_cache_sync.Receiver, "__enter__", lambda self: listening.append(1) or real_tcp(self))
     res = run_module(hf_cache_sync, sync_args(sshd, caches, transport="ssh"))
     assert not res.get("failed"), res.get("msg")
     assert res["totals"]["files_copied"] == 5
@@ -211,7 +243,7 @@ def _rsync_to_daemon(caches, port, source, password, tmp_path):
 
 def test_temporary_daemon_accepts_only_the_source_with_the_secret(sshd, caches, tmp_path):
     target, p = _session(sshd, caches)
-    port = p["rsyncd_port"]
+    port = p["receiver_port"]
     try:
         target.call("mkdirs", repo=target.repo)
         _start_daemon(target, caches, port, "s3cret-for-this-run")
@@ -237,7 +269,7 @@ def test_temporary_daemon_accepts_only_the_source_with_the_secret(sshd, caches, 
 def test_temporary_daemon_stops_when_the_session_closes(sshd, caches):
     # As when the module dies mid-copy: no rsyncd_stop, only the channel's EOF.
     target, p = _session(sshd, caches)
-    port = p["rsyncd_port"]
+    port = p["receiver_port"]
     _start_daemon(target, caches, port, "x" * 48)
     socket.create_connection(("127.0.0.2", port), timeout=2).close()
     target.close()
