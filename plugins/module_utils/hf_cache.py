@@ -807,6 +807,7 @@ class TemporaryReceiver:
         self.stats = {"files": 0, "bytes": 0, "refused": [], "errors": []}
         self.verified: list = []
         self.workers: list = []
+        self.conns: set = set()
         self.stopping = False
         fam = socket.AF_INET6 if ":" in args["address"] else socket.AF_INET
         self.sock = socket.socket(fam, socket.SOCK_STREAM)
@@ -834,6 +835,7 @@ class TemporaryReceiver:
             t = threading.Thread(target=self._serve, args=(conn,), daemon=True)
             with self.lock:
                 self.workers.append(t)
+                self.conns.add(conn)
             t.start()
 
     def _serve(self, conn) -> None:
@@ -865,6 +867,8 @@ class TemporaryReceiver:
                 with self.lock:
                     self.stats["errors"].append(f"connection from {self.allow}: {exc}")
         finally:
+            with self.lock:
+                self.conns.discard(conn)
             conn.close()
 
     def _receive(self, conn, meta: dict) -> int:
@@ -940,9 +944,12 @@ class TemporaryReceiver:
             self.sock.shutdown(socket.SHUT_RDWR)
         self.sock.close()
         with self.lock:
-            workers = list(self.workers)
-        for t in workers:  # each ends at its stream's end, or within io_timeout of a stalled one
-            t.join(timeout=self.io_timeout + 5)
+            workers, conns = list(self.workers), list(self.conns)
+        for conn in conns:  # the source is done (its streams ended) or gone: wake any blocked read
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+        for t in workers:
+            t.join(timeout=30)
         self.acceptor.join(timeout=5)
         with self.lock:
             verified = sorted(set(self.verified))

@@ -87,8 +87,13 @@ def test_deployed_model_is_the_same_on_both_nodes():
     assert res.stdout.strip() == ""
 
 
-def test_interrupted_sync_resumes_with_only_what_is_missing(fault_model):
-    args = sync_args(cache_dir=FAULT_HUB, model=FAULT_MODEL, revision="main", streams=1)
+# What receives on the target, per transport: the session's own receiver (tcp) or rsync's daemon.
+RECEIVER_PROCESS = {"tcp": "-f sparkops_hf_cache_remote", "rsyncd": "-x rsync"}
+
+
+@pytest.mark.parametrize("transport", ["tcp", "rsyncd"])
+def test_interrupted_sync_resumes_with_only_what_is_missing(fault_model, transport):
+    args = sync_args(cache_dir=FAULT_HUB, model=FAULT_MODEL, revision="main", streams=1, transport=transport)
     cmd = [
         str(ROOT / ".venv" / "bin" / "ansible"),
         SOURCE,
@@ -99,31 +104,41 @@ def test_interrupted_sync_resumes_with_only_what_is_missing(fault_model):
         "-a",
         json.dumps(args),
     ]
+    # Kill the receiving process once 3 blobs are complete on the target. The watch runs inside the
+    # node (a 5 ms poll, bounded to 120 s): a copy at disk speed takes well under a second, far less
+    # than one `docker exec` per look would need to catch it midway.
+    watch = subprocess.Popen(
+        [
+            "docker",
+            "exec",
+            TARGET,
+            "timeout",
+            "120",
+            "bash",
+            "-c",
+            f"until [ $(ls {FAULT_REPO}/blobs 2>/dev/null | grep -c '^[0-9a-f]') -ge 3 ]; do sleep 0.005; done; "
+            f"pkill -KILL {RECEIVER_PROCESS[transport]}",
+        ]
+    )
+    time.sleep(0.5)  # the watch is running before the copy starts
     proc = subprocess.Popen(cmd, cwd=ROOT, env=ansible_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    # Wait (bounded) until a few blobs are complete on the target, then kill the receiving rsync.
-    deadline = time.monotonic() + 120
-    done_before = {}
-    while time.monotonic() < deadline and proc.poll() is None:
-        done_before = blobs(TARGET, FAULT_REPO)
-        if len(done_before) >= 3:
-            node_sh(TARGET, "pkill -KILL -x rsync || true")
-            break
-        time.sleep(0.05)
-    out = proc.communicate(timeout=120)[0].decode(errors="replace")
-    if len(done_before) < 3 or len(done_before) >= FAULT_SHARDS:
-        pytest.fail(f"could not interrupt the copy midway (complete blobs seen: {len(done_before)}): {out[-1500:]}")
-    assert proc.returncode != 0, "the killed copy must fail"
-    assert "rsync failed" in out and "run again" in out
+    out = proc.communicate(timeout=180)[0].decode(errors="replace")
+    watch.wait(timeout=130)
     complete = blobs(TARGET, FAULT_REPO)
-    assert 3 <= len(complete) < FAULT_SHARDS
+    if not 3 <= len(complete) < FAULT_SHARDS:
+        pytest.fail(f"could not interrupt the copy midway (complete blobs: {len(complete)}): {out[-1500:]}")
+    assert proc.returncode != 0, "the killed copy must fail"
+    assert f"the copy ({transport}) failed" in out and "run again" in out
 
     res = run_adhoc(SOURCE, "sparkops.cluster.hf_cache_sync", args)
     assert not res.get("failed"), res.get("msg")
     shard = FAULT_SHARD_MIB << 20
-    # Only what was missing (the blob being written when rsync died included) travels again.
+    # Only what was missing (the blob being written when the receiver died included) travels again,
+    # and what the killed one left half-written is cleaned up.
     assert res["totals"]["files_copied"] == FAULT_SHARDS - len(complete)
     assert res["totals"]["bytes_copied"] == (FAULT_SHARDS - len(complete)) * shard
     after = blobs(TARGET, FAULT_REPO)
+    assert node_sh(TARGET, f"ls -A {FAULT_REPO}/blobs | grep '^[.]' || true").stdout.strip() == ""
     assert len(after) == FAULT_SHARDS
     for name, (inode, _size) in complete.items():
         assert after[name][0] == inode, f"{name} was complete and was copied again"

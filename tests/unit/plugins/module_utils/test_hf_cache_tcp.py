@@ -139,10 +139,9 @@ def test_wrong_secret_or_wrong_source_is_refused_and_nothing_is_written(repos):
 
 def test_it_listens_on_its_address_only(repos):
     _, dst = repos
-    with receiver(dst) as (_, port):
-        with socket.socket() as s, pytest.raises(OSError):
-            s.settimeout(1)
-            s.connect(("127.0.0.3", port))
+    with receiver(dst) as (_, port), socket.socket() as s, pytest.raises(OSError):
+        s.settimeout(1)
+        s.connect(("127.0.0.3", port))
     with socket.socket() as s, pytest.raises(OSError):  # and not at all once stopped
         s.settimeout(1)
         s.connect(("127.0.0.1", port))
@@ -254,3 +253,21 @@ def test_remote_main_starts_and_stops_the_receiver_and_stops_it_at_eof(repos):
     with socket.socket() as s, pytest.raises(OSError):
         s.settimeout(1)
         s.connect(("127.0.0.1", port))
+
+
+def test_stop_does_not_wait_for_a_stalled_sender(repos):
+    # The session ends (the source module failed or was killed) while a stream is stuck midway: the
+    # receiver must not sit out its io_timeout (300 s by default) before the session can end.
+    _, dst = repos
+    name = "blobs/" + "c" * 64
+    with receiver(dst, io_timeout=300) as (rcv, port), raw_client(port) as conn:
+        hf_cache._send_msg(conn, {"name": name, "size": 1 << 20})
+        conn.sendall(b"x" * 1000)
+        deadline = time.monotonic() + 10
+        while not temp_files(dst) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert temp_files(dst), "the receiver never started the blob"
+        started = time.monotonic()
+        rcv.stop()
+        assert time.monotonic() - started < 10
+    assert temp_files(dst) == [] and not (dst / name).exists()
