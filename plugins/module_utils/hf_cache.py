@@ -771,8 +771,9 @@ def direct_io_ok(directory: str) -> bool:
 def _temp_name(blob_dir: str, name: str) -> str:
     """A new empty ``.<name>.XXXXXX`` (rsync's pattern: node_mkdirs removes a cut transfer's leftover)."""
     alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
-    for _ in range(100):
-        path = os.path.join(blob_dir, f".{name}.{''.join(secrets.choice(alphabet) for _ in range(6))}")
+    for _attempt in range(100):
+        suffix = "".join(secrets.choice(alphabet) for _position in range(6))
+        path = os.path.join(blob_dir, f".{name}.{suffix}")
         try:
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
             return path

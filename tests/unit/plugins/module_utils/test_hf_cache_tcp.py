@@ -138,8 +138,9 @@ def test_wrong_secret_or_wrong_source_is_refused_and_nothing_is_written(repos):
 
 
 def test_it_listens_on_its_address_only(repos):
-    _, dst = repos
-    with receiver(dst) as (_, port), socket.socket() as s, pytest.raises(OSError):
+    dst = repos[1]
+    with receiver(dst) as (rcv, port), socket.socket() as s, pytest.raises(OSError):
+        assert rcv.sock.getsockname() == ("127.0.0.1", port)
         s.settimeout(1)
         s.connect(("127.0.0.3", port))
     with socket.socket() as s, pytest.raises(OSError):  # and not at all once stopped
@@ -159,11 +160,13 @@ def raw_client(port: int):
     ["../../outside", "blobs/../../outside", "snapshots/" + "a" * 40 + "/x", "blobs/not-a-hash", "blobs/" + "A" * 64],
 )
 def test_only_blobs_with_hash_names_can_be_written(repos, tmp_path, name):
-    _, dst = repos
-    with receiver(dst) as (rcv, port), raw_client(port) as conn:
-        hf_cache._send_msg(conn, {"name": name, "size": 3})
-        conn.sendall(b"bad")
-        answer = hf_cache._recv_msg(conn)
+    dst = repos[1]
+    with receiver(dst) as (rcv, port):
+        conn = raw_client(port)
+        with conn:
+            hf_cache._send_msg(conn, {"name": name, "size": 3})
+            conn.sendall(b"bad")
+            answer = hf_cache._recv_msg(conn)
     assert "only blobs/<hash name> are received" in answer["error"]
     assert rcv.stats["files"] == 0
     assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == []
@@ -194,14 +197,16 @@ def test_without_verify_nothing_is_hashed_or_recorded(repos):
 
 
 def test_a_stalled_sender_fails_after_the_io_timeout_and_leaves_no_temp(repos):
-    _, dst = repos
+    dst = repos[1]
     name = "blobs/" + "b" * 64
-    with receiver(dst, io_timeout=1) as (rcv, port), raw_client(port) as conn:
-        hf_cache._send_msg(conn, {"name": name, "size": 1 << 20})
-        conn.sendall(b"only a little")
-        started = time.monotonic()
-        answer = hf_cache._recv_msg(conn)  # the receiver gives up and says why
-        waited = time.monotonic() - started
+    with receiver(dst, io_timeout=1) as (rcv, port):
+        conn = raw_client(port)
+        with conn:
+            hf_cache._send_msg(conn, {"name": name, "size": 1 << 20})
+            conn.sendall(b"only a little")
+            started = time.monotonic()
+            answer = hf_cache._recv_msg(conn)  # the receiver gives up and says why
+            waited = time.monotonic() - started
     assert "timed out" in answer["error"] and 0.5 < waited < 10
     assert temp_files(dst) == [] and not (dst / name).exists()
     assert rcv.stats["files"] == 0
@@ -258,16 +263,18 @@ def test_remote_main_starts_and_stops_the_receiver_and_stops_it_at_eof(repos):
 def test_stop_does_not_wait_for_a_stalled_sender(repos):
     # The session ends (the source module failed or was killed) while a stream is stuck midway: the
     # receiver must not sit out its io_timeout (300 s by default) before the session can end.
-    _, dst = repos
+    dst = repos[1]
     name = "blobs/" + "c" * 64
-    with receiver(dst, io_timeout=300) as (rcv, port), raw_client(port) as conn:
-        hf_cache._send_msg(conn, {"name": name, "size": 1 << 20})
-        conn.sendall(b"x" * 1000)
-        deadline = time.monotonic() + 10
-        while not temp_files(dst) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert temp_files(dst), "the receiver never started the blob"
-        started = time.monotonic()
-        rcv.stop()
-        assert time.monotonic() - started < 10
+    with receiver(dst, io_timeout=300) as (rcv, port):
+        conn = raw_client(port)
+        with conn:
+            hf_cache._send_msg(conn, {"name": name, "size": 1 << 20})
+            conn.sendall(b"x" * 1000)
+            deadline = time.monotonic() + 10
+            while not temp_files(dst) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert temp_files(dst), "the receiver never started the blob"
+            started = time.monotonic()
+            rcv.stop()
+            assert time.monotonic() - started < 10
     assert temp_files(dst) == [] and not (dst / name).exists()
