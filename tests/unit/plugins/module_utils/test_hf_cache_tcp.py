@@ -155,6 +155,17 @@ def raw_client(port: int):
     return conn
 
 
+@contextlib.contextmanager
+def half_sent_blob(dst, name: str, first_bytes: bytes, io_timeout: float):
+    """A receiver, and a connection to it that announced a 1 MiB blob and sent only ``first_bytes``."""
+    with receiver(dst, io_timeout=io_timeout) as (rcv, port):
+        conn = raw_client(port)
+        with conn:
+            hf_cache._send_msg(conn, {"name": name, "size": 1 << 20})
+            conn.sendall(first_bytes)
+            yield rcv, conn
+
+
 @pytest.mark.parametrize(
     "name",
     ["../../outside", "blobs/../../outside", "snapshots/" + "a" * 40 + "/x", "blobs/not-a-hash", "blobs/" + "A" * 64],
@@ -199,14 +210,10 @@ def test_without_verify_nothing_is_hashed_or_recorded(repos):
 def test_a_stalled_sender_fails_after_the_io_timeout_and_leaves_no_temp(repos):
     dst = repos[1]
     name = "blobs/" + "b" * 64
-    with receiver(dst, io_timeout=1) as (rcv, port):
-        conn = raw_client(port)
-        with conn:
-            hf_cache._send_msg(conn, {"name": name, "size": 1 << 20})
-            conn.sendall(b"only a little")
-            started = time.monotonic()
-            answer = hf_cache._recv_msg(conn)  # the receiver gives up and says why
-            waited = time.monotonic() - started
+    with half_sent_blob(dst, name, b"only a little", io_timeout=1) as (rcv, conn):
+        started = time.monotonic()
+        answer = hf_cache._recv_msg(conn)  # the receiver gives up and says why
+        waited = time.monotonic() - started
     assert "timed out" in answer["error"] and 0.5 < waited < 10
     assert temp_files(dst) == [] and not (dst / name).exists()
     assert rcv.stats["files"] == 0
@@ -265,16 +272,12 @@ def test_stop_does_not_wait_for_a_stalled_sender(repos):
     # receiver must not sit out its io_timeout (300 s by default) before the session can end.
     dst = repos[1]
     name = "blobs/" + "c" * 64
-    with receiver(dst, io_timeout=300) as (rcv, port):
-        conn = raw_client(port)
-        with conn:
-            hf_cache._send_msg(conn, {"name": name, "size": 1 << 20})
-            conn.sendall(b"x" * 1000)
-            deadline = time.monotonic() + 10
-            while not temp_files(dst) and time.monotonic() < deadline:
-                time.sleep(0.01)
-            assert temp_files(dst), "the receiver never started the blob"
-            started = time.monotonic()
-            rcv.stop()
-            assert time.monotonic() - started < 10
+    with half_sent_blob(dst, name, b"x" * 1000, io_timeout=300) as (rcv, _conn):
+        deadline = time.monotonic() + 10
+        while not temp_files(dst) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert temp_files(dst), "the receiver never started the blob"
+        started = time.monotonic()
+        rcv.stop()
+        assert time.monotonic() - started < 10
     assert temp_files(dst) == [] and not (dst / name).exists()
