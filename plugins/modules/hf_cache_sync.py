@@ -126,9 +126,11 @@ options:
     default: 300
   hash_copied:
     description:
-      - After the copy, hash every copied blob on the target and record the match there
+      - Hash every copied blob on the target and record the match there
         (C(.sparkops/hashed-blobs.json)), so a later size check can tell a blob changed since.
-        Costs one read of the copied bytes on the target.
+      - With I(transport=tcp) the target hashes each blob from its receive buffer as it arrives and
+        gives it its name only if the hash matches (no second read). With C(rsyncd) and C(ssh) it is
+        hashed after the copy, which costs one read of the copied bytes on the target.
     type: bool
     default: true
   source_addresses:
