@@ -31,8 +31,8 @@ description:
     one-time password; rsync's daemon auth is a challenge-response); rsync writes through the page cache.
   - Both leave the weights unencrypted on the private fast-link cable (they are public model files);
     in exchange no CPU goes to a cipher, which measured (benchmarks/weight_sync.py, 2 cores) 1.7-2.8
-    times the copy rate of I(transport=ssh). Every copied blob is hashed on the target afterwards
-    (I(hash_copied)), so what arrived is checked against its name, whatever carried it.
+    times the copy rate of I(transport=ssh). Every copied blob is hashed on the target (I(hash_copied);
+    with C(tcp) as it arrives), so what arrived is checked against its name, whatever carried it.
   - I(transport=ssh) encrypts with I(ssh_cipher) (AES-GCM is the cheapest on the GB10's Arm cores);
     use it where the fast link is shared with machines you do not trust.
   - Before anything is copied, every target's free space is checked against what the copy needs
