@@ -422,8 +422,8 @@ def hash_kind(name: str) -> str | None:
     return None
 
 
-def verify_blob(path: str, name: str) -> bool:
-    """Whether the file at ``path`` hashes to its blob ``name``.
+def blob_hasher(name: str, size: int):
+    """A hash object that, fed a blob's ``size`` bytes, gives its ``name`` if the content is right.
 
     64-hex names are sha256 of the content; 40-hex names are git blob ids, sha1 of
     ``b"blob <size>\\0" + content``. ValueError for a name that is neither (nothing to check against).
@@ -432,10 +432,15 @@ def verify_blob(path: str, name: str) -> bool:
     if kind is None:
         raise ValueError(f"blob name {name!r} is neither a sha256 nor a git sha1: it cannot be verified")
     if kind == "sha256":
-        h = hashlib.sha256()
-    else:
-        h = hashlib.sha1()  # noqa: S324 - git's object id, not a security use
-        h.update(b"blob %d\0" % os.path.getsize(path))
+        return hashlib.sha256()
+    h = hashlib.sha1()  # noqa: S324 - git's object id, not a security use
+    h.update(b"blob %d\0" % size)
+    return h
+
+
+def verify_blob(path: str, name: str) -> bool:
+    """Whether the file at ``path`` hashes to its blob ``name`` (see :func:`blob_hasher`)."""
+    h = blob_hasher(name, os.path.getsize(path))
     with open(path, "rb") as f:
         while chunk := f.read(CHUNK):
             h.update(chunk)
@@ -709,6 +714,7 @@ class TemporaryRsyncd:
 # against vLLM's KV cache at its start (docs/cold-start.md); O_DIRECT leaves none behind.
 
 AUTH_NONCE_BYTES = 32
+AUTH_ANSWER_BYTES = hashlib.sha256().digest_size  # tcp_auth's HMAC-SHA256
 TCP_HEADER = struct.Struct("!I")
 TCP_MAX_HEADER = 4096
 TCP_CHUNK = 4 << 20  # a multiple of every disk's logical block size, for O_DIRECT
@@ -716,8 +722,8 @@ DIRECT_ALIGN = 4096
 
 
 def _recv_exact(conn, n: int) -> bytes:
-    """Exactly ``n`` bytes from ``conn`` (never more: what follows a header belongs to dd); EOFError
-    when the peer closed first."""
+    """Exactly ``n`` bytes from ``conn`` (never more: what follows a header is the blob's, read into
+    the aligned buffer); EOFError when the peer closed first."""
     buf = bytearray()
     while len(buf) < n:
         chunk = conn.recv(n - len(buf))
@@ -737,8 +743,7 @@ def _recv_msg(conn) -> dict | None:
     first = conn.recv(TCP_HEADER.size)
     if not first:
         return None
-    raw = first + _recv_exact(conn, TCP_HEADER.size - len(first)) if len(first) < TCP_HEADER.size else first
-    (n,) = TCP_HEADER.unpack(raw)
+    (n,) = TCP_HEADER.unpack(first + _recv_exact(conn, TCP_HEADER.size - len(first)))
     if n > TCP_MAX_HEADER:
         raise ValueError(f"a header of {n} bytes: not a sparkops sender")
     return json.loads(_recv_exact(conn, n))
@@ -759,8 +764,8 @@ def direct_io_ok(directory: str) -> bool:
     except OSError:
         return False
     try:
-        with mmap.mmap(-1, 4096) as page:  # page-aligned, as O_DIRECT wants
-            return os.write(fd, page) == 4096
+        with mmap.mmap(-1, DIRECT_ALIGN) as page:  # page-aligned, as O_DIRECT wants
+            return os.write(fd, page) == DIRECT_ALIGN
     except OSError:
         return False
     finally:
@@ -799,7 +804,7 @@ class TemporaryReceiver:
         self.blob_dir = os.path.join(self.repo, "blobs")
         os.makedirs(self.blob_dir, exist_ok=True)
         self.secret = args["secret"]
-        self.allow = str(ipaddress_normal(args["allow"]))
+        self.allow = ipaddress_normal(args["allow"])
         self.io_timeout = float(args.get("io_timeout", 300))
         self.verify = bool(args.get("verify", True))
         # Without O_DIRECT (tmpfs, for one) it writes through the cache and drops what it wrote.
@@ -828,7 +833,7 @@ class TemporaryReceiver:
                 conn, peer = self.sock.accept()
             except OSError:
                 return  # the socket was closed: stop() was called
-            if str(ipaddress_normal(peer[0])) != self.allow:
+            if ipaddress_normal(peer[0]) != self.allow:
                 with self.lock:
                     self.stats["refused"].append(peer[0])
                 conn.close()
@@ -844,7 +849,7 @@ class TemporaryReceiver:
         try:
             nonce = secrets.token_bytes(AUTH_NONCE_BYTES)
             conn.sendall(nonce)
-            if not hmac.compare_digest(_recv_exact(conn, 32), tcp_auth(self.secret, nonce)):
+            if not hmac.compare_digest(_recv_exact(conn, AUTH_ANSWER_BYTES), tcp_auth(self.secret, nonce)):
                 with self.lock:
                     self.stats["refused"].append("wrong secret")
                 return
@@ -875,16 +880,9 @@ class TemporaryReceiver:
     def _receive(self, conn, meta: dict) -> int:
         rel, size = meta.get("name", ""), meta.get("size")
         name = rel.removeprefix("blobs/")
-        kind = hash_kind(name)
-        if rel != f"blobs/{name}" or not kind or not isinstance(size, int) or size < 0:
+        if rel != f"blobs/{name}" or not hash_kind(name) or not isinstance(size, int) or size < 0:
             raise ValueError(f"refusing {rel!r} ({size!r} bytes): only blobs/<hash name> are received")
-        if not self.verify:
-            h = None
-        elif kind == "sha256":
-            h = hashlib.sha256()
-        else:
-            h = hashlib.sha1()  # noqa: S324 - git's object id, not a security use
-            h.update(b"blob %d\0" % size)
+        h = blob_hasher(name, size) if self.verify else None
         tmp = _temp_name(self.blob_dir, name)
         try:
             fd = os.open(tmp, os.O_WRONLY | (os.O_DIRECT if self.direct else 0))

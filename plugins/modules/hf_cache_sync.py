@@ -533,6 +533,13 @@ class Receiver:
     def __init__(self, target: Target, module: AnsibleModule):
         self.t, self.p = target, module.params
         self.secret = secrets.token_hex(24)
+        self.channel = {
+            "address": target.address,
+            "port": self.p["receiver_port"],
+            "source_address": target.source_address,
+            "secret": self.secret,
+            "io_timeout": self.p["io_timeout_s"],
+        }
 
     def __enter__(self):
         t, p = self.t, self.p
@@ -567,14 +574,7 @@ class Receiver:
         return False
 
     def stream(self, names: list, src_repo: str, progress) -> tuple:
-        channel = {
-            "address": self.t.address,
-            "port": self.p["receiver_port"],
-            "source_address": self.t.source_address,
-            "secret": self.secret,
-            "io_timeout": self.p["io_timeout_s"],
-        }
-        return hf_cache.send_stream(channel, names, src_repo, progress)
+        return hf_cache.send_stream(self.channel, names, src_repo, progress)
 
 
 def transport(stack: contextlib.ExitStack, module: AnsibleModule, target: Target):
