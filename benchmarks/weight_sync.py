@@ -33,7 +33,7 @@ connection and python3 per step on the target (5 per sync, 0.6-0.7 s each) cost 
 copy of 1 GiB, now one session per target; SIGTERM to rsync's daemon took 0.4 s, now SIGKILL once the
 streams are done. Then the copy itself: the ssh cipher halves it (ssh 22-25% of the local copy); rsync
 options did not matter (xxh128 negotiated, --checksum-choice=none/xxh3, 4 MiB socket buffers,
---preallocate all within noise), 2 streams beat 1, and rsync's daemon stayed at 39-50%. The network was
+--preallocate all within noise), 2 streams beat 1, and rsync's daemon stayed at 33-50%. The network was
 not the limit: a plain TCP socket into /dev/null moved 2 GiB in 0.4 s with 2 streams, 3-5 times faster
 than the local copy. Writing the received bytes was: through the page cache (rsync, tar, nc, a Python
 recv/write loop: 3.2-5.6 s for 2 GiB) against O_DIRECT (1.4 s with `dd oflag=direct` or a Python loop;
@@ -222,8 +222,8 @@ def sim_round(args, total: int) -> list:
     # between this row and the tcp rows.
     stamps = docker_exec(
         SIM_SOURCE, LOCAL_DIRECT.format(src=f"{SIM_DIR}/src", dst=f"{SIM_DIR}/local-direct"), args.timeout_s
-    )
-    rows.append((LOCAL_DIRECT_ROW, float(stamps.split()[1]) - float(stamps.split()[0]), total))
+    ).split()
+    rows.append((LOCAL_DIRECT_ROW, float(stamps[1]) - float(stamps[0]), total))
     docker_exec(SIM_SOURCE, f"rm -rf {SIM_DIR}/local-direct", 120)
     for transport, hashed in VARIANTS:
         out = sim_module(
