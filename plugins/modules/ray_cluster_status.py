@@ -324,7 +324,10 @@ def main() -> None:
         r = observe(p)
         ready = judge(r, p)[0]
         elapsed = round(time.monotonic() - start, 3)
-        if p["expected_node_ips"] and r["available"] and not r["ips_known"]:
+        # Without any node-list source, no poll can ever tell node IPs: say so at once. A node list that
+        # failed on this poll (the GCS still busy with a joining node) is read again until the deadline.
+        no_ip_source = p["nodes_text"] is None and not p["nodes_command"]
+        if p["expected_node_ips"] and r["available"] and not r["ips_known"] and no_ip_source:
             module.fail_json(
                 msg="expected_node_ips needs node IPs, which this `ray status` output does not carry: "
                 "add nodes_command (ray list nodes --format json, needs the dashboard) or nodes_text",

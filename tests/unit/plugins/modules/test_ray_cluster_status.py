@@ -214,3 +214,45 @@ def test_a_failing_node_list_is_reported_next_to_a_good_ray_status(tmp_path):
         },
     )
     assert good["source"] == "ray status and the GCS node list", good
+
+
+def test_a_node_list_that_fails_once_is_read_again_until_the_ips_are_known(tmp_path):
+    """CI stop 23: on a loaded ring of four, the GCS node list failed on the first poll while `ray status`
+    answered; the wait failed at once as if no IP source existed. It must poll again instead."""
+    counter = tmp_path / "nodes-count"
+    nodes = RAY / "ray-2.52.1_nodes_2nodes.json"
+    flaky_nodes = [
+        "sh",
+        "-c",
+        f"n=$(cat {counter} 2>/dev/null || echo 0); echo $((n+1)) > {counter}; "
+        f"[ $n -eq 0 ] && {{ echo 'GCS busy' >&2; exit 1; }}; cat {shlex.quote(str(nodes))}",
+    ]
+    ips = [n["node_ip"] for n in json.loads(nodes.read_text()) if n["state"] == "ALIVE"]
+    r = run_module(
+        mod,
+        {
+            "command": ["cat", str(RAY / "ray-2.52.1_status_2nodes.txt")],
+            "nodes_command": flaky_nodes,
+            "expected_nodes": 2,
+            "expected_node_ips": ips,
+            "wait_timeout_s": 5,
+            "poll_interval_s": 0.05,
+        },
+    )
+    assert r.get("failed") is not True and r["ready"] is True, r
+    assert r["polls"] == 2, r
+
+
+def test_a_node_list_that_never_answers_times_out_with_its_error(tmp_path):
+    r = run_module(
+        mod,
+        {
+            "command": ["cat", str(RAY / "ray-2.52.1_status_2nodes.txt")],
+            "nodes_command": ["sh", "-c", "echo 'GCS busy' >&2; exit 1"],
+            "expected_node_ips": ["127.0.0.1"],
+            "wait_timeout_s": 0.3,
+            "poll_interval_s": 0.1,
+        },
+    )
+    assert r["failed"] is True and r["polls"] >= 2, r
+    assert "GCS busy" in r["msg"], r["msg"]
