@@ -108,6 +108,10 @@ def test_sigstop_serving_process_is_detected_and_recovered(healthy):
     assert detect_s <= T + N + 1.5
     begun = wait_event("restart_begun", t0, timeout=1)
     assert "hang" in begun["reason"]
+    # Before vLLM started again, the model's cached pages were dropped on both nodes (unified memory).
+    dropped = {e["on"]: e for e in events_since(t0) if e["event"] == "page_cache_dropped"}
+    assert set(dropped) == {HEAD, WORKER}, events_since(t0)
+    assert all(e["files"] > 0 and e["epoch"] <= ended["epoch"] for e in dropped.values()), dropped
 
 
 def test_ray_worker_killed_recovers(healthy):

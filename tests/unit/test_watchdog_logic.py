@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import subprocess
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("sparkops_watchdog", ROOT / "roles/watchdog/files/sparkops_watchdog.py")
@@ -85,3 +90,49 @@ def test_given_up_stays_given_up_until_healthy():
     assert wd.decide(obs("hang"), st, CFG, 100_000)["action"] == "none"
     back = wd.decide(obs("ok"), st, CFG, 100_000)
     assert back["reason"] == "healthy" and back["state"]["consecutive_failures"] == 0
+
+
+def test_a_group_restart_drops_the_model_pages_on_every_node_and_reports_a_node_it_cannot_reach(tmp_path):
+    """drop_model_page_cache runs page_cache.py (the module's own code) on the head and, over SSH, on each
+    worker; here the "SSH" runs the command locally for one worker and fails for the other."""
+    from fs_helpers import on_tmpfs
+
+    if on_tmpfs(tmp_path):
+        pytest.skip("tmpfs keeps its pages whatever fadvise says")
+    model = tmp_path / "models--org--m" / "blobs"
+    model.mkdir(parents=True)
+    (model / ("a" * 64)).write_bytes(os.urandom(4 << 20))
+    (model / ("a" * 64)).read_bytes()
+    dog = wd.Watchdog.__new__(wd.Watchdog)
+    dog.cfg = {
+        "node": "head",
+        "workers": [{"name": "w-ok", "address": "10.0.0.2"}, {"name": "w-down", "address": "10.0.0.3"}],
+        "drop_model_page_cache": True,
+        "model_cache_dir": str(model.parent),
+        "page_cache_script": str(ROOT / "plugins/module_utils/page_cache.py"),
+        "docker_timeout_s": 60,
+    }
+    dog.events = wd.Events(str(tmp_path / "events.jsonl"), "head")
+    calls = []
+
+    def fake_ssh(address, script, timeout):
+        calls.append((address, script))
+        if address == "10.0.0.3":
+            return subprocess.CompletedProcess([], 255, "", "ssh: connect to host 10.0.0.3: No route to host")
+        return wd.sh(["sh", "-c", script], timeout)
+
+    dog.ssh = fake_ssh
+    dog.drop_model_page_cache()
+    events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    by_node = {e["on"]: e for e in events}
+    assert by_node["head"]["event"] == "page_cache_dropped" and by_node["head"]["resident_before"] >= 4 << 20
+    assert by_node["head"]["resident_after"] == 0
+    # The worker's command is the same script over SSH; the first call already dropped the pages.
+    assert by_node["w-ok"]["event"] == "page_cache_dropped" and by_node["w-ok"]["files"] == 1
+    assert by_node["w-down"]["event"] == "page_cache_error" and "No route to host" in by_node["w-down"]["message"]
+    assert [a for a, _ in calls] == ["10.0.0.2", "10.0.0.3"]
+    assert calls[0][1].startswith("python3 ") and calls[0][1].endswith(str(model.parent))
+    dog.cfg["drop_model_page_cache"] = False
+    calls.clear()
+    dog.drop_model_page_cache()
+    assert calls == []

@@ -10,7 +10,8 @@ library only. Two jobs:
   token, and looks at every worker's Ray container over the fabric SSH. On a
   hang, a dead or stopped worker, or ``failures_before_restart`` failed probes
   in a row it restarts the whole serving group in order (vLLM stopped, Ray
-  head, Ray workers, membership, vLLM, a completion), at most
+  head, Ray workers, membership, the model's files dropped from every node's
+  page cache, vLLM, a completion), at most
   ``max_restarts_per_hour`` times in any hour, then gives up and says so. A
   worker whose node does not answer is not restarted at all (a restart cannot
   bring a node back): the state says which node.
@@ -31,6 +32,7 @@ import argparse
 import http.client
 import json
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -40,6 +42,8 @@ from datetime import datetime, timezone
 from urllib.parse import urlsplit
 
 IDENT = "sparkops-watchdog"
+# Events logged to syslog at info; every other one is a warning.
+QUIET_EVENTS = ("started", "restart_ended", "recovered", "probe_ok", "page_cache_dropped")
 LOCK = threading.Lock()
 
 
@@ -64,7 +68,7 @@ class Events:
             with open(self.path, "a", encoding="utf-8") as fh:
                 fh.write(line + "\n")
             print(line, flush=True)
-            _syslog(f"{event}: {message}", warning=event not in ("started", "restart_ended", "recovered", "probe_ok"))
+            _syslog(f"{event}: {message}", warning=event not in QUIET_EVENTS)
         return rec
 
 
@@ -461,6 +465,7 @@ class Watchdog:
             time.sleep(2)
         if alive < want:
             return False, f"only {alive} of {want} Ray nodes joined within {c['ray_join_timeout_s']} s"
+        self.drop_model_page_cache()
         res = sh(["docker", "start", c["vllm_container"]], step)
         if res.returncode != 0:
             return False, f"vLLM container did not start: {res.stderr.strip()[:200]}"
@@ -475,6 +480,44 @@ class Watchdog:
                 return False, f"vLLM exited with code {st.get('ExitCode')} while starting"
             time.sleep(min(5.0, float(c["interval_s"])))
         return False, f"no completion within {c['ready_timeout_s']} s ({detail})"
+
+    def drop_model_page_cache(self) -> None:
+        """Memory is unified on a Spark: the weight pages the previous load left cached count as used
+        when the new vLLM measures free memory, which costs KV cache or fails its start. Drop them on
+        every node (page_cache.py, installed next to this script, the code the serve role runs too).
+        A node where that fails is reported and vLLM starts anyway: a smaller KV cache beats no restart."""
+        c = self.cfg
+        if not c.get("drop_model_page_cache") or not c.get("model_cache_dir"):
+            return
+        argv = ["python3", c["page_cache_script"], c["model_cache_dir"]]
+        timeout = float(c["docker_timeout_s"])
+        nodes = [(c["node"], None)] + [(w["name"], w["address"]) for w in c["workers"]]
+        for name, address in nodes:
+            res = sh(argv, timeout) if address is None else self.ssh(address, shlex.join(argv), timeout)
+            try:
+                out = json.loads(res.stdout.strip().splitlines()[-1])
+            except (ValueError, IndexError):
+                out = None
+            if res.returncode == 0 and isinstance(out, dict):
+                dropped = out["resident_before"] - out["resident_after"]
+                self.events.emit(
+                    "page_cache_dropped",
+                    f"{name}: {dropped / 2**30:.2f} GiB of the model's cached pages dropped "
+                    f"({out['resident_after'] / 2**30:.2f} GiB still cached) in {out['seconds']} s",
+                    on=name,
+                    resident_before=out["resident_before"],
+                    resident_after=out["resident_after"],
+                    files=out["files"],
+                    seconds=out["seconds"],
+                )
+            else:
+                detail = " ".join(((out or {}).get("errors") or [res.stderr or res.stdout or ""])[:3]).strip()[:200]
+                self.events.emit(
+                    "page_cache_error",
+                    f"{name}: could not drop the model's cached pages (rc={res.returncode}: {detail}); "
+                    "starting vLLM anyway",
+                    on=name,
+                )
 
 
 # --------------------------------------------------------------------------- the floor loop
