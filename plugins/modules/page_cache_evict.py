@@ -36,9 +36,15 @@ options:
         starts). When true, it is listed in C(missing) and skipped.
     type: bool
     default: false
+extends_documentation_fragment:
+  - sparkops.cluster.attributes
 attributes:
   check_mode:
     support: full
+    details: Measures what is cached and drops nothing.
+  diff_mode:
+    support: none
+    details: Page-cache residency is not a file's content; C(resident_before_bytes) and C(resident_after_bytes) say it.
 notes:
   - Pages that a running process keeps mapped stay cached; they are counted in C(resident_after_bytes).
 seealso:

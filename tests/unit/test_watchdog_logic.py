@@ -130,7 +130,7 @@ def test_a_group_restart_drops_the_model_pages_on_every_node_and_reports_a_node_
     # The worker's command is the same script over SSH; the first call already dropped the pages.
     assert by_node["w-ok"]["event"] == "page_cache_dropped" and by_node["w-ok"]["files"] == 1
     assert by_node["w-down"]["event"] == "page_cache_error" and "No route to host" in by_node["w-down"]["message"]
-    assert [a for a, _ in calls] == ["10.0.0.2", "10.0.0.3"]
+    assert [call[0] for call in calls] == ["10.0.0.2", "10.0.0.3"]
     assert calls[0][1].startswith("python3 ") and calls[0][1].endswith(str(model.parent))
     dog.cfg["drop_model_page_cache"] = False
     calls.clear()
