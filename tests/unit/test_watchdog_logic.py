@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from fs_helpers import on_tmpfs
 
 ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("sparkops_watchdog", ROOT / "roles/watchdog/files/sparkops_watchdog.py")
@@ -95,8 +96,6 @@ def test_given_up_stays_given_up_until_healthy():
 def test_a_group_restart_drops_the_model_pages_on_every_node_and_reports_a_node_it_cannot_reach(tmp_path):
     """drop_model_page_cache runs page_cache.py (the module's own code) on the head and, over SSH, on each
     worker; here the "SSH" runs the command locally for one worker and fails for the other."""
-    from fs_helpers import on_tmpfs
-
     if on_tmpfs(tmp_path):
         pytest.skip("tmpfs keeps its pages whatever fadvise says")
     model = tmp_path / "models--org--m" / "blobs"

@@ -4,7 +4,6 @@ over loopback sockets on this machine, with real files; nothing leaves 127.0.0.0
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import hashlib
 import io
 import json
@@ -15,7 +14,7 @@ import threading
 import time
 
 import pytest
-from ansible_collections.sparkops.cluster.plugins.module_utils import hf_cache
+from ansible_collections.sparkops.cluster.plugins.module_utils import hf_cache, page_cache
 
 SECRET = "one-time-secret-of-this-test"
 # Sizes around O_DIRECT's alignment and the receiver's 4 MiB buffer: the unaligned end of a file is
@@ -72,19 +71,12 @@ def temp_files(dst) -> list:
 
 
 def resident_pages(path) -> int:
-    """Pages of ``path`` in the page cache (mincore(2) on a private mapping, which reads nothing)."""
-    size = os.path.getsize(path)
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p)
-    npages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
-    vec = ctypes.create_string_buffer(npages)
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), size, flags=mmap.MAP_PRIVATE) as m:
-        anchor = ctypes.c_char.from_buffer(m)
-        try:
-            assert libc.mincore(ctypes.addressof(anchor), size, vec) == 0, os.strerror(ctypes.get_errno())
-        finally:
-            del anchor
-    return sum(b & 1 for b in vec.raw)
+    """Pages of ``path`` in the page cache, measured by the collection's own mincore(2) reading."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return -(-page_cache.resident_bytes(fd, os.fstat(fd).st_size) // mmap.PAGESIZE)
+    finally:
+        os.close(fd)
 
 
 def test_blobs_arrive_whole_under_their_names_with_mode_mtime_and_no_temp_left(repos):
