@@ -13,9 +13,10 @@ DGX Sparks as far as a machine without GPU or RDMA allows:
   with MTU 9000 (interfaces enp1s0f1np1 and enP2p1s0f1np1: the two twins of a
   ConnectX-7 port, on different subnets as on real Sparks). All three networks
   are --internal: the nodes have no route out;
-* a local apt repository of dummy NVIDIA packages (580.x and 590.x), Ray wheels,
-  a local git repository standing in for eugr/spark-vllm-docker, and a small
-  synthetic Hugging Face model cache on the head.
+* a local apt repository of dummy NVIDIA packages (580.x and 590.x), Ray and
+  huggingface_hub wheels, a local git repository standing in for
+  eugr/spark-vllm-docker, and a Hub-speaking server on the management bridge
+  that serves a small stand-in model (the head downloads it as from the Hub).
 
 Commands: ensure-host, build, up, down, status, wait-ssh. State lives in .sim/.
 """
@@ -41,6 +42,9 @@ PREFIX = "sparkops-sim"
 SUITE = "bookworm"
 MIRROR = os.environ.get("SPARKOPS_SIM_MIRROR", "http://deb.debian.org/debian")
 RAY_VERSION = os.environ.get("SPARKOPS_SIM_RAY_VERSION", "2.52.1")
+# The Hub client eugr's image carries (pip's resolution at the pinned build: docs/simulation.md); the
+# stand-in image installs it from the test bed's wheels, so the download runs the same client code.
+HF_HUB_VERSION = "0.36.2"
 
 NETWORKS = {
     # name: (subnet, mtu)
@@ -353,13 +357,13 @@ def build_images() -> None:
 
 
 def build_wheels() -> Path:
-    wheels = STATE / "wheels" / f"ray-{RAY_VERSION}-{platform.machine()}"
+    wheels = STATE / "wheels" / f"ray-{RAY_VERSION}-hf-{HF_HUB_VERSION}-{platform.machine()}"
     marker = wheels / ".complete"
     if marker.exists():
         log(f"Ray {RAY_VERSION} wheels: cached")
         return wheels
     wheels.mkdir(parents=True, exist_ok=True)
-    log(f"downloading Ray {RAY_VERSION} wheels for Python 3.11 / {platform.machine()}")
+    log(f"downloading Ray {RAY_VERSION} and huggingface_hub {HF_HUB_VERSION} wheels for Python 3.11 / {platform.machine()}")
     plat = {"x86_64": "manylinux2014_x86_64", "aarch64": "manylinux2014_aarch64"}[platform.machine()]
     run(
         [
@@ -382,6 +386,7 @@ def build_wheels() -> Path:
             "-d",
             str(wheels),
             f"ray=={RAY_VERSION}",
+            f"huggingface_hub=={HF_HUB_VERSION}",
         ]
     )
     marker.write_text("ok\n")
@@ -745,48 +750,62 @@ def load_base_into_nodes() -> None:
         save.wait()
 
 
-SYNTH_MODEL = r"""
-import hashlib, json, os, sys
-cache, model, revision, shards, shard_mib = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
-repo = os.path.join(cache, "models--" + model.replace("/", "--"))
-snap = os.path.join(repo, "snapshots", revision)
-if os.path.exists(os.path.join(snap, "config.json")):
-    sys.exit(0)
-os.makedirs(os.path.join(repo, "blobs"), exist_ok=True)
-os.makedirs(snap, exist_ok=True)
-os.makedirs(os.path.join(repo, "refs"), exist_ok=True)
-def put(rel, data, lfs):
-    h = hashlib.sha256(data).hexdigest() if lfs else hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-    with open(os.path.join(repo, "blobs", h), "wb") as f:
-        f.write(data)
-    dst = os.path.join(snap, rel)
-    os.makedirs(os.path.dirname(dst), exist_ok=True)
-    if os.path.lexists(dst):
-        os.unlink(dst)
-    os.symlink(os.path.relpath(os.path.join(repo, "blobs", h), os.path.dirname(dst)), dst)
-config = {"architectures": ["SparkopsSimForCausalLM"], "model_type": "sparkops-sim"}
-put("config.json", json.dumps(config).encode(), False)
-put("tokenizer_config.json", b'{"model_max_length": 4096}', False)
-index = {"weight_map": {}}
-for i in range(shards):
-    name = "model-%05d-of-%05d.safetensors" % (i + 1, shards)
-    seed = hashlib.sha256(("%s/%d" % (model, i)).encode()).digest()
-    block = (seed * 32768)[: 1 << 20]
-    put(name, block * shard_mib, True)
-    index["weight_map"]["layer.%d" % i] = name
-put("model.safetensors.index.json", json.dumps(index).encode(), False)
-with open(os.path.join(repo, "refs", "main"), "w") as f:
-    f.write(revision)
-"""
+# The simulated cluster's Hub: tests/system/hub_server.py (the Hub-speaking server the client tests run
+# the real huggingface_hub against) on the management bridge, serving the stand-in model with `main` at
+# a fixed commit. The head downloads it with the image's own huggingface_hub, as a Spark downloads from
+# the Hub, and syncs it to the workers with the default transport: no weights are put on a node by hand.
+HUB_PORT, HUB_CDN_PORT = 5080, 5081
+HUB_ENDPOINT = f"http://{REGISTRY_HOST}:{HUB_PORT}"
+HUB_SERVER = ROOT / "tests" / "system" / "hub_server.py"
 
 
-def seed_model(model: str, revision: str, shards: int, shard_mib: int, cache: str) -> None:
-    head = NODES[0]["name"]
-    run(
-        ["docker", "exec", "-i", head, "python3", "-", cache, model, revision, str(shards), str(shard_mib)],
-        input=SYNTH_MODEL,
-        capture=True,
-    )
+def hub_answers(model: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{HUB_ENDPOINT}/api/models/{model}", timeout=3) as resp:  # noqa: S310 - fixed http URL
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+def start_daemon(name: str, argv: list, answers, what: str) -> None:
+    """Start a test-bed daemon (its log and pid file in .sim/<name>/) and wait until ``answers()``."""
+    base = STATE / name
+    base.mkdir(parents=True, exist_ok=True)
+    logf = open(base / f"{name}.log", "ab")  # noqa: SIM115 - handed to the daemon
+    proc = subprocess.Popen(argv, stdout=logf, stderr=logf, start_new_session=True)
+    (base / "pid").write_text(f"{proc.pid}\n")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if answers():
+            log(f"{what}: started (pid {proc.pid})")
+            return
+        if proc.poll() is not None:
+            break
+        time.sleep(0.5)
+    sys.exit(f"simctl: {what} did not answer; see {base / f'{name}.log'}")
+
+
+def stop_daemon(name: str, marker: bytes) -> None:
+    """Stop the daemon this test bed started (by its pid file, and only if that pid still runs ``marker``)."""
+    pidfile = STATE / name / "pid"
+    try:
+        pid = int(pidfile.read_text())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        return
+    if marker in cmdline:
+        os.kill(pid, 15)
+    pidfile.unlink(missing_ok=True)
+
+
+def ensure_hub(model: str, revision: str, shards: int, shard_mib: int) -> None:
+    if hub_answers(model):
+        log(f"Hub at {HUB_ENDPOINT}: up")
+        return
+    argv = [sys.executable, str(HUB_SERVER), "--address", REGISTRY_HOST, "--port", str(HUB_PORT)]
+    argv += ["--cdn-port", str(HUB_CDN_PORT), "--model", model, "--commit", revision]
+    argv += ["--shards", str(shards), "--shard-mib", str(shard_mib)]
+    start_daemon("hub", argv, lambda: hub_answers(model), f"Hub at {HUB_ENDPOINT} ({model}@main={revision[:12]})")
 
 
 def registry_answers() -> bool:
@@ -810,31 +829,7 @@ def ensure_registry() -> None:
         f"storage:\n  filesystem:\n    rootdirectory: {base / 'data'}\n  delete:\n    enabled: true\n"
         f"http:\n  addr: {REGISTRY_ADDR}\n"
     )
-    logf = open(base / "registry.log", "ab")  # noqa: SIM115 - handed to the daemon
-    proc = subprocess.Popen(["docker-registry", "serve", str(config)], stdout=logf, stderr=logf, start_new_session=True)
-    (base / "pid").write_text(f"{proc.pid}\n")
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if registry_answers():
-            log(f"registry at {REGISTRY_ADDR}: started (pid {proc.pid})")
-            return
-        if proc.poll() is not None:
-            break
-        time.sleep(0.5)
-    sys.exit(f"simctl: the registry did not answer on {REGISTRY_ADDR}; see {base / 'registry.log'}")
-
-
-def stop_registry() -> None:
-    """Stop the registry this test bed started (by its pid file, and only if that pid is docker-registry)."""
-    pidfile = STATE / "registry" / "pid"
-    try:
-        pid = int(pidfile.read_text())
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except (OSError, ValueError):
-        return
-    if b"docker-registry" in cmdline:
-        os.kill(pid, 15)
-    pidfile.unlink(missing_ok=True)
+    start_daemon("registry", ["docker-registry", "serve", str(config)], registry_answers, f"registry at {REGISTRY_ADDR}")
 
 
 NODE_REGISTRY_SCRIPT = """
@@ -911,7 +906,7 @@ def up(args: argparse.Namespace) -> None:
     load_base_into_nodes()
     ensure_registry()
     configure_node_registries()
-    seed_model(args.model, args.revision, args.shards, args.shard_mib, args.hf_cache)
+    ensure_hub(args.model, args.revision, args.shards, args.shard_mib)
     write_inventory_facts(key)
     write_inventory_state()
     inv = write_topology_inventory(args.nodes, args.topology)
@@ -934,7 +929,8 @@ def down(args: argparse.Namespace) -> None:
     for name in sorted(set(res.stdout.split()) | set(NETWORKS)):
         if name.startswith(f"{PREFIX}-"):
             remove_network(name)
-    stop_registry()
+    stop_daemon("registry", b"docker-registry")
+    stop_daemon("hub", b"hub_server.py")
     if args.all:
         for ref in (node_image_ref(), vllm_base_ref()):
             run(["docker", "image", "rm", "-f", ref], check=False, capture=True)
@@ -979,7 +975,6 @@ def main() -> None:
     p_up.add_argument("--revision", default="5157000000000000000000000000000000000001")
     p_up.add_argument("--shards", type=int, default=4)
     p_up.add_argument("--shard-mib", type=int, default=8)
-    p_up.add_argument("--hf-cache", default="/var/lib/sparkops/huggingface/hub")
     p_up.add_argument("--nodes", type=int, default=int(os.environ.get("SIM_NODES", "2")))
     p_up.add_argument("--topology", default=os.environ.get("SIM_TOPOLOGY", "pair"), choices=TOPOLOGIES)
     p_down = sub.add_parser("down", help="remove nodes, networks and volumes")

@@ -81,12 +81,13 @@ class HubRepo:
     gated: bool = False
     tokens: tuple = ()  # tokens that may read a gated repo
 
-    def add_commit(self, files: dict, ref: str = "main") -> str:
-        """Add a commit of ``files`` (path -> bytes); returns its sha (derived from the content)."""
-        h = hashlib.sha1()  # noqa: S324 - a stand-in commit id, not security
-        for path in sorted(files):
-            h.update(path.encode() + b"\0" + hashlib.sha256(files[path]).digest())
-        sha = h.hexdigest()
+    def add_commit(self, files: dict, ref: str = "main", sha: str | None = None) -> str:
+        """Add a commit of ``files`` (path -> bytes); returns its sha (derived from the content unless given)."""
+        if sha is None:
+            h = hashlib.sha1()  # noqa: S324 - a stand-in commit id, not security
+            for path in sorted(files):
+                h.update(path.encode() + b"\0" + hashlib.sha256(files[path]).digest())
+            sha = h.hexdigest()
         self.commits[sha] = {p: HubFile(p, d) for p, d in files.items()}
         self.refs[ref] = sha
         return sha
@@ -101,7 +102,7 @@ class HubRepo:
 class HubServer:
     """``with HubServer() as hub: hub.add_repo(...)``; ``hub.endpoint`` is what HF_ENDPOINT gets."""
 
-    def __init__(self, address: str = "127.0.0.1", cdn_address: str = "127.0.0.2"):
+    def __init__(self, address: str = "127.0.0.1", cdn_address: str = "127.0.0.2", port: int = 0, cdn_port: int = 0):
         self.repos: dict = {}
         self.cut: dict = {}
         self.corrupt: set = set()
@@ -112,8 +113,8 @@ class HubServer:
         class Handler(_Handler):
             server_hub = hub
 
-        self.httpd = ThreadingHTTPServer((address, 0), Handler)
-        self.cdn = ThreadingHTTPServer((cdn_address, 0), Handler)
+        self.httpd = ThreadingHTTPServer((address, port), Handler)
+        self.cdn = ThreadingHTTPServer((cdn_address, cdn_port), Handler)
         self.threads = []
         for srv in (self.httpd, self.cdn):
             srv.daemon_threads = True
@@ -124,9 +125,11 @@ class HubServer:
         host, port = self.httpd.server_address[:2]
         return f"http://{host}:{port}"
 
-    def add_repo(self, repo_id: str, files: dict, *, gated: bool = False, tokens: tuple = ()) -> HubRepo:
+    def add_repo(
+        self, repo_id: str, files: dict, *, gated: bool = False, tokens: tuple = (), commit: str | None = None
+    ) -> HubRepo:
         repo = HubRepo(repo_id, gated=gated, tokens=tokens)
-        repo.add_commit(files)
+        repo.add_commit(files, sha=commit)
         self.repos[repo_id] = repo
         return repo
 
@@ -343,3 +346,51 @@ class _Handler(BaseHTTPRequestHandler):
         self.close_connection = True
         self.connection.shutdown(2)
         return None
+
+
+def synthetic_model_files(model: str, shards: int, shard_mib: int) -> dict:
+    """The simulated cluster's stand-in model (path -> bytes): a config, a tokenizer config, an index and
+    ``shards`` weight files of ``shard_mib`` MiB each, their content derived from the model id so that
+    every run serves the same bytes (and so the same blob names) without storing them."""
+    files = {
+        "config.json": json.dumps({"architectures": ["SparkopsSimForCausalLM"], "model_type": "sparkops-sim"}).encode(),
+        "tokenizer_config.json": b'{"model_max_length": 4096}',
+    }
+    index: dict = {"weight_map": {}}
+    for i in range(shards):
+        name = "model-%05d-of-%05d.safetensors" % (i + 1, shards)
+        block = (hashlib.sha256(f"{model}/{i}".encode()).digest() * 32768)[: 1 << 20]
+        files[name] = block * shard_mib
+        index["weight_map"][f"layer.{i}"] = name
+    files["model.safetensors.index.json"] = json.dumps(index).encode()
+    return files
+
+
+def main(argv: list | None = None) -> int:
+    """Serve the stand-in model until killed: the simulated cluster's Hub (sim/simctl.py starts it on the
+    management bridge, so the nodes download with the image's own huggingface_hub as they would from the Hub)."""
+    import argparse  # noqa: PLC0415 - only the command line needs it
+    import signal  # noqa: PLC0415
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("--address", required=True)
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--cdn-port", type=int, required=True, help="the CDN's port on the same address (another host:port)")
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--commit", required=True, help="the 40-hex commit that main points to")
+    ap.add_argument("--shards", type=int, default=4)
+    ap.add_argument("--shard-mib", type=int, default=8)
+    args = ap.parse_args(argv)
+    hub = HubServer(args.address, args.address, args.port, args.cdn_port)
+    hub.add_repo(args.model, synthetic_model_files(args.model, args.shards, args.shard_mib), commit=args.commit)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with hub:
+        print(f"hub_server: {args.model}@main={args.commit} at {hub.endpoint}", flush=True)
+        while not stop.wait(3600):
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
