@@ -363,7 +363,7 @@ def build_wheels() -> Path:
         log(f"Ray {RAY_VERSION} wheels: cached")
         return wheels
     wheels.mkdir(parents=True, exist_ok=True)
-    log(f"downloading Ray {RAY_VERSION} and huggingface_hub {HF_HUB_VERSION} wheels for Python 3.11 / {platform.machine()}")
+    log(f"downloading Ray {RAY_VERSION}, huggingface_hub {HF_HUB_VERSION} wheels (Python 3.11, {platform.machine()})")
     plat = {"x86_64": "manylinux2014_x86_64", "aarch64": "manylinux2014_aarch64"}[platform.machine()]
     run(
         [
@@ -829,7 +829,9 @@ def ensure_registry() -> None:
         f"storage:\n  filesystem:\n    rootdirectory: {base / 'data'}\n  delete:\n    enabled: true\n"
         f"http:\n  addr: {REGISTRY_ADDR}\n"
     )
-    start_daemon("registry", ["docker-registry", "serve", str(config)], registry_answers, f"registry at {REGISTRY_ADDR}")
+    start_daemon(
+        "registry", ["docker-registry", "serve", str(config)], registry_answers, f"registry at {REGISTRY_ADDR}"
+    )
 
 
 NODE_REGISTRY_SCRIPT = """
@@ -915,6 +917,15 @@ def up(args: argparse.Namespace) -> None:
 
 
 def down(args: argparse.Namespace) -> None:
+    if args.reset_state:
+        # What a deployment left on the controller (its lock, API key, reports, the bigger clusters'
+        # inventories): a new cluster starts without it. The caches (images, wheels, repositories) stay.
+        for name in ("sparkops.lock.json", "reports", "credentials", "inventories"):
+            path = STATE / name
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink(missing_ok=True)
     if not docker_ok():
         log("no Docker engine: nothing to remove")
         return
@@ -980,6 +991,9 @@ def main() -> None:
     p_down = sub.add_parser("down", help="remove nodes, networks and volumes")
     p_down.add_argument("--all", action="store_true", help="also remove cached images and .sim/")
     p_down.add_argument("--keep-volumes", action="store_true")
+    p_down.add_argument(
+        "--reset-state", action="store_true", help="also forget the deployment's lock, key, reports (keeps caches)"
+    )
     sub.add_parser("status")
     p_mem = sub.add_parser("limit-memory", help="give a node a memory limit (e.g. 1200m), 0 lifts it")
     p_mem.add_argument("node")

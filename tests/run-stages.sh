@@ -100,6 +100,10 @@ collection() {
 }
 
 sim() {
+    # The tests assume a cluster with no history: no watchdog restarts, no upgraded image in the lock,
+    # nothing torn down. Whatever a user did with the simulated cluster before `make test`, these
+    # stages start from one they make (the cached images stay, so it is a warm start).
+    stage sim-fresh fresh_sim
     stage sim-up make -s sim-up
     stage molecule molecule test -s default
     # -s: the tests print the measured figures (no-op time, upgrade downtime, rollback time).
@@ -109,6 +113,14 @@ sim() {
     SPARKOPS_REQUIRE_SIM=1 SPARKOPS_SIM_TOPOLOGIES="${SPARKOPS_SIM_TOPOLOGIES:-1}" \
         stage integration-ring pytest_stage -q -s tests/integration/test_topologies.py
     [ "${SPARKOPS_KEEP_SIM:-0}" = 1 ] || stage sim-down make -s sim-down
+}
+
+fresh_sim() {
+    if docker ps -a --filter label=io.sparkops.sim=node --format '{{.Names}}' 2>/dev/null | grep -q .; then
+        echo "make test replaces the running simulated cluster with a new one (its lock, key and reports too):"
+        echo "the tests start from a cluster with no history. The cached images stay."
+    fi
+    python3 sim/simctl.py down --reset-state
 }
 
 case "$what" in

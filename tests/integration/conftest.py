@@ -71,6 +71,22 @@ def reset_watchdog(head: str = "spark-sim-1") -> None:
     )
 
 
+def quiet_watchdog_history(head: str = "spark-sim-1") -> str:
+    """A watchdog with no history: its events file set aside (kept, renamed) and its state reset.
+
+    For a test that judges a healthy cluster: doctor rightly warns about group restarts in the last
+    hour, and whatever ran before (a user's fault drill, an earlier test) must not decide the verdict.
+    Returns the name the old history was kept under."""
+    kept = f"/var/lib/sparkops/watchdog.jsonl.before-test-{int(time.time())}"
+    node_sh(
+        head,
+        "docker stop -t 5 sparkops-watchdog >/dev/null"
+        f" && {{ [ ! -e /var/lib/sparkops/watchdog.jsonl ] || mv /var/lib/sparkops/watchdog.jsonl {kept}; }}"
+        " && rm -f /var/lib/sparkops/watchdog-state.json && docker start sparkops-watchdog >/dev/null",
+    )
+    return kept
+
+
 def assert_watchdog_running(head: str = "spark-sim-1") -> None:
     state = node_sh(head, "docker inspect --format '{{.State.Status}}' sparkops-watchdog", check=False)
     assert state.stdout.strip() == "running", state.stdout + state.stderr

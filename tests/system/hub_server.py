@@ -358,7 +358,7 @@ def synthetic_model_files(model: str, shards: int, shard_mib: int) -> dict:
     }
     index: dict = {"weight_map": {}}
     for i in range(shards):
-        name = "model-%05d-of-%05d.safetensors" % (i + 1, shards)
+        name = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
         block = (hashlib.sha256(f"{model}/{i}".encode()).digest() * 32768)[: 1 << 20]
         files[name] = block * shard_mib
         index["weight_map"][f"layer.{i}"] = name
@@ -375,7 +375,9 @@ def main(argv: list | None = None) -> int:
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument("--address", required=True)
     ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--cdn-port", type=int, required=True, help="the CDN's port on the same address (another host:port)")
+    ap.add_argument(
+        "--cdn-port", type=int, required=True, help="the CDN's port on the same address (another host:port)"
+    )
     ap.add_argument("--model", required=True)
     ap.add_argument("--commit", required=True, help="the 40-hex commit that main points to")
     ap.add_argument("--shards", type=int, default=4)

@@ -65,7 +65,25 @@ def test_sim_down_says_what_stays_and_how_to_remove_it(tmp_path, monkeypatch, ca
     monkeypatch.setattr(
         simctl, "run", lambda cmd, **kw: calls.append(cmd) or subprocess.CompletedProcess(cmd, 0, "", "")
     )
-    simctl.down(simctl.argparse.Namespace(all=False, keep_volumes=False))
+    simctl.down(simctl.argparse.Namespace(all=False, keep_volumes=False, reset_state=False))
     said = " ".join(capsys.readouterr().out.split())
     assert "dockerd" in said and "860 MB" in said and "make sim-destroy" in said, said
     assert not any(c[:3] == ["docker", "image", "rm"] for c in calls)
+
+
+def test_make_test_starts_from_a_cluster_without_history(tmp_path, monkeypatch):
+    """Issue 29: `down --reset-state` (run-stages.sh's sim-fresh) forgets what a deployment left on the
+    controller - the lock an upgrade moved, the key, the reports, the bigger clusters' inventories - and
+    keeps the caches that make the next start warm."""
+    state = tmp_path / "state"
+    simctl = load_simctl(monkeypatch, state)
+    monkeypatch.setattr(simctl, "docker_ok", lambda: False)
+    for d in ("reports", "credentials", "inventories/ring-4", "wheels", "git", "apt"):
+        (state / d).mkdir(parents=True)
+    (state / "sparkops.lock.json").write_text("{}")
+    (state / "reports" / "doctor.json").write_text("{}")
+    simctl.down(simctl.argparse.Namespace(all=False, keep_volumes=False, reset_state=True))
+    assert sorted(p.name for p in state.iterdir()) == ["apt", "git", "wheels"]
+    rs = (ROOT / "tests" / "run-stages.sh").read_text()
+    assert rs.index("stage sim-fresh fresh_sim") < rs.index("stage sim-up make -s sim-up")
+    assert "simctl.py down --reset-state" in rs
