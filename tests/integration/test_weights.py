@@ -12,7 +12,7 @@ import subprocess
 import time
 
 import pytest
-from conftest import NODES, ROOT, ansible_env, node_sh, run_adhoc, run_playbook
+from conftest import NODES, ROOT, SIM_STATE, ansible_env, node_sh, run_adhoc, run_playbook
 
 pytestmark = pytest.mark.usefixtures("sim_cluster")
 
@@ -85,6 +85,21 @@ def test_deployed_model_is_the_same_on_both_nodes():
     # Every snapshot link on the target resolves (the layout, not only the bytes).
     res = node_sh(TARGET, f"find {REPO}/snapshots -type l ! -exec test -e {{}} \\; -print")
     assert res.stdout.strip() == ""
+
+
+def test_the_model_came_from_the_hub_and_the_worker_holds_its_file_list():
+    """The user's path on the defaults (issue 22): the head downloaded through the image's huggingface_hub
+    from the test bed's Hub, and the tcp sync carried the Hub's file list to the worker with the blobs."""
+    listing = f"{REPO}/.sparkops/{REVISION}.json"
+    head = json.loads(node_sh(SOURCE, f"cat {listing}").stdout)
+    worker = json.loads(node_sh(TARGET, f"cat {listing}").stdout)
+    assert worker == head
+    names = json.dumps(head)
+    assert "config.json" in names and "model-00001-of-00004.safetensors" in names
+    # The head asked the test bed's Hub with the image's client, from its management address.
+    hub_log = (SIM_STATE / "hub" / "hub.log").read_text().splitlines()
+    head_gets = [line for line in hub_log if line.startswith("192.168.213.11 GET ")]
+    assert any("/cdn-lfs/" in line and "hf_hub/0.36.2" in line for line in head_gets), hub_log[-20:]
 
 
 # What receives on the target, per transport: the session's own receiver (tcp) or rsync's daemon.

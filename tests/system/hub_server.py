@@ -107,6 +107,7 @@ class HubServer:
         self.cut: dict = {}
         self.corrupt: set = set()
         self.log: list = []
+        self.echo = False
         self.lock = threading.Lock()
         hub = self
 
@@ -178,6 +179,12 @@ class _Handler(BaseHTTPRequestHandler):
                     "time": time.monotonic(),
                 }
             )
+            if self.server_hub.echo:  # the simulated cluster's Hub: one line per request in its log
+                entry = self.server_hub.log[-1]
+                print(
+                    f"{self.client_address[0]} {self.command} {entry['path']} {status} {entry['user_agent']}",
+                    flush=True,
+                )
 
     def _send(self, status: int, body: bytes = b"", headers: dict | None = None, ctype: str = "application/json"):
         self._record(status)
@@ -385,6 +392,7 @@ def main(argv: list | None = None) -> int:
     args = ap.parse_args(argv)
     hub = HubServer(args.address, args.address, args.port, args.cdn_port)
     hub.add_repo(args.model, synthetic_model_files(args.model, args.shards, args.shard_mib), commit=args.commit)
+    hub.echo = True
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with hub:
