@@ -87,7 +87,9 @@ def test_the_test_double_says_which_phases_it_does_not_go_through():
     assert p["api_ready"]["since_start_s"] == 3.4
     assert p["first_token"]["since_start_s"] == 3.9
     assert got["compile_cache"] == "miss"
-    warm = DOUBLE.replace("Compiling a graph for compile range (1, 8192) takes 0.00 s", "Directly load AOT compilation from path /x")
+    warm = DOUBLE.replace(
+        "Compiling a graph for compile range (1, 8192) takes 0.00 s", "Directly load AOT compilation from path /x"
+    )
     assert startup_phases(warm, "2026-11-23T10:00:00.6Z", test_double=True)["compile_cache"] == "hit"
 
 
