@@ -13,7 +13,7 @@ as ProbeError with a `kind` a caller can act on:
     timeout       no answer (or the stream stalled) within the request timeout
     engine_dead   503 Service Unavailable: vLLM 0.19.0 answers /health 503 only when its engine
                   is dead (EngineDeadError, entrypoints/serve/instrumentator/health.py:29-33); the
-                  engine does not come back and the API server exits next (launcher.py:144-170)
+                  engine does not come back and the API server exits next (launcher.py:144-166)
     unauthorized  401/403: the API key is missing or wrong
     wrong_model   the expected served model name is not in /v1/models (or 404 for it)
     server_error  5xx other than 503 (body excerpt in the message), or the stream broke

@@ -110,7 +110,7 @@ def env_for(hf_home: Path, ray_address: str | None = None, **extra) -> dict:
     for name in ("HF_HUB_CACHE", "SPARKOPS_TEST_DOUBLE_PG_TIMEOUT_S", "RAY_CGRAPH_get_timeout", "VLLM_HOST_IP"):
         env.pop(name, None)
     if ray_address:
-        # vLLM puts its first rank on VLLM_HOST_IP's Ray node (ray_utils.py:470-472): the Ray head's address.
+        # vLLM puts its first rank on VLLM_HOST_IP's Ray node (ray_utils.py:471-473): the Ray head's address.
         env.update(RAY_ADDRESS=ray_address, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0")
         env.update(VLLM_HOST_IP="127.0.0.1")
     env.update(extra)
@@ -432,7 +432,7 @@ def test_refuses_when_tp_exceeds_the_gpus_and_refuses_connections_until_then(ray
 
 
 def test_the_first_rank_is_placed_on_vllm_host_ip_s_node(ray_head, hf_home, tmp_path):
-    """ray_utils.py:470-472: bundle 0 needs `node:<VLLM_HOST_IP>`; no Ray node has 127.0.0.2, so nothing places."""
+    """ray_utils.py:471-473: bundle 0 needs `node:<VLLM_HOST_IP>`; no Ray node has 127.0.0.2, so nothing places."""
     logf = tmp_path / "double.log"
     proc = _start(
         ["--port", str(free_port()), "--distributed-executor-backend", "ray"],
