@@ -7,15 +7,24 @@ lines (read from the release's source; see docs/cold-start.md for file and line)
   weights_loading   "Starting to load model"                  v1/worker/gpu_model_runner.py
   weights_loaded    "Loading weights took" / "Model loading took"  model_loader/default_loader.py,
                                                                    v1/worker/gpu_model_runner.py
-  torch_compile     "torch.compile and initial profiling/warmup run together took"
-                                                                   compilation/decorators.py
+  torch_compile     compiled and the first profiling/warmup run done, in every compile mode:
+                    AOT compile on (the default with torch >= 2.10, envs.py:285-297):
+                    "Initial profiling/warmup run took"         compilation/monitor.py:77
+                    (after "torch.compile took %.2f s in total", monitor.py:20,48);
+                    AOT compile off: "torch.compile and initial profiling/warmup run together took"
+                                                                compilation/decorators.py:605-608
   cuda_graphs       "Graph capturing finished in"              v1/worker/gpu_model_runner.py
   engine_ready      "init engine (profile, create kv cache, warmup model) took"  v1/engine/core.py
   api_ready         "Application startup complete."            uvicorn, after vLLM's app starts
 Ray's "Ray runtime started." (ray 2.52.1 scripts/scripts.py) marks Ray ready on the head.
-With tensor parallelism every rank logs its own line; the LAST one is when all ranks are done.
-Whether torch.compile reused its cache shows in "Directly load the compiled graph(s)" (hit)
-versus "Compiling a graph for compile range" (miss), compilation/backends.py.
+With tensor parallelism every rank logs its own line; the LAST one is when all ranks are done (the
+vLLM container runs with RAY_DEDUP_LOGS=0, or Ray's driver would hold the second rank's line back).
+Whether torch.compile reused its cache: hit when a start loads it, "Directly load the compiled
+graph(s)" (compilation/backends.py:286; AOT off, and AOT on with torch 2.10/2.11 where the AOT
+artifact's graphs are loaded again, caching.py:367-388) or "Directly load AOT compilation from path"
+(compilation/decorators.py:303-305; the only one with torch >= 2.12.0.dev's mega-AOT artifact,
+envs.py:300-307, caching.py:317-337); miss when any graph was compiled, "Compiling a graph for
+compile range" (compilation/backends.py:391), which wins: that start paid for compiling.
 """
 
 from __future__ import annotations
@@ -27,16 +36,23 @@ from datetime import datetime, timezone
 VLLM_MARKERS = [
     ("weights_loading", ("Starting to load model",), "first"),
     ("weights_loaded", ("Loading weights took", "Model loading took"), "last"),
-    ("torch_compile", ("torch.compile and initial profiling/warmup run together took",), "last"),
+    (
+        "torch_compile",
+        ("Initial profiling/warmup run took", "torch.compile and initial profiling/warmup run together took"),
+        "last",
+    ),
     ("cuda_graphs", ("Graph capturing finished in",), "last"),
     ("engine_ready", ("init engine (profile, create kv cache, warmup model) took",), "last"),
     ("api_ready", ("Application startup complete.",), "first"),
 ]
 RAY_MARKER = "Ray runtime started."
+CACHE_HIT = ("Directly load the compiled graph", "Directly load AOT compilation from path")
+CACHE_MISS = ("Compiling a graph for compile range",)
 # What the vLLM test double of the simulated cluster really does: it runs in a container, needs
-# the real Ray cluster, serves the API and streams tokens. It loads no weights onto a GPU,
-# compiles nothing and captures no CUDA graph.
-TEST_DOUBLE_PHASES = {"container_start", "ray_ready", "api_ready", "first_token"}
+# the real Ray cluster, serves the API and streams tokens, and prints vLLM 0.19.0's compile lines
+# (from a compile cache it keeps where vLLM keeps its own). It loads no weights onto a GPU and
+# captures no CUDA graph.
+TEST_DOUBLE_PHASES = {"container_start", "ray_ready", "torch_compile", "api_ready", "first_token"}
 ORDER = [
     "container_start",
     "ray_ready",
@@ -133,12 +149,12 @@ def startup_phases(
                 why = "not seen in the logs"
             phases.append({"phase": phase, "at": None, "since_start_s": None, "source": None, "note": why})
     msgs = [m for _ts, m in lines]
-    if any("Directly load the compiled graph" in m for m in msgs):
-        cache = "hit"
-    elif any("Compiling a graph for compile range" in m for m in msgs):
+    if any(mk in m for m in msgs for mk in CACHE_MISS):
         cache = "miss"
+    elif any(mk in m for m in msgs for mk in CACHE_HIT):
+        cache = "hit"
     else:
-        cache = "not applicable (test double)" if test_double else "not seen in the logs"
+        cache = "not seen in the logs"
     return {"container_started_at": vllm_started_at.strip(), "phases": phases, "compile_cache": cache}
 
 

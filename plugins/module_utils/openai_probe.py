@@ -5,11 +5,15 @@
 Runs on the target, so: no requests, no third-party imports. Every failure is raised
 as ProbeError with a `kind` a caller can act on:
 
-    refused       nothing listens on that address (TCP connection refused)
-    unreachable   the address cannot be resolved or routed to
+    refused       nothing listens on that address (TCP connection refused); vLLM 0.19.0 binds its
+                  port at start but listens only once its engine is up (entrypoints/openai/
+                  api_server.py:541-548 binds, :596 serve_http listens), so a start refuses
+    unreachable   the address cannot be resolved or routed to, or the connection was reset
+                  before an answer (the server went away: shutting down or restarting)
     timeout       no answer (or the stream stalled) within the request timeout
-    loading       503 Service Unavailable, or the connection was reset before any
-                  answer (vLLM starting up, or its front end not ready yet)
+    engine_dead   503 Service Unavailable: vLLM 0.19.0 answers /health 503 only when its engine
+                  is dead (EngineDeadError, entrypoints/serve/instrumentator/health.py:29-33); the
+                  engine does not come back and the API server exits next (launcher.py:144-166)
     unauthorized  401/403: the API key is missing or wrong
     wrong_model   the expected served model name is not in /v1/models (or 404 for it)
     server_error  5xx other than 503 (body excerpt in the message), or the stream broke
@@ -32,14 +36,15 @@ KINDS = (
     "refused",
     "unreachable",
     "timeout",
-    "loading",
+    "engine_dead",
     "unauthorized",
     "wrong_model",
     "server_error",
     "client_error",
     "malformed",
 )
-RETRYABLE_KINDS = frozenset({"refused", "unreachable", "timeout", "loading"})
+# A dead engine is never retried: vLLM's EngineCore does not recover, its server exits (with status 0).
+RETRYABLE_KINDS = frozenset({"refused", "unreachable", "timeout"})
 EXCERPT_CHARS = 300
 
 
@@ -86,7 +91,7 @@ def _classify_os_error(exc: BaseException, url: str, timeout: float) -> ProbeErr
         return ProbeError("timeout", f"no answer from {url} within {timeout:g} s", url=url)
     if isinstance(exc, (ConnectionResetError, http.client.RemoteDisconnected, BrokenPipeError)):
         return ProbeError(
-            "loading", f"connection to {url} was reset before an answer (server starting?): {exc}", url=url
+            "unreachable", f"connection to {url} was reset before an answer (server going away?): {exc}", url=url
         )
     if isinstance(exc, socket.gaierror):
         return ProbeError("unreachable", f"cannot resolve the host of {url}: {exc}", url=url)
@@ -101,7 +106,13 @@ def _classify_status(status: int, reason: str, body: bytes, url: str, api_key: s
         why = "the API key is wrong" if api_key else "no API key was given but the server requires one (set api_key)"
         return ProbeError("unauthorized", f"{status} {reason or 'Unauthorized'} from {url}: {why}", status, url)
     if status == 503:
-        return ProbeError("loading", f"503 Service Unavailable from {url} (still loading?): {excerpt}", status, url)
+        return ProbeError(
+            "engine_dead",
+            f"503 Service Unavailable from {url}: vLLM's engine is dead (EngineDeadError), its API server exits "
+            f"next; the vLLM log's first error is the cause{': ' + excerpt if excerpt else ''}",
+            status,
+            url,
+        )
     if status >= 500:
         return ProbeError("server_error", f"{status} {reason} from {url}: {excerpt}", status, url)
     if status == 404 and "model" in excerpt.lower():
@@ -145,7 +156,7 @@ def request(
 
 
 def get_health(base_url: str, timeout: float = 10.0, api_key: str | None = None) -> dict:
-    """GET /health: vLLM answers 200 with an empty body once the engine is up."""
+    """GET /health: 200 (empty body) while the engine lives, 503 once it is dead; refused before it is up."""
     start = time.monotonic()
     status = request(base_url, "GET", "/health", api_key=api_key, timeout=timeout)[0]
     return {"ok": True, "status": status, "elapsed_s": round(time.monotonic() - start, 3)}

@@ -14,9 +14,11 @@ description:
     and C(GET /metrics) (vLLM's Prometheus metrics, parsed).
   - A health check that only asks C(/health) does not see an engine that hangs while the API
     answers; the timed completion does. Keep C(completion) in I(checks) for that reason.
-  - With I(retry_until_healthy), failures that go away on their own (connection refused, timeouts,
-    503 while loading, connection reset while starting) are retried with exponential backoff until
-    I(timeout_s) is spent; wrong keys, wrong models and malformed answers fail at once.
+  - With I(retry_until_healthy), failures that go away on their own (connection refused, as vLLM 0.19.0 refuses
+    until its engine is up; timeouts; a connection reset) are retried with exponential backoff until
+    I(timeout_s) is spent; wrong keys, wrong models, malformed answers and a dead engine fail at once.
+  - A 503 means a dead engine (C(engine_dead)); vLLM 0.19.0 answers C(/health) 503 only for EngineDeadError
+    (C(entrypoints/serve/instrumentator/health.py)), and its API server exits right after.
   - Read-only; never changes anything. The API key never appears in results, messages or the
     progress file.
 version_added: "0.1.0"
@@ -60,7 +62,7 @@ options:
     type: float
     default: 30
   retry_until_healthy:
-    description: Retry transient failures (refused, unreachable, timeout, loading) until I(timeout_s) is spent.
+    description: Retry transient failures (refused, unreachable, timeout) until I(timeout_s) is spent.
     type: bool
     default: false
   initial_delay_s:
@@ -165,7 +167,7 @@ elapsed_s:
   type: float
 failure_kind:
   description:
-    - Null when healthy, else one of refused, unreachable, timeout, loading, unauthorized, wrong_model,
+    - Null when healthy, else one of refused, unreachable, timeout, engine_dead, unauthorized, wrong_model,
       server_error, client_error, malformed, too_slow.
   returned: always
   type: str
@@ -287,8 +289,11 @@ class _Run:
         if r["attempts"] > 1 or self.p["retry_until_healthy"]:
             msg += f" (after {r['attempts']} attempts in {r['elapsed_s']:.0f} s)"
         hints = {
-            "refused": "is vLLM running and listening on that address and port?",
-            "loading": "vLLM is still loading; raise timeout_s or set retry_until_healthy",
+            "refused": "is vLLM running on that address and port? It refuses connections until its engine is up "
+            "(minutes): raise timeout_s or set retry_until_healthy",
+            "engine_dead": "vLLM's engine died and does not recover; its API server exits with status 0 (a restart "
+            "policy on-failure does not restart it): the first error in the vLLM container's log is the cause; "
+            "the watchdog or site.yml starts serving again",
             "timeout": "the server or network is slow or hung; check the vLLM log",
         }
         if err.kind in hints:

@@ -317,13 +317,22 @@ def check_endpoint(health: dict) -> dict:
         or health.get("msg")
         or "no completion"
     )
-    return verdict(
-        "endpoint",
-        "cluster",
-        CRITICAL,
-        ev,
-        "see the watchdog and container verdicts below; `ansible-playbook site.yml` restarts serving",
-    )
+    kind = health.get("failure_kind")
+    if kind == "engine_dead":
+        # vLLM 0.19.0 answers 503 only for EngineDeadError: the engine does not come back, the server exits (status 0).
+        action = (
+            "vLLM's engine is dead and its API server is exiting (status 0, so restart policy on-failure does not "
+            "restart it): the first error in the vLLM container's `docker logs` is the cause; the watchdog "
+            "restarts the group, or `ansible-playbook site.yml` does"
+        )
+    elif kind == "refused":
+        action = (
+            "nothing listens: vLLM is not running, or is still starting (it listens only once its engine is up); "
+            "see the watchdog and container verdicts below; `ansible-playbook site.yml` restarts serving"
+        )
+    else:
+        action = "see the watchdog and container verdicts below; `ansible-playbook site.yml` restarts serving"
+    return verdict("endpoint", "cluster", CRITICAL, f"[{kind}] {ev}" if kind else ev, action)
 
 
 def check_exposure(probe: dict, serve_host: str, mgmt_address: str) -> dict:

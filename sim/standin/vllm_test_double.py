@@ -14,12 +14,19 @@ made by sim/record_vllm_contract.py). What it proves, when a deployment passes a
     --download-dir; models--org--name/snapshots/<rev>/ with config.json, a weight file and every
     shard named by an index; --revision honoured); otherwise it refuses to start;
   - with --distributed-executor-backend ray (or TP*PP > 1 without a backend) the Ray cluster really
-    has TP*PP GPUs on distinct nodes: a STRICT_SPREAD placement group of {"GPU": 1} bundles, one GPU
-    actor per bundle, and only then it listens (like vLLM, which listens once its engine is up);
+    has TP*PP GPUs: vLLM 0.19.0's placement group of {"GPU": 1} bundles, strategy PACK, the first
+    bundle on this node's VLLM_HOST_IP (vllm/v1/executor/ray_utils.py:454-478), waited for 1800 s
+    (PG_WAIT_TIMEOUT, ray_utils.py:27, :284), one GPU actor per bundle; the port is bound at start
+    but listens only once the engine is up, so a client is refused until then (api_server.py:541-548
+    binds before the engine, serve_http listens after it, api_server.py:596, 684-688);
+  - vLLM 0.19.0's torch.compile lines with its pinned torch 2.10.0 (AOT compile on, no mega-AOT):
+    cold, compiled and saved where vLLM keeps the AOT artifact (a marker, no artifact); warm, loaded
+    from there (see compile_log);
   - a TP member (a Ray actor on another node) that dies kills the engine the way vLLM 0.19.0's does:
     RayDistributedExecutor.check_health is a no-op ("Assume that the Ray workers are healthy",
     vllm/v1/executor/ray_executor.py), so an idle engine keeps answering /health 200; the next step
-    (a request) calls the actors, fails, and the engine is dead (EngineDeadError): that request gets
+    (a request) calls the actors, fails (a stuck one after RAY_CGRAPH_get_timeout, 300 s,
+    ray_executor.py:551-558), and the engine is dead (EngineDeadError): that request gets
     500 InternalServerError "EngineCore encountered an issue. ...", /health answers 503
     (vllm/entrypoints/serve/instrumentator/health.py), and the API server shuts down
     (engine_error_handler -> terminate_if_errored, or the 5 s watchdog_loop for a stream;
@@ -47,6 +54,7 @@ import json
 import os
 import re
 import resource
+import socket
 import sys
 import threading
 import time
@@ -429,6 +437,50 @@ class Metrics:
         )
 
 
+def default_route_ip() -> str:
+    """vLLM's get_ip() without VLLM_HOST_IP (vllm/utils/network_utils.py:46-72): a UDP socket's address
+    toward a public one (no packet is sent)."""
+    for family, addr in ((socket.AF_INET, "8.8.8.8"), (socket.AF_INET6, "2001:4860:4860::8888")):
+        try:
+            with socket.socket(family, socket.SOCK_DGRAM) as s:
+                s.connect((addr, 80))
+                return s.getsockname()[0]
+        except OSError:
+            pass
+    return "0.0.0.0"  # noqa: S104 - what vLLM falls back to
+
+
+def compile_log(args) -> None:
+    """vLLM 0.19.0's torch.compile lines with its pinned torch==2.10.0: AOT compile on (vllm/envs.py:285-297),
+    no mega-AOT artifact (torch < 2.12.0.dev, envs.py:300-307). The AOT artifact's path (compilation/
+    decorators.py:469-499, under VLLM_CACHE_ROOT, envs.py get_default_cache_root) holds a marker: there, a
+    warm start (caching.py:367-388 loads the graphs again, then decorators.py:303-305); absent, a cold one."""
+    if args.enforce_eager:
+        return  # CompilationMode.NONE: nothing is compiled, nothing logged
+    rng = f"(1, {args.max_num_batched_tokens or 8192})"  # str(Range), vllm/config/utils.py:375-376
+    root = os.environ.get("VLLM_CACHE_ROOT") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "vllm"
+    )
+    keys = ("model_tag", "revision", "tensor_parallel_size", "pipeline_parallel_size", "quantization", "dtype")
+    key = hashlib.sha256(json.dumps([str(getattr(args, k, None)) for k in keys]).encode()).hexdigest()
+    path = Path(root, "torch_compile_cache", "torch_aot_compile", key, "rank_0_0", "model")
+    t0 = time.monotonic()
+    if path.is_file():
+        # backends.py:285-291, then decorators.py:303-305
+        log(f"Directly load the compiled graph(s) for compile range {rng} from the cache, took 0.000 s")
+        log(f"Directly load AOT compilation from path {path}")
+    else:
+        log(f"Compiling a graph for compile range {rng} takes 0.00 s")  # backends.py:390-395
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("TEST DOUBLE marker: vLLM's AOT artifact would be here; nothing was compiled\n")
+            log(f"saved AOT compiled function to {path}")  # decorators.py:640-644
+        except OSError as exc:
+            log(f"unable to save AOT compiled function to {path}: {exc}", "WARNING")  # decorators.py:646-650
+    log(f"torch.compile took {time.monotonic() - t0:.2f} s in total")  # monitor.py:20, :48
+    log("Initial profiling/warmup run took 0.00 s")  # monitor.py:77-81
+
+
 # --- the engine -------------------------------------------------------------------------------------
 
 
@@ -479,21 +531,30 @@ class Engine:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # noqa: PLC0415
 
         self.ray = ray
-        timeout = float(os.environ.get("SPARKOPS_TEST_DOUBLE_PG_TIMEOUT_S", "120"))
+        timeout = self.pg_wait_s()
         ray.init(address="auto", log_to_driver=False, logging_level="WARNING")
         gpus = ray.cluster_resources().get("GPU", 0)
-        log(
-            f"connected to Ray: {len([n for n in ray.nodes() if n['Alive']])} nodes, {gpus:g} GPUs; "
-            f"placing {world} bundles {{'GPU': 1}} (STRICT_SPREAD)"
-        )
-        pg = placement_group([{"GPU": 1}] * world, strategy="STRICT_SPREAD")
-        try:
-            ray.get(pg.ready(), timeout=timeout)
-        except ray.exceptions.GetTimeoutError:
+        log(f"connected to Ray: {len([n for n in ray.nodes() if n['Alive']])} nodes, {gpus:g} GPUs")
+        if world > gpus:  # ray_utils.py:445-451
+            log("The number of required GPUs exceeds the total number of available GPUs in the placement group.")
+        # ray_utils.py:454-478: one {"GPU": 1} bundle per rank, the first on this node (get_ip(): VLLM_HOST_IP, else
+        # the address of the default route, vllm/utils/network_utils.py:33-72), strategy PACK.
+        specs = [{"GPU": 1.0} for _ in range(world)]
+        specs[0][f"node:{os.environ.get('VLLM_HOST_IP') or default_route_ip()}"] = 0.001
+        pg = placement_group(specs, strategy="PACK")
+        ready, start, wait = pg.ready(), time.monotonic(), 10.0
+        while time.monotonic() - start < timeout:  # ray_utils.py:281-299
+            if ray.wait([ready], timeout=min(wait, max(0.0, timeout - (time.monotonic() - start))))[0]:
+                break
+            wait *= 2
+            waited = int(time.monotonic() - start)
+            log(f"Waiting for creating a placement group of specs for {waited} seconds. specs={specs}.")
+        else:
             ray.util.remove_placement_group(pg)
-            die(
-                f"placement group of {world} x {{'GPU': 1}} (STRICT_SPREAD) not placed after {timeout:g} s: "
-                f"cluster has {ray.cluster_resources().get('GPU', 0):g} GPUs"
+            die(  # ray_utils.py:311-320
+                f"ValueError: Cannot provide a placement group requiring {world} GPUs "
+                f"(placement_group_specs={specs}) within {timeout:g} seconds. "
+                f"Tensor parallel size may exceed available GPUs in your cluster ({gpus:g} GPUs)."
             )
 
         @ray.remote(num_gpus=1, num_cpus=0, max_restarts=0)
@@ -511,6 +572,19 @@ class Engine:
         nodes = set(placement_group_table(pg)["bundles_to_node_id"].values())
         pids = ray.get([w.pid.remote() for w in self.workers], timeout=timeout)
         log(f"placement group placed on {len(nodes)} nodes; GPU workers up; worker pids {','.join(map(str, pids))}")
+        log(f"RAY_CGRAPH_get_timeout is set to {self.step_timeout():g}")  # ray_executor.py:561-564
+
+    @staticmethod
+    def pg_wait_s() -> float:
+        """vLLM waits PG_WAIT_TIMEOUT = 1800 s for its placement group (ray_utils.py:27, :284); a constant
+        there, settable here only for the simulated cluster (sim/standin/Dockerfile)."""
+        return float(os.environ.get("SPARKOPS_TEST_DOUBLE_PG_TIMEOUT_S", "1800"))
+
+    @staticmethod
+    def step_timeout() -> float:
+        """vLLM sets RAY_CGRAPH_get_timeout to 300 s unless it is set (ray_executor.py:551-558): a stuck TP
+        member (SIGSTOP, a hung collective) ends the engine after it."""
+        return float(os.environ.get("RAY_CGRAPH_get_timeout", "300"))  # noqa: SIM112 - Ray's own name
 
     def step(self) -> None:
         """One engine step: every TP worker must answer, as vLLM's execute_model needs all of them.
@@ -523,11 +597,8 @@ class Engine:
         if not self.workers:
             return
         ray = self.ray
-        # A worker that is alive but stuck (SIGSTOP, a hung collective) makes vLLM hang, not die: its NCCL
-        # collectives wait for torch.distributed's default timeout (10 minutes). So does this step.
-        timeout = float(os.environ.get("SPARKOPS_TEST_DOUBLE_STEP_TIMEOUT_S", "600"))
         try:
-            ray.get([w.execute_model.remote() for w in self.workers], timeout=timeout)
+            ray.get([w.execute_model.remote() for w in self.workers], timeout=self.step_timeout())
         except Exception as exc:  # noqa: BLE001 - RayActorError, ActorDiedError, GetTimeoutError, ...
             self.kill(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
             raise EngineDead(self.dead) from exc
@@ -826,9 +897,14 @@ def main(argv: list[str] | None = None) -> int:
     snap = find_weights(args.model_tag, args.revision, args.download_dir)
     log(f"weights found in {snap}")
     engine = Engine(args, snap, contract)
-    engine.place()
     Handler.engine = engine
-    srv = ThreadingHTTPServer((args.host or "0.0.0.0", args.port or 8000), Handler)  # noqa: S104 - vLLM's default
+    # vLLM binds its port before the engine starts and listens once it is up (api_server.py:541-548, :596):
+    # until then a client's connection is refused.
+    srv = ThreadingHTTPServer((args.host or "0.0.0.0", args.port or 8000), Handler, bind_and_activate=False)  # noqa: S104
+    srv.server_bind()
+    engine.place()
+    compile_log(args)
+    srv.server_activate()
     srv.daemon_threads = True
     engine.server = srv
     log(f"Starting vLLM API server 0 on http://{args.host or '0.0.0.0'}:{srv.server_port}")

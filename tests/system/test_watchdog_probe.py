@@ -90,3 +90,50 @@ def test_events_never_carry_the_key(tmp_path, streamer):
     result, detail, _ = wd.probe(cfg(streamer), KEY, 5)
     ev.emit("probe_ok", detail or result)
     assert KEY not in (tmp_path / "w.jsonl").read_text()
+
+
+class DeadEngine(BaseHTTPRequestHandler):
+    """vLLM 0.19.0 after EngineDeadError: a request gets 500 with ENGINE_DEAD_MESSAGE (v1/engine/exceptions.py:13);
+    a stream already answered 200 gets it as an error chunk; /health gets 503."""
+
+    def do_POST(self):  # noqa: N802 - http.server's name
+        self.rfile.read(int(self.headers["Content-Length"]))
+        msg = b'{"error":{"message":"EngineCore encountered an issue. See stack trace (above) for the root cause."}}'
+        streamed = self.server.streamed
+        self.send_response(200 if streamed else self.server.status)
+        self.send_header("Content-Type", "text/event-stream" if streamed else "application/json")
+        self.end_headers()
+        self.wfile.write(b"data: " + msg + b"\n\n" if streamed else msg if self.server.status == 500 else b"")
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.parametrize(("status", "streamed"), [(500, False), (503, False), (200, True)])
+def test_a_dead_engine_is_dead_not_a_plain_failure(status, streamed):
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), DeadEngine)
+    srv.status, srv.streamed = status, streamed
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        result, detail, _ = wd.probe(cfg(f"http://127.0.0.1:{srv.server_address[1]}"), KEY, 5)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert result == "dead" and "engine dead" in detail, (result, detail)
+
+
+def test_another_500_is_a_plain_failure():
+    class Other(DeadEngine):
+        def do_POST(self):  # noqa: N802 - http.server's name
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(500)
+            self.end_headers()
+            self.wfile.write(b'{"error":{"message":"out of memory"}}')
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Other)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        assert wd.probe(cfg(f"http://127.0.0.1:{srv.server_address[1]}"), KEY, 5)[:2] == ("failed", "HTTP 500")
+    finally:
+        srv.shutdown()
+        srv.server_close()

@@ -135,3 +135,10 @@ def test_a_group_restart_drops_the_model_pages_on_every_node_and_reports_a_node_
     calls.clear()
     dog.drop_model_page_cache()
     assert calls == []
+
+
+def test_a_dead_engine_restarts_at_once_but_not_in_grace():
+    """vLLM 0.19.0's EngineCore does not recover after EngineDeadError: no K failed probes to wait for."""
+    r = wd.decide(obs("dead", detail="HTTP 500: engine dead"), {"restart_epochs": []}, CFG, 1000)
+    assert r["action"] == "restart" and r["reason"] == "engine dead: HTTP 500: engine dead"
+    assert wd.decide(obs("dead", in_grace=True), {"restart_epochs": []}, CFG, 1000)["action"] == "none"

@@ -45,6 +45,9 @@ IDENT = "sparkops-watchdog"
 # Events logged to syslog at info; every other one is a warning.
 QUIET_EVENTS = ("started", "restart_ended", "recovered", "probe_ok", "page_cache_dropped")
 LOCK = threading.Lock()
+# vLLM 0.19.0's EngineDeadError (v1/engine/exceptions.py:13): a request's 500 or a stream's error chunk. /health
+# answers 503 only then (entrypoints/serve/instrumentator/health.py:29-33). A dead engine never comes back.
+ENGINE_DEAD = b"EngineCore encountered an issue"
 
 
 # --------------------------------------------------------------------------- events
@@ -101,7 +104,7 @@ def restarts_in_window(restart_epochs: list[float], now: float, window_s: float 
 def decide(observation: dict, state: dict, cfg: dict, now: float) -> dict:
     """What to do after one round of observation. Pure, unit-tested.
 
-    observation: probe ("ok" | "hang" | "failed"), probe_detail, workers
+    observation: probe ("ok" | "hang" | "dead" | "failed"), probe_detail, workers
     ({name: "running" | "stopped" | "missing" | "paused" | "unreachable"}),
     floor_tripped (list of nodes), in_grace (bool: vLLM or Ray was started
     moments ago by someone else, e.g. Ansible).
@@ -131,6 +134,9 @@ def decide(observation: dict, state: dict, cfg: dict, now: float) -> dict:
         reason = "worker lost: " + ", ".join(f"{n} {observation['workers'][n]}" for n in down)
     elif observation["probe"] == "hang":
         reason = f"hang: no token within {cfg['hang_timeout_s']} s"
+    elif observation["probe"] == "dead":
+        # No K probes in a row: the engine does not recover, and its server exits by itself.
+        reason = f"engine dead: {observation.get('probe_detail', '')}"
     else:
         failures += 1
         new["consecutive_failures"] = failures
@@ -235,7 +241,7 @@ def _stat_value(path: str, key: str) -> int:
 
 # --------------------------------------------------------------------------- probe
 def probe(cfg: dict, api_key: str, timeout: float) -> tuple[str, str, float]:
-    """A short streamed completion. Returns (ok|hang|failed, detail, seconds to first token)."""
+    """A short streamed completion. Returns (ok|hang|dead|failed, detail, seconds to first token)."""
     url = urlsplit(cfg["endpoint"])
     body = json.dumps(
         {
@@ -257,11 +263,15 @@ def probe(cfg: dict, api_key: str, timeout: float) -> tuple[str, str, float]:
         )
         resp = conn.getresponse()
         if resp.status != 200:
+            if resp.status == 503 or ENGINE_DEAD in resp.read(4096):
+                return "dead", f"HTTP {resp.status}: engine dead", time.monotonic() - start
             return "failed", f"HTTP {resp.status}", time.monotonic() - start
         while time.monotonic() - start < timeout:
             line = resp.fp.readline()
             if not line:
                 return "failed", "stream ended before a token", time.monotonic() - start
+            if line.startswith(b"data:") and ENGINE_DEAD in line:  # the error chunk of a stream (server_utils.py)
+                return "dead", "stream error: engine dead", time.monotonic() - start
             if line.startswith(b"data:") and b'"text"' in line:
                 return "ok", "", time.monotonic() - start
         return "hang", f"no token within {timeout} s", time.monotonic() - start
@@ -366,7 +376,7 @@ class Watchdog:
             self.events.emit(
                 "hang_seen", reason if action != "blocked" else obs["probe_detail"], probe_s=obs["probe_s"]
             )
-        elif obs["probe"] == "failed" and not obs["in_grace"] and not quiet:
+        elif obs["probe"] in ("failed", "dead") and not obs["in_grace"] and not quiet:
             self.events.emit("probe_failed", obs["probe_detail"], consecutive=self.state["consecutive_failures"])
         for name, st in obs["workers"].items():
             if st != "running" and self.state.get("workers", {}).get(name) != st:
@@ -475,6 +485,8 @@ class Watchdog:
             result, detail, _elapsed = probe(c, self.api_key, float(c["hang_timeout_s"]))
             if result == "ok":
                 return True, ""
+            if result == "dead":
+                return False, f"vLLM's engine died while starting ({detail})"
             st = container_state(c["vllm_container"])
             if st.get("Status") == "exited" and not st.get("Restarting"):
                 return False, f"vLLM exited with code {st.get('ExitCode')} while starting"

@@ -104,6 +104,7 @@ def test_a_vllm_that_restarted_and_came_up_is_ready(tmp_path, hf_home):
     port = free_port()
     bindir = fake_docker(tmp_path, "running 0 11", ["INFO crash-looped before", "INFO loading weights"])
     env = dict(os.environ, HF_HOME=str(hf_home), SPARKOPS_TEST_DOUBLE_TOK_S="200", PYTHONUNBUFFERED="1")
+    env.update(VLLM_CACHE_ROOT=str(tmp_path / "vllm-cache"))  # the double keeps its compile marker there
     env.pop("HF_HUB_CACHE", None)
     # The server starts 8 s late: the first 2-s rounds see no answer.
     cmd = (

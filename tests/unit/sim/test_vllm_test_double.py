@@ -106,9 +106,13 @@ def ray_head(tmp_path_factory):
 
 def env_for(hf_home: Path, ray_address: str | None = None, **extra) -> dict:
     env = dict(os.environ, HF_HOME=str(hf_home), SPARKOPS_TEST_DOUBLE_TOK_S="40", PYTHONUNBUFFERED="1")
-    env.pop("HF_HUB_CACHE", None)
+    env.update(VLLM_CACHE_ROOT=str(hf_home / "vllm-cache"))  # the double's compile marker, never ~/.cache
+    for name in ("HF_HUB_CACHE", "SPARKOPS_TEST_DOUBLE_PG_TIMEOUT_S", "RAY_CGRAPH_get_timeout", "VLLM_HOST_IP"):
+        env.pop(name, None)
     if ray_address:
+        # vLLM puts its first rank on VLLM_HOST_IP's Ray node (ray_utils.py:471-473): the Ray head's address.
         env.update(RAY_ADDRESS=ray_address, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0")
+        env.update(VLLM_HOST_IP="127.0.0.1")
     env.update(extra)
     return env
 
@@ -344,27 +348,128 @@ def test_every_single_gpu_shipped_profile_starts_under_the_double(name, tmp_path
     assert "Unknown vLLM environment variable" not in out, out
 
 
-def test_refuses_when_tp_exceeds_the_gpus(ray_head, hf_home):
+def _start(args: list[str], env: dict, logf: Path) -> subprocess.Popen:
+    with logf.open("w") as out:
+        return subprocess.Popen(
+            [sys.executable, str(DOUBLE), "serve", MODEL, "--host", "127.0.0.1", *args],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _wait_healthy(proc: subprocess.Popen, base: str, logf: Path, within: float = 60) -> None:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, logf.read_text()
+        try:
+            op.get_health(base, timeout=1)
+            return
+        except op.ProbeError:
+            time.sleep(0.2)
+    pytest.fail("the double did not answer /health:\n" + logf.read_text())
+
+
+def test_the_real_timeouts_are_the_defaults_and_only_the_stand_in_image_shortens_them(monkeypatch):
+    """vLLM 0.19.0: 1800 s for the placement group (ray_utils.py:27, :284), RAY_CGRAPH_get_timeout 300 s
+    (ray_executor.py:551-558). The simulated cluster's short values are set in one place, the image."""
+    d = _load_double()
+    monkeypatch.delenv("SPARKOPS_TEST_DOUBLE_PG_TIMEOUT_S", raising=False)
+    monkeypatch.delenv("RAY_CGRAPH_get_timeout", raising=False)
+    assert d.Engine.pg_wait_s() == 1800
+    assert d.Engine.step_timeout() == 300
+    monkeypatch.setenv("RAY_CGRAPH_get_timeout", "7")  # vLLM's os.environ.setdefault keeps a set value
+    assert d.Engine.step_timeout() == 7
+    setters = [
+        str(f.relative_to(ROOT))
+        for f in [*ROOT.glob("sim/**/*"), *ROOT.glob("inventory/**/*"), *ROOT.glob("roles/**/*")]
+        if f.is_file() and "Dockerfile" not in f.name and f.suffix not in (".py", ".json", ".pyc")
+        and ("SPARKOPS_TEST_DOUBLE_PG_TIMEOUT_S" in f.read_text(errors="replace")
+             or "RAY_CGRAPH_get_timeout" in f.read_text(errors="replace"))
+    ]  # fmt: skip
+    assert setters == []
+    image = (ROOT / "sim" / "standin" / "Dockerfile").read_text()
+    assert "LISTED SIMULATION DIFFERENCE" in image
+    assert "SPARKOPS_TEST_DOUBLE_PG_TIMEOUT_S=120" in image and "RAY_CGRAPH_get_timeout=30" in image
+
+
+def test_refuses_when_tp_exceeds_the_gpus_and_refuses_connections_until_then(ray_head, hf_home, tmp_path):
+    """PACK over 2 GPUs cannot place 3 bundles; vLLM waits (here 3 s), names the GPUs and exits 1. Its port is
+    bound from the start (api_server.py:541-548) but listens only once the engine is up: refused until then."""
+    port, logf = free_port(), tmp_path / "double.log"
     t0 = time.monotonic()
-    r = run_double(
-        [
-            "serve",
-            MODEL,
-            "--port",
-            str(free_port()),
-            "--host",
-            "127.0.0.1",
-            "-tp",
-            "2",
-            "--distributed-executor-backend",
-            "ray",
-        ],
+    proc = _start(
+        ["--port", str(port), "-tp", "3", "--distributed-executor-backend", "ray"],
         env_for(hf_home, ray_head, SPARKOPS_TEST_DOUBLE_PG_TIMEOUT_S="3"),
+        logf,
     )
-    assert r.returncode == 1, r.stdout + r.stderr
-    assert "not placed after 3 s: cluster has 2 GPUs" in r.stdout  # two GPUs, one node: no STRICT_SPREAD
-    assert "Starting vLLM API server" not in r.stdout  # never listened
+    try:
+        while "connected to Ray" not in logf.read_text() and time.monotonic() - t0 < 30:
+            time.sleep(0.1)
+        with pytest.raises(op.ProbeError) as exc:
+            op.get_health(f"http://127.0.0.1:{port}", timeout=1)
+        assert exc.value.kind == "refused"
+        with socket.socket() as s, pytest.raises(OSError):
+            s.bind(("127.0.0.1", port))  # the port is the double's already
+        assert proc.wait(timeout=40) == 1
+    finally:
+        _stop(proc)
+    out = logf.read_text()
+    assert "Cannot provide a placement group requiring 3 GPUs" in out and "within 3 seconds" in out, out
+    assert "exceeds the total number of available GPUs" in out
+    assert "Starting vLLM API server" not in out  # never listened
     assert time.monotonic() - t0 < 45
+
+
+def test_the_first_rank_is_placed_on_vllm_host_ip_s_node(ray_head, hf_home, tmp_path):
+    """ray_utils.py:471-473: bundle 0 needs `node:<VLLM_HOST_IP>`; no Ray node has 127.0.0.2, so nothing places."""
+    logf = tmp_path / "double.log"
+    proc = _start(
+        ["--port", str(free_port()), "--distributed-executor-backend", "ray"],
+        env_for(hf_home, ray_head, SPARKOPS_TEST_DOUBLE_PG_TIMEOUT_S="3", VLLM_HOST_IP="127.0.0.2"),
+        logf,
+    )
+    try:
+        assert proc.wait(timeout=40) == 1
+    finally:
+        _stop(proc)
+    assert "'node:127.0.0.2': 0.001" in logf.read_text()
+
+
+def test_tp2_packs_on_one_node_and_the_second_start_loads_the_compile_cache(ray_head, hf_home, tmp_path):
+    """PACK, not STRICT_SPREAD: two bundles on the one node with 2 GPUs. vLLM 0.19.0's AOT-on lines with
+    torch 2.10.0: cold compiles and saves the artifact, warm loads it (no `Compiling a graph`)."""
+    env = env_for(hf_home, ray_head, VLLM_CACHE_ROOT=str(tmp_path / "vllm-cache"))
+    logs = []
+    for n in (1, 2):
+        port, logf = free_port(), tmp_path / f"double{n}.log"
+        proc = _start(["--port", str(port), "-tp", "2", "--distributed-executor-backend", "ray"], env, logf)
+        try:
+            _wait_healthy(proc, f"http://127.0.0.1:{port}", logf)
+        finally:
+            _stop(proc)
+        logs.append(logf.read_text())
+    cold, warm = logs
+    assert "placement group placed on 1 nodes" in cold
+    assert "RAY_CGRAPH_get_timeout is set to 300" in cold
+    for line in ("Compiling a graph for compile range (1, 8192) takes", "saved AOT compiled function to "):
+        assert line in cold and line not in warm
+    for line in ("Directly load the compiled graph(s) for compile range (1, 8192)", "Directly load AOT compilation"):
+        assert line in warm and line not in cold
+    for log in logs:
+        assert "torch.compile took " in log and "Initial profiling/warmup run took " in log
+        assert log.index("Initial profiling/warmup run took") < log.index("Application startup complete.")
+    assert list((tmp_path / "vllm-cache" / "torch_compile_cache" / "torch_aot_compile").glob("*/rank_0_0/model"))
 
 
 def _post(base: str, path: str, body: dict, key: str | None = KEY) -> tuple[int, bytes]:
@@ -601,3 +706,30 @@ def test_a_dead_tp_member_kills_the_engine_like_vllm_0_19_0(ray_head, hf_home, t
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_a_stuck_tp_member_ends_the_engine_after_ray_cgraph_get_timeout(ray_head, hf_home, tmp_path):
+    """A TP worker stopped (SIGSTOP: alive, never answering): vLLM 0.19.0's compiled-graph get gives up after
+    RAY_CGRAPH_get_timeout (300 s by default, ray_executor.py:551-558; 3 s here) and the engine is dead."""
+    port, logf = free_port(), tmp_path / "double.log"
+    proc = _start(
+        ["--port", str(port), "--served-model-name", "tiny", "--distributed-executor-backend", "ray"],
+        env_for(hf_home, ray_head, RAY_CGRAPH_get_timeout="3"),
+        logf,
+    )
+    base, pid = f"http://127.0.0.1:{port}", None
+    try:
+        _wait_healthy(proc, base, logf)
+        pid = int(logf.read_text().split("worker pids ")[1].split()[0].split(",")[0])
+        os.kill(pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        status, data = _post(base, "/v1/completions", {"model": "tiny", "prompt": "a b", "max_tokens": 4}, key=None)
+        waited = time.monotonic() - t0
+        assert status == 500, data
+        assert 2.5 < waited < 15, waited
+        assert "GetTimeoutError" in logf.read_text()
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if pid:
+            os.kill(pid, signal.SIGKILL)  # the stopped Ray actor this test stopped
+        _stop(proc)

@@ -142,3 +142,19 @@ def unused_port():
 def test_bad_base_url_is_rejected():
     with pytest.raises(ValueError, match="not an http"):
         op.get_health("ftp://x", timeout=1)
+
+
+def test_a_503_is_a_dead_engine_not_a_start_and_is_not_retryable():
+    """vLLM 0.19.0: /health is 503 only for EngineDeadError (entrypoints/serve/instrumentator/health.py:29-33);
+    before the engine is up the port refuses (api_server.py:541-548 binds, serve_http listens later)."""
+    err = op._classify_status(503, "Service Unavailable", b"", "http://h:8000/health", None)
+    assert err.kind == "engine_dead" and err.status == 503
+    assert "engine is dead" in err.message
+    assert "engine_dead" in op.KINDS and "loading" not in op.KINDS
+    assert {"refused", "unreachable", "timeout"} == op.RETRYABLE_KINDS
+    assert op._classify_status(500, "Internal Server Error", b"x", "u", None).kind == "server_error"
+
+
+def test_a_reset_connection_is_unreachable_and_retryable():
+    err = op._classify_os_error(ConnectionResetError(104, "reset"), "http://h:8000/health", 5)
+    assert err.kind == "unreachable" and err.kind in op.RETRYABLE_KINDS

@@ -1,7 +1,8 @@
 """vllm_health against a real in-process HTTP server on 127.0.0.1 (ephemeral port).
 
-The handler below plays a vLLM OpenAI server that can be told to misbehave: 503 while
-"loading" for the first N requests, reset connections, 401 without the right key, a
+The handler below plays a vLLM OpenAI server that can be told to misbehave: refuse connections
+until its engine is up (vLLM 0.19.0 binds at start and listens once the engine is up), a dead engine
+(503, vLLM 0.19.0's only 503 on /health), reset connections, 401 without the right key, a
 different served model, malformed stream chunks, no [DONE], a 500 mid-completion, or
 answer slower than the request timeout. Its /metrics is the public V1 dump in
 tests/fixtures/vllm/metrics_v1_dp2.txt (sources in that folder's README.md).
@@ -52,8 +53,8 @@ class FakeVllm(BaseHTTPRequestHandler):
             self.close_connection = True
             self.request.close()
             return True
-        if n <= self.cfg.get("loading_first", 0):
-            self._send(503, b'{"detail":"loading"}')
+        if n <= self.cfg.get("dead_first", 0):
+            self._send(503)  # entrypoints/serve/instrumentator/health.py:32-33: an empty 503
             return True
         if self.cfg.get("slow_s"):
             time.sleep(self.cfg["slow_s"])
@@ -122,10 +123,19 @@ class _Server(ThreadingHTTPServer):
 def server():
     made = []
 
-    def start(**cfg) -> str:
-        srv = _Server(("127.0.0.1", 0), FakeVllm)
+    def start(listen_after_s: float = 0, **cfg) -> str:
+        srv = _Server(("127.0.0.1", 0), FakeVllm, bind_and_activate=False)
+        srv.server_bind()  # bound, not listening: a connection is refused, as vLLM's before its engine is up
         srv.cfg, srv.requests, srv.lock = cfg, 0, threading.Lock()
-        threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+        def listen():
+            time.sleep(listen_after_s)
+            srv.server_activate()
+            srv.serve_forever(poll_interval=0.05)
+
+        threading.Thread(target=listen, daemon=True).start()
+        if not listen_after_s:
+            time.sleep(0.05)
         made.append(srv)
         return f"http://127.0.0.1:{srv.server_port}"
 
@@ -160,31 +170,43 @@ def test_healthy_server_reports_speed_models_and_metrics(server, tmp_path):
     assert KEY not in json.dumps(r) and KEY not in progress.read_text()
 
 
-def test_loading_503_then_healthy_is_retried_with_progress(server, tmp_path):
+def test_a_starting_vllm_refuses_then_answers_and_is_retried_with_progress(server, tmp_path):
     progress = tmp_path / "p.jsonl"
-    url = server(loading_first=3)
+    url = server(listen_after_s=0.6)
     r = run_module(
         vllm_health,
         args(url, retry_until_healthy=True, backoff={"initial_s": 0.05, "max_s": 0.1}, progress_file=str(progress)),
     )
     assert r["healthy"] is True, r
-    assert r["attempts"] == 4
     lines = [json.loads(x) for x in progress.read_text().splitlines()]
-    assert [x["kind"] for x in lines] == ["loading", "loading", "loading", "healthy"]
+    kinds = [x["kind"] for x in lines]
+    assert kinds[-1] == "healthy" and len(kinds) >= 3 and set(kinds[:-1]) == {"refused"}, kinds
+    assert r["attempts"] == len(kinds)
     assert all({"elapsed_s", "phase", "kind", "message"} <= set(x) for x in lines)
 
 
-def test_loading_without_retry_fails_at_once(server):
-    r = run_module(vllm_health, args(server(loading_first=100)))
+def test_a_503_is_a_dead_engine_and_is_never_retried(server):
+    """vLLM 0.19.0 answers /health 503 only for EngineDeadError; the engine does not come back."""
+    r = run_module(vllm_health, args(server(dead_first=100), retry_until_healthy=True, backoff={"initial_s": 0.05}))
     assert r["failed"] is True
-    assert r["failure_kind"] == "loading" and r["attempts"] == 1
-    assert "503" in r["msg"]
+    assert r["failure_kind"] == "engine_dead" and r["attempts"] == 1
+    assert "503" in r["msg"] and "engine is dead" in r["msg"] and "does not recover" in r["msg"]
 
 
-def test_connection_reset_while_starting_counts_as_loading(server):
-    r = run_module(vllm_health, args(server(reset_first=2), retry_until_healthy=True, backoff={"initial_s": 0.05}))
+def test_a_503_on_the_completion_is_a_dead_engine_too(server):
+    r = run_module(vllm_health, args(server(dead_first=100), checks=["completion"]))
+    assert r["failure_kind"] == "engine_dead" and r["checks"]["completion"]["kind"] == "engine_dead"
+
+
+def test_connection_reset_is_retried_as_unreachable(server, tmp_path):
+    progress = tmp_path / "p.jsonl"
+    r = run_module(
+        vllm_health,
+        args(server(reset_first=2), retry_until_healthy=True, backoff={"initial_s": 0.05}, progress_file=str(progress)),
+    )
     assert r["healthy"] is True, r
     assert r["attempts"] == 3
+    assert [json.loads(x)["kind"] for x in progress.read_text().splitlines()][:2] == ["unreachable"] * 2
 
 
 def test_wrong_key_is_401_and_not_retried(server):

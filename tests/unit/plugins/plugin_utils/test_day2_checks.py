@@ -103,6 +103,13 @@ def test_ray_membership_and_endpoint():
     assert d.check_endpoint({"healthy": True, "ttft_s": 0.1})["verdict"] == "PASS"
     bad = d.check_endpoint({"healthy": False, "checks": {"completion": {"ok": False, "message": "timed out"}}})
     assert bad["verdict"] == "CRITICAL" and "timed out" in bad["evidence"]
+    dead = d.check_endpoint(
+        {"healthy": False, "failure_kind": "engine_dead", "checks": {"health": {"ok": False, "message": "503 ..."}}}
+    )
+    assert dead["verdict"] == "CRITICAL" and dead["evidence"].startswith("[engine_dead] health: 503")
+    assert "engine is dead" in dead["action"] and "`docker logs`" in dead["action"]
+    refused = d.check_endpoint({"healthy": False, "failure_kind": "refused", "msg": "connection refused"})
+    assert "listens only once its engine is up" in refused["action"] and "engine is dead" not in refused["action"]
 
 
 def test_api_exposure():
