@@ -703,12 +703,13 @@ def contract_violations(profile, contract, gpus_per_node=1, allow_rules=None) ->
     """What vLLM of `contract` would refuse in `profile` (argv options and values, VLLM_* env), and the
     SM121 FP4 rules that this vLLM has no knob to enforce (unless allowed); [] when none.
 
-    min_vllm_version is not judged here (this runs over every profile, not only the selected one)."""
-    allowed, problems = check_allow_rules(allow_rules)
+    min_vllm_version is not judged here (this runs over every profile, not only the selected one), nor
+    are bad allow_rules entries reported (profile_violations reports them once; here they allow nothing)."""
+    allowed, _problems = check_allow_rules(allow_rules)
     p, errors = _validate(profile)
     if errors:
-        return problems + errors
-    return problems + _split(_contract_findings(p, contract, gpus_per_node), allowed)["refused"]
+        return errors
+    return _split(_contract_findings(p, contract, gpus_per_node), allowed)["refused"]
 
 
 def _contract_findings(p: dict, contract: dict, gpus_per_node: int) -> list[tuple[str | None, str]]:
