@@ -43,11 +43,11 @@ MXFP4_FAMILIES = ("gpt-oss",)
 # Quantization methods whose weights are FP4 (CUTLASS FP4 checks apply to these). The rules key on
 # `quantization` (the --quantization flag) or `weights_quantization` (what the checkpoint's own
 # config.json says, for checkpoints vLLM reads the method from), never on the model's name.
-FP4_QUANTIZATIONS = ("mxfp4", "nvfp4", "modelopt_fp4", "fp4", "modelopt_mxfp4")
-# FP8 weight formats (vllm/model_executor/layers/quantization/__init__.py of 0.19.0 names fp8,
-# fbgemm_fp8, ptpc_fp8, modelopt (FP8), fp_quant aside); "fp8" is also how a compressed-tensors FP8
-# checkpoint is described in weights_quantization.
-FP8_QUANTIZATIONS = ("fp8", "fbgemm_fp8", "ptpc_fp8", "modelopt_fp8", "fp8_e4m3")
+FP4_QUANTIZATIONS = ("mxfp4", "nvfp4", "modelopt_fp4", "fp4", "modelopt_mxfp4", "petit_nvfp4")
+# FP8 weight formats: vLLM 0.19.0's fp8, fbgemm_fp8 and modelopt (ModelOpt's FP8)
+# (vllm/model_executor/layers/quantization/__init__.py:13-35), ptpc_fp8 of earlier releases, and
+# "fp8"/"modelopt_fp8" as weights_quantization describes a compressed-tensors or ModelOpt FP8 checkpoint.
+FP8_QUANTIZATIONS = ("fp8", "fbgemm_fp8", "ptpc_fp8", "modelopt", "modelopt_fp8", "fp8_e4m3")
 # The attention backends that are FlashInfer's (vllm/v1/attention/backends/registry.py of 0.19.0).
 FLASHINFER_ATTENTION = ("FLASHINFER", "FLASHINFER_MLA", "FLASHINFER_MLA_SPARSE")
 

@@ -496,8 +496,9 @@ def test_fp8_with_flashinfer_attention_refused(reference, backend):
 
 
 def test_fp8_rule_keys_on_quantization_flag_too(reference):
-    p = dict(reference, quantization="fp8", attention_backend="FLASHINFER")
-    assert any("fp8-no-flashinfer-attention" in f for f in profile_violations(p, 2))
+    for quant in ("fp8", "fbgemm_fp8", "ptpc_fp8", "modelopt", "modelopt_fp8", "fp8_e4m3"):
+        p = dict(reference, quantization=quant, attention_backend="FLASHINFER")
+        assert any("fp8-no-flashinfer-attention" in f for f in profile_violations(p, 2)), quant
     p = dict(reference, quantization="fp8", env={"VLLM_ATTENTION_BACKEND": "FLASHINFER"})
     assert any("env VLLM_ATTENTION_BACKEND=FLASHINFER" in f for f in profile_violations(p, 2))
 
@@ -531,7 +532,7 @@ def test_the_fp4_rule_keys_on_quantization_not_the_name(profiles):
     assert "fp4" not in gptoss["model"].lower()
     found = profile_violations(gptoss, 1)
     assert len(found) == 1 and "no-cutlass-fp4" in found[0] and "moe_backend flashinfer_cutlass" in found[0], found
-    for quant in ("nvfp4", "modelopt_fp4", "fp4", "modelopt_mxfp4"):
+    for quant in ("nvfp4", "modelopt_fp4", "fp4", "modelopt_mxfp4", "petit_nvfp4"):
         p = dict(profiles["qwen3-30b-a3b"], quantization=quant, moe_backend="cutlass")
         assert any("no-cutlass-fp4" in f for f in profile_violations(p, 1)), quant
         p = dict(profiles["qwen3-30b-a3b"], weights_quantization=quant, moe_backend="cutlass")
