@@ -6,6 +6,9 @@
     {{ profiles | sparkops.cluster.serving_profiles_contract_violations('0.19.0') }}   -> {name: [messages]}
     {{ profile | sparkops.cluster.normalize_serving_profile }}                          -> profile with defaults
     {{ profile | sparkops.cluster.vllm_serve_args('0.0.0.0', 8000, gpus_per_node=1) }} -> argv list
+    {{ sparkops_allow_rules | sparkops.cluster.serving_allowed_rules(name, profile, vllm_version='0.19.0') }}
+                                            -> one warning line per allowed SM121 rule, with its reason
+Every filter that judges rules takes allow_rules= (sparkops_allow_rules): an allowed rule is not refused.
 
 All logic lives in plugins/plugin_utils/serving_profile.py and vllm_contract.py; these only turn
 ValueError into AnsibleFilterError so a playbook stops with the message. `vllm_version` may also be a
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving_profile import (
+    allowed_rule_warnings,
     contract_violations,
     normalize_profile,
     profile_violations,
@@ -60,7 +64,9 @@ def _contract(vllm_version):
     return load_contract(str(vllm_version))
 
 
-def serving_profile_violations(profile, gpus_total, node_memory_gib=128, gpus_per_node=1, vllm_version=None):
+def serving_profile_violations(
+    profile, gpus_total, node_memory_gib=128, gpus_per_node=1, vllm_version=None, *, allow_rules=None
+):
     """List of messages, one per broken rule; empty when the profile may be served."""
     try:
         return profile_violations(
@@ -69,12 +75,13 @@ def serving_profile_violations(profile, gpus_total, node_memory_gib=128, gpus_pe
             node_memory_gib=float(node_memory_gib),
             gpus_per_node=_int_arg("gpus_per_node", gpus_per_node),
             contract=_contract(vllm_version),
+            allow_rules=_plain(allow_rules),
         )
     except (ValueError, TypeError) as exc:
         raise AnsibleFilterError(f"serving_profile_violations: {exc}") from exc
 
 
-def serving_profiles_contract_violations(profiles, vllm_version, gpus_per_node=1):
+def serving_profiles_contract_violations(profiles, vllm_version, gpus_per_node=1, allow_rules=None):
     """{profile name: [messages]} for every profile that the vLLM release (or contract) would refuse."""
     try:
         contract = _contract(vllm_version)
@@ -82,7 +89,12 @@ def serving_profiles_contract_violations(profiles, vllm_version, gpus_per_node=1
             raise ValueError("a vLLM version (e.g. '0.19.0') or contract is required")
         out = {}
         for name, profile in _plain(profiles).items():
-            found = contract_violations(profile, contract, gpus_per_node=_int_arg("gpus_per_node", gpus_per_node))
+            found = contract_violations(
+                profile,
+                contract,
+                gpus_per_node=_int_arg("gpus_per_node", gpus_per_node),
+                allow_rules=_plain(allow_rules),
+            )
             if found:
                 out[name] = found
         return out
@@ -98,17 +110,28 @@ def normalize_serving_profile(profile):
         raise AnsibleFilterError(f"normalize_serving_profile: {exc}") from exc
 
 
-def vllm_serve_args(profile, host, port, gpus_per_node=1):
-    """The `vllm serve` argv list for the profile; fails on a profile that breaks a hard rule."""
+def vllm_serve_args(profile, host, port, gpus_per_node=1, allow_rules=None):
+    """The `vllm serve` argv list for the profile; fails on a profile that breaks a hard rule not allowed."""
     try:
         return _vllm_serve_args(
             _plain(profile),
             _plain(host),
             _int_arg("port", port),
             gpus_per_node=_int_arg("gpus_per_node", gpus_per_node),
+            allow_rules=_plain(allow_rules),
         )
     except ValueError as exc:
         raise AnsibleFilterError(f"vllm_serve_args: {exc}") from exc
+
+
+def serving_allowed_rules(allow_rules, profile_name, profile, vllm_version=None):
+    """One line per sparkops_allow_rules entry: the rule, the reason, what it lets through in the profile."""
+    try:
+        return allowed_rule_warnings(
+            str(profile_name), _plain(profile), _plain(allow_rules), contract=_contract(vllm_version)
+        )
+    except (ValueError, TypeError) as exc:
+        raise AnsibleFilterError(f"serving_allowed_rules: {exc}") from exc
 
 
 class FilterModule:
@@ -120,4 +143,5 @@ class FilterModule:
             "serving_profiles_contract_violations": serving_profiles_contract_violations,
             "normalize_serving_profile": normalize_serving_profile,
             "vllm_serve_args": vllm_serve_args,
+            "serving_allowed_rules": serving_allowed_rules,
         }

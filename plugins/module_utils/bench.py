@@ -8,6 +8,10 @@ Definitions used throughout:
 - per-request tok/s: completion tokens / the request's total time (TTFT included).
 - aggregate tok/s: all completion tokens of a level / the level's wall time (first send to last end).
 - prefix-cache hit rate: delta(hits) / delta(queries) of vLLM's counters over the level.
+- speculative decoding (MTP, EAGLE, n-gram): acceptance rate = delta(accepted draft tokens) /
+  delta(draft tokens), mean acceptance length = 1 + delta(accepted) / delta(drafts), and per draft
+  position delta(accepted at position) / delta(drafts), over the level, as vLLM 0.19.0 logs them
+  (vllm/v1/spec_decode/metrics.py:87-98).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import functools
 import http.client
 import json
 import math
+import re
 import ssl
 import time
 import urllib.parse
@@ -41,6 +46,14 @@ PREFIX_HITS = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total
 PREFIX_QUERIES = ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total")
 # Older vLLM exposed only a gauge of the running hit rate (a fraction).
 PREFIX_HIT_RATE_GAUGE = "vllm:gpu_prefix_cache_hit_rate"
+# vLLM 0.19.0's speculative-decoding counters (vllm/v1/spec_decode/metrics.py:155-193), registered
+# only when --speculative-config is set; prometheus_client exports a Counter with the _total suffix.
+# The per-position counter carries a "position" label (0 .. num_speculative_tokens - 1).
+SPEC_DRAFTS = "vllm:spec_decode_num_drafts_total"
+SPEC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
+SPEC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+SPEC_ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+_POSITION_LABEL = re.compile(r'[{,]\s*position="(\d+)"')
 
 
 @dataclass
@@ -89,8 +102,10 @@ def aggregate_tok_s(total_completion_tokens: int, wall_s: float) -> float | None
     return total_completion_tokens / wall_s
 
 
-def summarize_level(concurrency: int, results: list[RequestResult], wall_s: float, hit_rate: float | None) -> dict:
-    """The per-level record the vllm_benchmark module returns."""
+def summarize_level(
+    concurrency: int, results: list[RequestResult], wall_s: float, hit_rate: float | None, spec_decode=None
+) -> dict:
+    """The per-level record the vllm_benchmark module returns (spec_decode: spec_decode_acceptance's)."""
     good = [r for r in results if r.ok]
     tokens = sum(r.completion_tokens for r in good)
     rates = [x for x in (per_request_tok_s(r) for r in good) if x is not None]
@@ -112,6 +127,7 @@ def summarize_level(concurrency: int, results: list[RequestResult], wall_s: floa
         "errors": len(errors),
         "error_samples": sorted(set(errors))[:3],
         "prefix_cache_hit_rate": _round(hit_rate),
+        "spec_decode": spec_decode,
     }
 
 
@@ -164,6 +180,12 @@ def parse_prometheus(text: str) -> dict[str, float]:
         except ValueError:
             continue
         totals[name] = totals.get(name, 0.0) + value
+        if name == SPEC_ACCEPTED_PER_POS:
+            # kept per position too ("<name>[0]", "<name>[1]", ...), summed over engines
+            label = _POSITION_LABEL.search(line[len(name) : len(line) - len(rest)])
+            if label:
+                key = f"{name}[{label.group(1)}]"
+                totals[key] = totals.get(key, 0.0) + value
     return totals
 
 
@@ -194,6 +216,37 @@ def prefix_cache_hit_rate(before: dict[str, float] | None, after: dict[str, floa
     if gauge is not None and math.isfinite(gauge):
         return max(0.0, min(1.0, gauge))
     return None
+
+
+def spec_decode_acceptance(before: dict[str, float] | None, after: dict[str, float] | None) -> dict | None:
+    """Speculative-decoding acceptance over the interval between two parsed /metrics snapshots.
+
+    None when the server has no spec-decode counters (no --speculative-config) or drafted nothing in
+    between; else {drafts, draft_tokens, accepted_tokens, acceptance_rate, mean_acceptance_length,
+    per_position}: the rate is accepted/draft tokens (0-1), the length counts the bonus token as vLLM's
+    own log line does, per_position[i] is the share of drafts whose token i was accepted.
+    """
+    if after is None or SPEC_DRAFTS not in after or SPEC_DRAFT_TOKENS not in after or SPEC_ACCEPTED not in after:
+        return None
+    before = before or {}
+
+    def delta(name: str) -> float:
+        return max(0.0, after.get(name, 0.0) - before.get(name, 0.0))
+
+    drafts, draft_tokens, accepted = delta(SPEC_DRAFTS), delta(SPEC_DRAFT_TOKENS), delta(SPEC_ACCEPTED)
+    if drafts <= 0 or draft_tokens <= 0:
+        return None
+    positions = sorted(
+        int(key[len(SPEC_ACCEPTED_PER_POS) + 1 : -1]) for key in after if key.startswith(SPEC_ACCEPTED_PER_POS + "[")
+    )
+    return {
+        "drafts": int(drafts),
+        "draft_tokens": int(draft_tokens),
+        "accepted_tokens": int(accepted),
+        "acceptance_rate": round(min(1.0, accepted / draft_tokens), 4),
+        "mean_acceptance_length": round(1 + accepted / drafts, 3),
+        "per_position": [round(delta(f"{SPEC_ACCEPTED_PER_POS}[{pos}]") / drafts, 4) for pos in positions],
+    }
 
 
 # ---------------------------------------------------------------------------------------------- http

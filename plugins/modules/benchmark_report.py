@@ -226,6 +226,7 @@ def compare(results, reference, previous, threshold) -> tuple[list[dict], list[d
             "ttft_p50_s": _num(level.get("ttft_p50_s")),
             "ttft_p95_s": _num(level.get("ttft_p95_s")),
             "prefix_cache_hit_rate": _num(level.get("prefix_cache_hit_rate")),
+            "spec_decode": level.get("spec_decode") if isinstance(level.get("spec_decode"), dict) else None,
             "errors": int(level.get("errors") or 0),
             "reference": ref,
             "previous": prev,
@@ -290,7 +291,32 @@ def render_markdown(  # noqa: PLR0913, PLR0917 - one call site, each part of the
             f"| {r['errors']} |{ref_cell} {_fmt(r['previous'])} | {_fmt(delta, '+.1f', '%')} "
             f"| {'REGRESSION' if r['regression'] else 'ok'} |"
         )
+    lines += _spec_decode_lines(rows)
     return "\n".join(lines) + "\n"
+
+
+def _spec_decode_lines(rows) -> list[str]:
+    """The MTP/EAGLE acceptance table, for a profile with speculative decoding (none without)."""
+    spec = [r for r in rows if r.get("spec_decode")]
+    if not spec:
+        return []
+    lines = [
+        "",
+        "Speculative decoding (vLLM's spec_decode counters, deltas over each level): acceptance rate = accepted / "
+        "draft tokens; mean acceptance length counts the bonus token; per position = share of drafts accepted there.",
+        "",
+        "| concurrency | acceptance rate | mean acceptance length | per position | drafts |",
+        "|---:|---:|---:|:---|---:|",
+    ]
+    for r in spec:
+        sd = r["spec_decode"]
+        rate = _num(sd.get("acceptance_rate"))
+        per_pos = ", ".join(f"{float(x) * 100:.0f}%" for x in sd.get("per_position") or []) or "—"
+        lines.append(
+            f"| {r['concurrency']} | {_fmt(None if rate is None else rate * 100, '.1f', '%')} "
+            f"| {_fmt(_num(sd.get('mean_acceptance_length')), '.2f')} | {per_pos} | {sd.get('drafts', '—')} |"
+        )
+    return lines
 
 
 def render_png(path, cluster_name, timestamp, rows, source=SOURCE_HARDWARE) -> str | None:

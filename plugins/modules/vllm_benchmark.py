@@ -144,6 +144,16 @@ levels:
     prefix_cache_hit_rate:
       description: Prefix-cache hits / queries over the level from /metrics; null when unavailable.
       type: float
+    spec_decode:
+      description:
+        - Speculative-decoding (MTP, EAGLE, n-gram) acceptance over the level, from the deltas of vLLM's
+          C(vllm:spec_decode_num_drafts), C(vllm:spec_decode_num_draft_tokens),
+          C(vllm:spec_decode_num_accepted_tokens) and C(vllm:spec_decode_num_accepted_tokens_per_pos) counters;
+          null when the profile has no speculative decoding or nothing was drafted.
+        - C(acceptance_rate) is accepted / draft tokens (0-1), C(mean_acceptance_length) 1 + accepted / drafts
+          (the bonus token counted, as vLLM logs it), C(per_position) the share of drafts whose token at each
+          position was accepted.
+      type: dict
   sample:
     - concurrency: 1
       requests: 2
@@ -186,6 +196,7 @@ from ansible_collections.sparkops.cluster.plugins.module_utils.bench import (
     fetch_metrics,
     metrics_url_for,
     prefix_cache_hit_rate,
+    spec_decode_acceptance,
     stream_chat,
     summarize_level,
 )
@@ -304,7 +315,15 @@ def main():
         results, wall = _run_level(p, step["concurrency"], step["requests"], deadline)
         after = fetch_metrics(metrics_url, **metric_kwargs)
         metrics_seen = metrics_seen or after is not None
-        levels.append(summarize_level(step["concurrency"], results, wall, prefix_cache_hit_rate(before, after)))
+        levels.append(
+            summarize_level(
+                step["concurrency"],
+                results,
+                wall,
+                prefix_cache_hit_rate(before, after),
+                spec_decode_acceptance(before, after),
+            )
+        )
 
     if all(level["errors"] == level["requests"] for level in levels):
         samples = [s for level in levels for s in level["error_samples"]]

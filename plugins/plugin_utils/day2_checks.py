@@ -419,6 +419,23 @@ def render_markdown(cluster: str, verdicts: list[dict], generated: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def check_allowed_rules(lines: list[str]) -> dict:
+    """The SM121 hard rules sparkops_allow_rules lets through (lines from serving_profile's
+    allowed_rule_warnings): WARN with each rule and its reason, so nobody forgets one is off."""
+    if not lines:
+        return verdict(
+            "SM121 rules", "cluster", PASS, "every SM121 hard rule is enforced (sparkops_allow_rules is empty)"
+        )
+    return verdict(
+        "SM121 rules",
+        "cluster",
+        WARN,
+        " | ".join(str(line) for line in lines),
+        "keep the entry only while its reason holds on the image you run; remove it from sparkops_allow_rules "
+        "once the profile no longer needs it",
+    )
+
+
 def build_verdicts(inputs: dict) -> list[dict]:
     """Every check from what doctor.yml gathered (keys documented in playbooks/doctor.yml)."""
     s = inputs["settings"]
@@ -453,6 +470,7 @@ def build_verdicts(inputs: dict) -> list[dict]:
     out.append(check_ray(inputs.get("ray") or {}, int(s["expected_nodes"]), float(s["expected_gpus"])))
     out.append(check_endpoint(inputs.get("health") or {}))
     out.append(check_exposure(inputs.get("exposure") or {}, s["serve_host"], s["mgmt_address"]))
+    out.append(check_allowed_rules(inputs.get("allowed_rules") or []))
     out.append(
         check_watchdog(
             inputs.get("watchdog_state"),

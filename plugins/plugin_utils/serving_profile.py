@@ -13,11 +13,13 @@ use it:
   `contract` (plugin_utils/vllm_contract.py) would refuse in the profile's argv and VLLM_* env, and the
   SM121 rules that release's knobs cannot enforce (a release without the knob a rule needs is refused).
 
-Hard rules on SM121 (GB10), from the project's serving facts:
-- no --enforce-eager (CUDA graphs off cost ~55% tok/s on SM121);
-- --gpu-memory-utilization <= 0.90 (the GPU shares its 128 GiB with the OS and the page cache);
-- no CUTLASS FP4 kernels (use Marlin for FP4 weights);
-- quantization mxfp4 only for the gpt-oss family.
+- profile_findings(...) -> {"refused": [...], "allowed": [...]}: the same, with the rules the operator
+  allowed (sparkops_allow_rules) moved to "allowed", each with its reason, so every run can warn.
+- check_allow_rules(entries) -> (dict rule -> reason, problems): the escape-hatch list validated.
+
+Hard rules on SM121 (GB10), keyed by name (RULES); each may be allowed, with a recorded reason, by
+an entry of sparkops_allow_rules. Other refusals (types, fit, the pinned vLLM's contract, a profile
+that needs a newer vLLM) cannot be allowed: vLLM itself would refuse, or the model would not load.
 """
 
 from __future__ import annotations
@@ -38,8 +40,44 @@ MAX_GPU_MEMORY_UTILIZATION = 0.90
 # profile (57.6 GiB of weights a node) leaves ~54 GiB, far above it.
 KV_HEADROOM_GIB = 10.0
 MXFP4_FAMILIES = ("gpt-oss",)
-# Quantization methods whose weights are FP4 (CUTLASS FP4 checks apply to these).
-FP4_QUANTIZATIONS = ("mxfp4", "nvfp4", "modelopt_fp4", "fp4", "modelopt_mxfp4")
+# Quantization methods whose weights are FP4 (CUTLASS FP4 checks apply to these). The rules key on
+# `quantization` (the --quantization flag) or `weights_quantization` (what the checkpoint's own
+# config.json says, for checkpoints vLLM reads the method from), never on the model's name.
+FP4_QUANTIZATIONS = ("mxfp4", "nvfp4", "modelopt_fp4", "fp4", "modelopt_mxfp4", "petit_nvfp4")
+# FP8 weight formats: vLLM 0.19.0's fp8, fbgemm_fp8 and modelopt (ModelOpt's FP8)
+# (vllm/model_executor/layers/quantization/__init__.py:13-35), ptpc_fp8 of earlier releases, and
+# "fp8"/"modelopt_fp8" as weights_quantization describes a compressed-tensors or ModelOpt FP8 checkpoint.
+FP8_QUANTIZATIONS = ("fp8", "fbgemm_fp8", "ptpc_fp8", "modelopt", "modelopt_fp8", "fp8_e4m3")
+# The attention backends that are FlashInfer's (vllm/v1/attention/backends/registry.py of 0.19.0).
+FLASHINFER_ATTENTION = ("FLASHINFER", "FLASHINFER_MLA", "FLASHINFER_MLA_SPARSE")
+
+# The SM121 hard rules, by name: what each protects against and what to use instead. The name is
+# what sparkops_allow_rules entries refer to.
+RULES: dict[str, str] = {
+    "no-enforce-eager": (
+        "no --enforce-eager on SM121: CUDA graphs off cost about 55% of tok/s; use a profile (or vLLM build) "
+        "that captures CUDA graphs, lowering max_cudagraph_capture_size if capture runs out of memory"
+    ),
+    "gpu-memory-utilization-max": (
+        "gpu_memory_utilization <= 0.90 on GB10: the GPU shares the node's 128 GiB with the OS, page cache "
+        "and Ray; use 0.90 or less (the reference profile uses 0.87)"
+    ),
+    "no-cutlass-fp4": (
+        "no CUTLASS FP4 kernels on SM121 (silent garbage or a crash on NGC 26.04 and vLLM 0.19.0 builds); use "
+        "Marlin (moe_backend: marlin, env VLLM_NVFP4_GEMM_BACKEND=marlin, VLLM_MXFP4_USE_MARLIN=1 for gpt-oss)"
+    ),
+    "mxfp4-only-gpt-oss": (
+        "quantization mxfp4 only for gpt-oss: mxfp4 checkpoints and kernels are validated on SM121 only for "
+        "gpt-oss; use the model's own quantization (gptq_marlin, fp8, an NVFP4 checkpoint with Marlin) or null"
+    ),
+    "fp8-no-flashinfer-attention": (
+        "no FlashInfer attention with an FP8 checkpoint on SM121 (it crashes); use attention_backend: TRITON_ATTN"
+    ),
+    "not-recommended": (
+        "a shipped profile marked not_recommended: it runs, but the reason in the profile says why you should "
+        "not; pick a recommended profile"
+    ),
+}
 
 _INT = "int"
 _NUM = "number"
@@ -66,6 +104,9 @@ PROFILE_FIELDS: dict[str, tuple[str, object]] = {
     "pipeline_parallel_size": (_INT, 1),
     "enable_expert_parallel": (_BOOL, False),
     "quantization": (_OPT_STR, None),
+    # The checkpoint's own quantization (its config.json), when vLLM reads it from there and
+    # `quantization` stays null: nvfp4, mxfp4, fp8, gptq-int4, ... The FP4/FP8 rules key on it.
+    "weights_quantization": (_OPT_STR, None),
     "kv_cache_dtype": (_STR, "auto"),
     "attention_backend": (_OPT_STR, None),
     "moe_backend": (_OPT_STR, None),
@@ -79,6 +120,13 @@ PROFILE_FIELDS: dict[str, tuple[str, object]] = {
     "chat_template_kwargs": (_DICT, {}),
     "env": (_STR_DICT, {}),
     "extra_args": (_STR_LIST, []),
+    # The image the profile's source ran, when it is not the one sparkops builds (data for the
+    # operator and the refusal message; the pinned image is what runs).
+    "image": (_OPT_STR, None),
+    # The oldest vLLM release the profile is written for; refused while sparkops_vllm_version is older.
+    "min_vllm_version": (_OPT_STR, None),
+    # Why this profile should not be used (refused by the rule not-recommended unless allowed).
+    "not_recommended": (_OPT_STR, None),
 }
 
 # Flags the profile owns: setting them again in extra_args would fight the key.
@@ -111,10 +159,16 @@ MANAGED_FLAGS = {
     "--api-key": "the VLLM_API_KEY environment variable (a key in argv shows in `ps` and `docker inspect`)",
 }
 
-_EAGER_RULE = "hard rule 'no --enforce-eager on SM121' (CUDA graphs off cost about -55% tok/s on SM121)"
-_GMU_RULE = "hard rule 'gpu_memory_utilization <= 0.90 on GB10'"
-_CUTLASS_RULE = "hard rule 'no CUTLASS FP4 kernels on SM121'"
-_MXFP4_RULE = "hard rule 'quantization mxfp4 only for gpt-oss'"
+_EAGER_RULE = "hard rule no-enforce-eager ('no --enforce-eager on SM121': CUDA graphs off cost about -55% tok/s)"
+_GMU_RULE = "hard rule gpu-memory-utilization-max ('gpu_memory_utilization <= 0.90 on GB10')"
+_CUTLASS_RULE = "hard rule no-cutlass-fp4 ('no CUTLASS FP4 kernels on SM121')"
+_MXFP4_RULE = "hard rule mxfp4-only-gpt-oss ('quantization mxfp4 only for gpt-oss')"
+_FP8_ATTN_RULE = "hard rule fp8-no-flashinfer-attention ('FlashInfer attention with FP8 weights crashes on SM121')"
+_NOT_RECOMMENDED_RULE = "rule not-recommended"
+_ALLOW_HINT = (
+    " (to go past it on a build you have validated: sparkops_allow_rules: "
+    "[{{rule: {rule}, reason: '<why, who validated, on which image>'}}])"
+)
 
 _TRUE_STRINGS = ("1", "true", "yes", "on")
 _FALSE_STRINGS = ("0", "false", "no", "off")
@@ -272,38 +326,77 @@ def _flag_name(arg: str) -> str:
     return arg.split("=", 1)[0]
 
 
+def _quant_methods(p: dict) -> tuple[str, str]:
+    return (p.get("quantization") or "").lower(), (p.get("weights_quantization") or "").lower()
+
+
 def _is_fp4(p: dict) -> bool:
-    quant = (p.get("quantization") or "").lower()
-    return quant in FP4_QUANTIZATIONS or "fp4" in (p.get("model") or "").lower()
+    """FP4 weights, by the profile's quantization keys (not the model's name: see _name_hint)."""
+    return any(q in FP4_QUANTIZATIONS for q in _quant_methods(p))
+
+
+def _is_fp8(p: dict) -> bool:
+    return any(q in FP8_QUANTIZATIONS for q in _quant_methods(p))
 
 
 def _truthy_env(value: str) -> bool:
     return value.strip().lower() in _TRUE_STRINGS
 
 
-def _rule_violations(p: dict) -> list[str]:
-    """Hard-rule violations that hold whatever the cluster (p is normalised)."""
-    out: list[str] = []
+def _name_hint(p: dict) -> list[tuple[str | None, str]]:
+    """A model whose name says FP4/FP8 but whose profile says nothing about its quantization.
+
+    The rules key on the quantization keys; a checkpoint that carries its method in config.json
+    (quantization: null) must say it in weights_quantization, or the FP4/FP8 rules would not see it.
+    """
+    if any(_quant_methods(p)):
+        return []
+    name = (p.get("model") or "").lower()
+    for needle, value in (("fp4", "nvfp4 (or mxfp4)"), ("fp8", "fp8")):
+        if needle in name:
+            return [
+                (
+                    None,
+                    f"model {p['model']} looks like a {needle.upper()} checkpoint but neither quantization nor "
+                    f"weights_quantization says so: set weights_quantization: {value} (what the checkpoint's "
+                    "config.json says) so the SM121 rules for its kernels apply",
+                )
+            ]
+    return []
+
+
+def _rule_violations(p: dict) -> list[tuple[str | None, str]]:
+    """(rule name or None, message) for every refusal that holds whatever the cluster (p is normalised).
+
+    A rule name marks an SM121 hard rule (RULES), which sparkops_allow_rules may allow; None marks a
+    refusal that cannot be allowed.
+    """
+    out: list[tuple[str | None, str]] = []
     args = p["extra_args"]
     flags = [_flag_name(a) for a in args]
 
     # no --enforce-eager
+    eager = "no-enforce-eager"
     if "--enforce-eager" in flags:
-        out.append(f"extra_args contains --enforce-eager, refused by the {_EAGER_RULE}: remove it")
+        out.append((eager, f"extra_args contains --enforce-eager, refused by the {_EAGER_RULE}: remove it"))
     for name, value in p["env"].items():
         if name.upper() == "VLLM_ENFORCE_EAGER" and _truthy_env(value):
-            out.append(f"env {name}={value} asks for eager mode, refused by the {_EAGER_RULE}: remove it")
+            out.append((eager, f"env {name}={value} asks for eager mode, refused by the {_EAGER_RULE}: remove it"))
 
     # gpu_memory_utilization <= 0.90 (0 < x <= 1 is a type check in _validate)
     gmu = p["gpu_memory_utilization"]
     if 0 < gmu <= 1 and gmu > MAX_GPU_MEMORY_UTILIZATION:
         out.append(
-            f"gpu_memory_utilization {gmu} is above {MAX_GPU_MEMORY_UTILIZATION}, refused by the {_GMU_RULE}: "
-            "the GPU shares the node's 128 GiB with the OS, page cache and Ray; set 0.90 or less "
-            "(the reference profile uses 0.87)"
+            (
+                "gpu-memory-utilization-max",
+                f"gpu_memory_utilization {gmu} is above {MAX_GPU_MEMORY_UTILIZATION}, refused by the {_GMU_RULE}: "
+                "the GPU shares the node's 128 GiB with the OS, page cache and Ray; set 0.90 or less "
+                "(the reference profile uses 0.87)",
+            )
         )
 
     # no CUTLASS FP4
+    cutlass = "no-cutlass-fp4"
     fp4 = _is_fp4(p)
     env = {k.upper(): v for k, v in p["env"].items()}
     marlin_hint = (
@@ -313,7 +406,11 @@ def _rule_violations(p: dict) -> list[str]:
     for name in ("VLLM_NVFP4_GEMM_BACKEND", "VLLM_MXFP4_BACKEND"):
         if name in env and "cutlass" in env[name].lower():
             out.append(
-                f"env {name}={env[name]} selects a CUTLASS FP4 kernel, refused by the {_CUTLASS_RULE}: {marlin_hint}"
+                (
+                    cutlass,
+                    f"env {name}={env[name]} selects a CUTLASS FP4 kernel, refused by the {_CUTLASS_RULE}: "
+                    f"{marlin_hint}",
+                )
             )
     for name in (
         "VLLM_USE_FLASHINFER_MOE_FP4",
@@ -322,57 +419,120 @@ def _rule_violations(p: dict) -> list[str]:
     ):
         if name in env and _truthy_env(env[name]):
             out.append(
-                f"env {name}={env[name]} turns on FlashInfer's CUTLASS FP4 MoE path (the only FlashInfer FP4 MoE "
-                f"kernels built for SM12x), refused by the {_CUTLASS_RULE}: set it to 0 or drop it, and {marlin_hint}"
+                (
+                    cutlass,
+                    f"env {name}={env[name]} turns on FlashInfer's CUTLASS FP4 MoE path (the only FlashInfer FP4 "
+                    f"MoE kernels built for SM12x), refused by the {_CUTLASS_RULE}: set it to 0 or drop it, and "
+                    f"{marlin_hint}",
+                )
             )
     if fp4 and env.get("VLLM_FLASHINFER_MOE_BACKEND", "").strip().lower() == "throughput":
         out.append(
-            "env VLLM_FLASHINFER_MOE_BACKEND=throughput on an FP4 model selects FlashInfer's CUTLASS MoE kernels, "
-            f"refused by the {_CUTLASS_RULE}: drop it and {marlin_hint}"
+            (
+                cutlass,
+                "env VLLM_FLASHINFER_MOE_BACKEND=throughput on an FP4 model selects FlashInfer's CUTLASS MoE "
+                f"kernels, refused by the {_CUTLASS_RULE}: drop it and {marlin_hint}",
+            )
         )
+    what = p["quantization"] or p["weights_quantization"] or p["model"]
     if fp4:
         for key in ("moe_backend", "attention_backend"):
             value = p[key]
             if value and "cutlass" in value.lower():
                 out.append(
-                    f"{key} {value} on an FP4 model ({p['quantization'] or p['model']}) is a CUTLASS FP4 kernel, "
-                    f"refused by the {_CUTLASS_RULE}: {marlin_hint}"
+                    (
+                        cutlass,
+                        f"{key} {value} on an FP4 model ({what}) is a CUTLASS FP4 kernel, refused by the "
+                        f"{_CUTLASS_RULE}: {marlin_hint}",
+                    )
                 )
     for i, arg in enumerate(args):
         name = _flag_name(arg)
         if name not in ("--mxfp4-backend", "--nvfp4-backend", "--fp4-backend", "--linear-backend"):
             continue
         value = arg.split("=", 1)[1] if "=" in arg else (args[i + 1] if i + 1 < len(args) else "")
+        # --linear-backend picks the kernel of every quantized linear layer: CUTLASS is an FP4 kernel
+        # only for FP4 weights (an FP8 model's CUTLASS GEMM is fine on SM121).
         if "cutlass" in value.lower() and (fp4 or name != "--linear-backend"):
             out.append(
-                f"extra_args {name} {value} selects a CUTLASS FP4 kernel, refused by the {_CUTLASS_RULE}: {marlin_hint}"
+                (
+                    cutlass,
+                    f"extra_args {name} {value} selects a CUTLASS FP4 kernel, refused by the {_CUTLASS_RULE}: "
+                    f"{marlin_hint}",
+                )
             )
 
     # mxfp4 only for gpt-oss
-    quant = (p["quantization"] or "").lower()
-    if quant == "mxfp4" and p["model_family"].lower() not in MXFP4_FAMILIES:
+    if "mxfp4" in _quant_methods(p) and p["model_family"].lower() not in MXFP4_FAMILIES:
         out.append(
-            f"quantization mxfp4 on model_family {p['model_family']!r}, refused by the {_MXFP4_RULE}: "
-            "mxfp4 checkpoints and kernels are validated on SM121 only for gpt-oss; use the model's own "
-            "quantization (e.g. gptq_marlin, fp8, an NVFP4 checkpoint with Marlin) or null"
+            (
+                "mxfp4-only-gpt-oss",
+                f"quantization mxfp4 on model_family {p['model_family']!r}, refused by the {_MXFP4_RULE}: "
+                "mxfp4 checkpoints and kernels are validated on SM121 only for gpt-oss; use the model's own "
+                "quantization (e.g. gptq_marlin, fp8, an NVFP4 checkpoint with Marlin) or null",
+            )
         )
+
+    # FP8 weights with FlashInfer attention crash on SM121. Left unset, vLLM 0.19.0 on capability
+    # 12.x tries FLASH_ATTN, then FLASHINFER (vllm/platforms/cuda.py:107-113), and FlashInfer's
+    # backend claims 7.5-12.1 (vllm/v1/attention/backends/flashinfer.py:393-396): so an FP8 profile
+    # must name its backend.
+    if _is_fp8(p):
+        fp8_rule = "fp8-no-flashinfer-attention"
+        backend = (p["attention_backend"] or "").upper()
+        env_backend = env.get("VLLM_ATTENTION_BACKEND", "").strip().upper()
+        if backend in FLASHINFER_ATTENTION or env_backend in FLASHINFER_ATTENTION:
+            chosen = backend if backend in FLASHINFER_ATTENTION else f"env VLLM_ATTENTION_BACKEND={env_backend}"
+            out.append(
+                (
+                    fp8_rule,
+                    f"attention {chosen} on an FP8 checkpoint ({what}), refused by the {_FP8_ATTN_RULE}: "
+                    "use attention_backend: TRITON_ATTN",
+                )
+            )
+        elif not backend:
+            out.append(
+                (
+                    fp8_rule,
+                    f"attention_backend is unset on an FP8 checkpoint ({what}): vLLM may pick FLASHINFER on SM121 "
+                    f"(it is second in its SM12x list), refused by the {_FP8_ATTN_RULE}: set attention_backend: "
+                    "TRITON_ATTN",
+                )
+            )
+
+    if p["not_recommended"]:
+        out.append(
+            (
+                "not-recommended",
+                f"profile of {p['model']} is marked not recommended ({_NOT_RECOMMENDED_RULE}): "
+                f"{p['not_recommended']}; pick a recommended profile",
+            )
+        )
+
+    out += _name_hint(p)
 
     # flags owned by profile keys
     for flag in flags:
         if flag in MANAGED_FLAGS:
-            out.append(f"extra_args sets {flag}, which the profile owns: set {MANAGED_FLAGS[flag]} instead")
+            out.append((None, f"extra_args sets {flag}, which the profile owns: set {MANAGED_FLAGS[flag]} instead"))
 
     # expert parallelism needs something to spread experts over
     if p["enable_expert_parallel"] and p["tensor_parallel_size"] < 2:
         out.append(
-            "enable_expert_parallel is true but tensor_parallel_size is "
-            f"{p['tensor_parallel_size']}: vLLM spreads experts over the tensor-parallel ranks, so EP needs "
-            "tensor_parallel_size >= 2; set enable_expert_parallel: false or raise tensor_parallel_size"
+            (
+                None,
+                "enable_expert_parallel is true but tensor_parallel_size is "
+                f"{p['tensor_parallel_size']}: vLLM spreads experts over the tensor-parallel ranks, so EP needs "
+                "tensor_parallel_size >= 2; set enable_expert_parallel: false or raise tensor_parallel_size",
+            )
         )
     if p["max_num_batched_tokens"] < p["max_num_seqs"]:
         out.append(
-            f"max_num_batched_tokens {p['max_num_batched_tokens']} is below max_num_seqs {p['max_num_seqs']}: "
-            "a decode step batches one token per sequence; raise max_num_batched_tokens"
+            (
+                None,
+                f"max_num_batched_tokens {p['max_num_batched_tokens']} is below max_num_seqs {p['max_num_seqs']}: "
+                "a decode step batches one token per sequence; raise max_num_batched_tokens",
+            )
         )
     return out
 
@@ -412,34 +572,173 @@ def _check_cluster_args(gpus_total, node_memory_gib, gpus_per_node) -> None:
         raise ValueError(f"node_memory_gib must be a positive number, got {node_memory_gib!r}")
 
 
-def profile_violations(profile, gpus_total, node_memory_gib=128, gpus_per_node=1, contract=None) -> list[str]:
-    """Every reason `profile` must not be served on a cluster of `gpus_total` GPUs; [] when it may.
+def check_allow_rules(entries) -> tuple[dict[str, str], list[str]]:
+    """Validate sparkops_allow_rules: a list of {rule: <name in RULES>, reason: <non-empty text>}.
 
-    Type and range problems come first; the SM121 hard rules and the fit checks are only judged on a
-    profile whose types are right. With `contract` (a vLLM contract), contract_violations too.
+    Returns ({rule: reason}, problems). A problem names the entry and what to write instead; an
+    entry with a problem allows nothing.
+    """
+    if entries is None:
+        return {}, []
+    if not isinstance(entries, (list, tuple)):
+        return {}, [f"sparkops_allow_rules must be a list of {{rule, reason}} mappings, got {_describe(entries)}"]
+    allowed: dict[str, str] = {}
+    problems: list[str] = []
+    known = ", ".join(RULES)
+    for i, entry in enumerate(entries):
+        where = f"sparkops_allow_rules[{i}]"
+        if not isinstance(entry, dict):
+            problems.append(f"{where} must be a mapping {{rule: <name>, reason: <text>}}, got {_describe(entry)}")
+            continue
+        extra = sorted(str(k) for k in entry if k not in ("rule", "reason"))
+        if extra:
+            problems.append(f"{where} has unknown key(s) {', '.join(extra)}: only rule and reason are read")
+            continue
+        rule, reason = entry.get("rule"), entry.get("reason")
+        if not isinstance(rule, str) or rule not in RULES:
+            problems.append(f"{where}: {rule!r} is not a rule name; the rules that may be allowed are: {known}")
+            continue
+        if not isinstance(reason, str) or not reason.strip():
+            problems.append(
+                f"{where} allows {rule} without a reason: write why, who validated it and on which image "
+                "(it is printed on every run and shown by doctor, status and the health report)"
+            )
+            continue
+        if rule in allowed:
+            problems.append(f"{where} allows {rule} a second time: keep one entry per rule")
+            continue
+        allowed[rule] = reason.strip()
+    return allowed, problems
+
+
+def _version_tuple(version: str) -> tuple[int, ...] | None:
+    """(major, minor, patch) from a release or dev string ("0.19.2rc1.dev154" -> (0, 19, 2)); None if none."""
+    match = re.match(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?", str(version))
+    if not match:
+        return None
+    return tuple(int(g or 0) for g in match.groups())
+
+
+def _version_violations(p: dict, contract: dict) -> list[tuple[str | None, str]]:
+    """A profile written for a newer vLLM than the pinned one is refused (it cannot be allowed: the
+    pinned image would refuse its flags or fail to load the model)."""
+    wanted = p["min_vllm_version"]
+    if not wanted:
+        return []
+    version = contract.get("vllm_version", "?")
+    want, have = _version_tuple(wanted), _version_tuple(version)
+    if want is None:
+        return [(None, f"min_vllm_version {wanted!r} is not a version (write e.g. '0.20.0')")]
+    if have is not None and have >= want:
+        return []
+    image = f" (its source ran the image {p['image']})" if p["image"] else ""
+    return [
+        (
+            None,
+            f"profile of {p['model']} needs vLLM {wanted} or newer{image}, but sparkops pins vLLM {version} "
+            f"(sparkops_vllm_version): it is refused until the pin moves to {wanted} or later "
+            "(playbooks/upgrade.yml moves the image and the pin together)",
+        )
+    ]
+
+
+def _findings(
+    p: dict, gpus_total: int, node_memory_gib: float, gpus_per_node: int, *, contract, allowed: dict[str, str]
+) -> dict:
+    found = _rule_violations(p) + [
+        (None, m) for m in _cluster_violations(p, gpus_total, node_memory_gib, gpus_per_node)
+    ]
+    if contract is not None:
+        found += _contract_findings(p, contract, gpus_per_node) + _version_violations(p, contract)
+    return _split(found, allowed)
+
+
+def _split(found: list[tuple[str | None, str]], allowed: dict[str, str]) -> dict:
+    refused: list[str] = []
+    allowed_out: list[dict] = []
+    for rule, message in found:
+        if rule is not None and rule in allowed:
+            allowed_out.append({"rule": rule, "reason": allowed[rule], "message": message})
+        elif rule is not None:
+            refused.append(message + _ALLOW_HINT.format(rule=rule))
+        else:
+            refused.append(message)
+    return {"refused": refused, "allowed": allowed_out}
+
+
+def profile_findings(
+    profile, gpus_total, node_memory_gib=128, gpus_per_node=1, *, contract=None, allow_rules=None
+) -> dict:
+    """{"refused": [messages], "allowed": [{rule, reason, message}]} for `profile` on the cluster.
+
+    `allow_rules` is sparkops_allow_rules; a bad entry is itself refused. A hard rule whose name is
+    allowed moves from refused to allowed, with the operator's reason, for the caller to warn about.
     """
     _check_cluster_args(gpus_total, node_memory_gib, gpus_per_node)
+    allowed, problems = check_allow_rules(allow_rules)
     p, errors = _validate(profile)
     if errors:
-        return errors
-    out = _rule_violations(p) + _cluster_violations(p, gpus_total, float(node_memory_gib), gpus_per_node)
-    if contract is not None:
-        out += _contract_violations(p, contract, gpus_per_node)
+        return {"refused": problems + errors, "allowed": []}
+    out = _findings(p, gpus_total, float(node_memory_gib), gpus_per_node, contract=contract, allowed=allowed)
+    out["refused"] = problems + out["refused"]
     return out
 
 
-def contract_violations(profile, contract, gpus_per_node=1) -> list[str]:
+def profile_violations(
+    profile, gpus_total, node_memory_gib=128, gpus_per_node=1, *, contract=None, allow_rules=None
+) -> list[str]:
+    """Every reason `profile` must not be served on a cluster of `gpus_total` GPUs; [] when it may.
+
+    Type and range problems come first; the SM121 hard rules and the fit checks are only judged on a
+    profile whose types are right. With `contract` (a vLLM contract), contract_violations too, and
+    the profile's min_vllm_version against the contract's release. Rules named in `allow_rules`
+    (sparkops_allow_rules) are not refused: profile_findings lists them for the warning.
+    """
+    return profile_findings(
+        profile, gpus_total, node_memory_gib, gpus_per_node, contract=contract, allow_rules=allow_rules
+    )["refused"]
+
+
+def contract_violations(profile, contract, gpus_per_node=1, allow_rules=None) -> list[str]:
     """What vLLM of `contract` would refuse in `profile` (argv options and values, VLLM_* env), and the
-    SM121 FP4 rules that this vLLM has no knob to enforce; [] when none."""
+    SM121 FP4 rules that this vLLM has no knob to enforce (unless allowed); [] when none.
+
+    min_vllm_version is not judged here (this runs over every profile, not only the selected one), nor
+    are bad allow_rules entries reported (profile_violations reports them once; here they allow nothing)."""
+    allowed, _problems = check_allow_rules(allow_rules)
     p, errors = _validate(profile)
     if errors:
         return errors
-    return _contract_violations(p, contract, gpus_per_node)
+    return _split(_contract_findings(p, contract, gpus_per_node), allowed)["refused"]
 
 
-def _contract_violations(p: dict, contract: dict, gpus_per_node: int) -> list[str]:
+def _contract_findings(p: dict, contract: dict, gpus_per_node: int) -> list[tuple[str | None, str]]:
     argv = _argv(p, "127.0.0.1", 8000, gpus_per_node)  # host/port do not change what vLLM accepts
-    return check_serve_args(argv, p["env"], contract) + _knob_violations(p, contract)
+    found = [(None, m) for m in check_serve_args(argv, p["env"], contract)]
+    return found + [("no-cutlass-fp4", m) for m in _knob_violations(p, contract)]
+
+
+def allowed_rule_warnings(profile_name, profile, allow_rules, contract=None) -> list[str]:
+    """One line per sparkops_allow_rules entry, for every run's warning and for doctor, status and the
+    health report: the rule, the operator's reason, and what it lets through in `profile` (or that
+    the selected profile does not need it)."""
+    allowed, problems = check_allow_rules(allow_rules)
+    p, errors = _validate(profile)
+    if errors:
+        return problems
+    found = _rule_violations(p)
+    if contract is not None:
+        found += _contract_findings(p, contract, 1)
+    lines = list(problems)
+    for rule, reason in allowed.items():
+        hits = [message for name, message in found if name == rule]
+        what = (
+            f"it lets through in profile {profile_name}: " + "; ".join(hits)
+            if hits
+            else f"profile {profile_name} does not need it (remove the entry when no profile you run does)"
+        )
+        lines.append(f"SM121 rule {rule} is allowed by sparkops_allow_rules, reason: {reason!r}; {what}")
+    return lines
 
 
 def _extra_value(args: list[str], flag: str) -> str | None:
@@ -467,7 +766,8 @@ def _knob_violations(p: dict, contract: dict) -> list[str]:
         return []
     version = contract.get("vllm_version", "?")
     env = {k.upper(): v for k, v in p["env"].items()}
-    what = p["quantization"] or p["model"]
+    what = p["quantization"] or p["weights_quantization"] or p["model"]
+    mxfp4 = "mxfp4" in _quant_methods(p)
     out = []
     if has_choice(contract, "--moe-backend", "marlin"):
         if (p["moe_backend"] or "").lower() != "marlin":
@@ -475,7 +775,7 @@ def _knob_violations(p: dict, contract: dict) -> list[str]:
                 f"FP4 model ({what}) with moe_backend {p['moe_backend']!r}: on vLLM {version} set moe_backend: "
                 f"marlin, else vLLM picks a CUTLASS FP4 MoE kernel on SM121 ({_CUTLASS_RULE})"
             )
-    elif (p["quantization"] or "").lower() == "mxfp4" and has_env(contract, "VLLM_MXFP4_USE_MARLIN"):
+    elif mxfp4 and has_env(contract, "VLLM_MXFP4_USE_MARLIN"):
         if not _truthy_env(env.get("VLLM_MXFP4_USE_MARLIN", "")):
             out.append(
                 f"mxfp4 model on vLLM {version}, which has no --moe-backend marlin: set env "
@@ -487,7 +787,7 @@ def _knob_violations(p: dict, contract: dict) -> list[str]:
             f"VLLM_MXFP4_USE_MARLIN for mxfp4), so the {_CUTLASS_RULE} cannot be enforced for {what}: "
             "pin a vLLM release that has one"
         )
-    if (p["quantization"] or "").lower() == "mxfp4" and p["model_family"].lower() in MXFP4_FAMILIES:
+    if mxfp4 and p["model_family"].lower() in MXFP4_FAMILIES:
         return out
     if has_choice(contract, "--linear-backend", "marlin"):
         value = _extra_value(p["extra_args"], "--linear-backend")
@@ -515,14 +815,16 @@ def _json_arg(value: dict) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
-def vllm_serve_args(profile, host, port, gpus_per_node=1) -> list[str]:
+def vllm_serve_args(profile, host, port, gpus_per_node=1, allow_rules=None) -> list[str]:
     """The exact `vllm serve` argv for `profile`, listening on host:port.
 
-    Raises ValueError for a profile with wrong types or one that breaks a hard rule (cluster-size
-    checks need profile_violations). Ray is the executor when TP x PP exceeds one node's GPUs.
+    Raises ValueError for a profile with wrong types or one that breaks a hard rule not allowed by
+    `allow_rules` (sparkops_allow_rules; cluster-size checks need profile_violations). Ray is the
+    executor when TP x PP exceeds one node's GPUs.
     """
     p = normalize_profile(profile)
-    broken = _rule_violations(p)
+    allowed, problems = check_allow_rules(allow_rules)
+    broken = problems + _split(_rule_violations(p), allowed)["refused"]
     if broken:
         raise ValueError("serving profile breaks a hard rule: " + "; ".join(broken))
     if not isinstance(host, str) or not host.strip():

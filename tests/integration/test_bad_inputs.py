@@ -113,6 +113,21 @@ VARS_CASES = {
         _profile(quantization="mxfp4", moe_backend="marlin", env={"VLLM_NVFP4_GEMM_BACKEND": "marlin"}),
         "gpt-oss",
     ),
+    "unknown rule in sparkops_allow_rules": (
+        {"sparkops_allow_rules": [{"rule": "no-such-rule", "reason": "x"}]},
+        "'no-such-rule' is not a rule name",
+    ),
+    "allowed rule without a reason": (
+        {
+            **_profile(extra_args=["--enforce-eager"]),
+            "sparkops_allow_rules": [{"rule": "no-enforce-eager", "reason": ""}],
+        },
+        "allows no-enforce-eager without a reason",
+    ),
+    "FP8 checkpoint with FlashInfer attention": (
+        _profile(quantization=None, weights_quantization="fp8", attention_backend="FLASHINFER"),
+        "fp8-no-flashinfer-attention",
+    ),
     "wrong type for TP": (_profile(tensor_parallel_size="two"), "must be an integer"),
     "model too big to fit": (_profile(weights_gib=400), "fit"),
     "gated model without token": (

@@ -280,7 +280,9 @@ def test_double_accepts_every_option_of_the_recorded_parser_and_nothing_else():
 
 
 def _profile_argv(profile: dict, port: int) -> list[str]:
-    argv = vllm_serve_args(profile, "127.0.0.1", port, gpus_per_node=1)
+    # A not-recommended profile still has to be one vLLM accepts: build its argv past that rule only.
+    allow = [{"rule": "not-recommended", "reason": "argv check"}] if profile.get("not_recommended") else None
+    argv = vllm_serve_args(profile, "127.0.0.1", port, gpus_per_node=1, allow_rules=allow)
     assert argv[:2] == ["vllm", "serve"]
     return argv[2:]
 

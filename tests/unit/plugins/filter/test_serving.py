@@ -29,7 +29,27 @@ def test_filters_are_exposed(filters):
         "serving_profiles_contract_violations",
         "vllm_serve_args",
         "normalize_serving_profile",
+        "serving_allowed_rules",
     }
+
+
+def test_allow_rules_pass_through_every_rule_filter(filters):
+    """sparkops_allow_rules reaches the pure code from each filter: an allowed rule is not refused."""
+    eager = dict(PROFILE, extra_args=["--enforce-eager"])
+    allow = [{"rule": "no-enforce-eager", "reason": "debugging a capture crash, ops, vllm-node:fc08740"}]
+    assert filters["serving_profile_violations"](eager, 1) != []
+    assert filters["serving_profile_violations"](eager, 1, allow_rules=allow) == []
+    with pytest.raises(AnsibleFilterError, match="no-enforce-eager"):
+        filters["vllm_serve_args"](eager, "0.0.0.0", 8000)
+    assert "--enforce-eager" in filters["vllm_serve_args"](eager, "0.0.0.0", 8000, allow_rules=allow)
+    lines = filters["serving_allowed_rules"](allow, "mine", eager)
+    assert len(lines) == 1 and "debugging a capture crash" in lines[0] and "--enforce-eager" in lines[0]
+    loose = dict(PROFILE, weights_quantization="nvfp4")
+    cutlass = [{"rule": "no-cutlass-fp4", "reason": "validated"}]
+    assert filters["serving_profiles_contract_violations"]({"x": loose}, "0.19.0") != {}
+    assert filters["serving_profiles_contract_violations"]({"x": loose}, "0.19.0", allow_rules=cutlass) == {}
+    bad = [{"rule": "no-enforce-eager", "reason": ""}]
+    assert any("without a reason" in v for v in filters["serving_profile_violations"](eager, 1, allow_rules=bad))
 
 
 def test_violations_filter(filters):

@@ -259,3 +259,32 @@ def test_printed_paths_have_no_dot_dot(tmp_path):
         {"results": _levels({1: 20.0}), "output_dir": str(tmp_path / "a" / ".." / "reports"), "cluster_name": "c"},
     )
     assert ".." not in res["json_path"] and res["json_path"].startswith(str(tmp_path / "reports"))
+
+
+def test_spec_decode_acceptance_is_reported_only_for_a_spec_decode_profile(tmp_path):
+    levels = _levels({1: 24.0, 4: 63.9})
+    plain = run_module(
+        benchmark_report,
+        {"results": levels, "output_dir": str(tmp_path / "a"), "cluster_name": "one", "timestamp": "20261125T010000Z"},
+    )
+    assert "Speculative decoding" not in Path(plain["markdown_path"]).read_text()
+    levels[0]["spec_decode"] = {
+        "drafts": 400,
+        "draft_tokens": 800,
+        "accepted_tokens": 504,
+        "acceptance_rate": 0.63,
+        "mean_acceptance_length": 2.26,
+        "per_position": [0.75, 0.51],
+    }
+    res = run_module(
+        benchmark_report,
+        {"results": levels, "output_dir": str(tmp_path / "b"), "cluster_name": "one", "timestamp": "20261125T010000Z"},
+    )
+    assert not res.get("failed"), res
+    md = Path(res["markdown_path"]).read_text()
+    assert "| 1 | 63.0% | 2.26 | 75%, 51% | 400 |" in md
+    assert "| 4 | " not in md.split("Speculative decoding")[1]  # level 4 had no counters
+    doc = json.loads(Path(res["json_path"]).read_text())
+    assert doc["rows"][0]["spec_decode"]["acceptance_rate"] == 0.63
+    assert res["rows"][0]["spec_decode"]["mean_acceptance_length"] == 2.26
+    assert res["rows"][1]["spec_decode"] is None

@@ -22,7 +22,9 @@ HITS_PER_REQUEST = 75  # every request after the first
 class FakeVllm:
     """A stdlib HTTP server that streams tokens at a known pace and counts prefix-cache use."""
 
-    def __init__(self, metrics: bool = True):
+    def __init__(self, metrics: bool = True, spec: bool = False):
+        self.spec = spec  # MTP counters as vLLM 0.19.0 exports them with --speculative-config
+        self.drafts = self.draft_tokens = self.accepted = self.pos0 = self.pos1 = 0.0
         self.lock = threading.Lock()
         self.bodies: list[dict] = []
         self.headers: list[dict] = []
@@ -47,6 +49,18 @@ class FakeVllm:
                         f'vllm:prefix_cache_hits_total{{engine="0",model_name="m"}} {fake.hits}\n'
                         "vllm:num_requests_running 0.0\n"
                     )
+                    if fake.spec:
+                        text += (
+                            "# TYPE vllm:spec_decode_num_drafts_total counter\n"
+                            f'vllm:spec_decode_num_drafts_total{{model_name="m",engine="0"}} {fake.drafts}\n'
+                            "vllm:spec_decode_num_draft_tokens_total"
+                            f'{{model_name="m",engine="0"}} {fake.draft_tokens}\n'
+                            f'vllm:spec_decode_num_accepted_tokens_total{{model_name="m",engine="0"}} {fake.accepted}\n'
+                            "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+                            f'{{model_name="m",engine="0",position="0"}} {fake.pos0}\n'
+                            "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+                            f'{{model_name="m",engine="0",position="1"}} {fake.pos1}\n'
+                        )
                 data = text.encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
@@ -70,6 +84,12 @@ class FakeVllm:
                     self.wfile.write(data)
                     return
                 with fake.lock:
+                    # 2 draft tokens a step, 4 steps a request: 7 of 8 first and 5 of 8 second drafts accepted
+                    fake.drafts += 8
+                    fake.draft_tokens += 16
+                    fake.accepted += 12
+                    fake.pos0 += 7
+                    fake.pos1 += 5
                     first = fake.queries == 0
                     fake.queries += QUERIES_PER_REQUEST
                     fake.hits += 0 if first else HITS_PER_REQUEST
@@ -141,6 +161,7 @@ def test_aggregate_rises_with_concurrency_and_ttft_is_measured(server):
         assert 10 < lvl["per_request_tok_s_mean"] < 8 / (TTFT_S + 8 * TOKEN_S) * 1.2
         # the shared prompt prefix hits 75 of every 100 tokens once the warm-up seeded the cache
         assert lvl["prefix_cache_hit_rate"] == pytest.approx(0.75)
+        assert lvl["spec_decode"] is None  # no --speculative-config: no counters, no acceptance
     agg = {c: levels[c]["aggregate_tok_s"] for c in levels}
     assert agg[2] > 1.4 * agg[1]
     assert agg[4] > 2.2 * agg[1]
@@ -272,3 +293,64 @@ def test_hit_rate_from_deltas_and_gauge():
 def test_metrics_url_for():
     assert bench.metrics_url_for("http://10.0.0.1:8000/v1") == "http://10.0.0.1:8000/metrics"
     assert bench.metrics_url_for("https://h/api/v1/") == "https://h/api/metrics"
+
+
+# /metrics of vLLM 0.19.0 serving with --speculative-config '{"method":"mtp","num_speculative_tokens":2}', in the
+# format prometheus_client writes (labels model_name, engine as vllm/v1/metrics/loggers.py:414 names them;
+# counters from vllm/v1/spec_decode/metrics.py:155-193 with the _total suffix and their _created samples).
+SPEC_METRICS_BEFORE = """\
+# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts_total counter
+vllm:spec_decode_num_drafts_total{model_name="qwen3.5-122b-a10b-mtp",engine="0"} 1000.0
+# HELP vllm:spec_decode_num_drafts_created Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts_created gauge
+vllm:spec_decode_num_drafts_created{model_name="qwen3.5-122b-a10b-mtp",engine="0"} 1.7640e+09
+# HELP vllm:spec_decode_num_draft_tokens_total Number of draft tokens.
+# TYPE vllm:spec_decode_num_draft_tokens_total counter
+vllm:spec_decode_num_draft_tokens_total{model_name="qwen3.5-122b-a10b-mtp",engine="0"} 2000.0
+# HELP vllm:spec_decode_num_accepted_tokens_total Number of accepted tokens.
+# TYPE vllm:spec_decode_num_accepted_tokens_total counter
+vllm:spec_decode_num_accepted_tokens_total{model_name="qwen3.5-122b-a10b-mtp",engine="0"} 1500.0
+# HELP vllm:spec_decode_num_accepted_tokens_per_pos_total Accepted tokens per draft position.
+# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter
+vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="qwen3.5-122b-a10b-mtp",engine="0",position="0"} 900.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="qwen3.5-122b-a10b-mtp",engine="0",position="1"} 600.0
+"""
+SPEC_METRICS_AFTER = (
+    SPEC_METRICS_BEFORE.replace("} 1000.0", "} 1400.0")
+    .replace("} 2000.0", "} 2800.0")
+    .replace("} 1500.0", "} 2004.0")
+    .replace("} 900.0", "} 1200.0")
+    .replace("} 600.0", "} 804.0")
+)
+
+
+def test_spec_decode_acceptance_from_recorded_metrics_text():
+    before, after = bench.parse_prometheus(SPEC_METRICS_BEFORE), bench.parse_prometheus(SPEC_METRICS_AFTER)
+    got = bench.spec_decode_acceptance(before, after)
+    # deltas: 400 drafts, 800 draft tokens, 504 accepted (300 at position 0, 204 at position 1)
+    assert got == {
+        "drafts": 400,
+        "draft_tokens": 800,
+        "accepted_tokens": 504,
+        "acceptance_rate": 0.63,
+        "mean_acceptance_length": 2.26,
+        "per_position": [0.75, 0.51],
+    }
+    # lifetime totals would say 0.75 / 0.7: the figure must be the run's own delta
+    assert bench.spec_decode_acceptance({}, before)["acceptance_rate"] == 0.75
+    # no drafting in between, or no spec-decode counters at all: nothing to report
+    assert bench.spec_decode_acceptance(after, after) is None
+    assert bench.spec_decode_acceptance(None, {"vllm:num_requests_running": 0.0}) is None
+    assert bench.spec_decode_acceptance(before, None) is None
+
+
+def test_the_benchmark_reports_acceptance_per_level_for_a_spec_decode_server():
+    with FakeVllm(spec=True) as fake:
+        res = run_module(vllm_benchmark, _args(fake))
+    assert not res.get("failed"), res
+    for lvl in res["levels"]:
+        sd = lvl["spec_decode"]
+        assert sd["drafts"] == 8 * lvl["requests"], lvl
+        assert sd["acceptance_rate"] == 0.75 and sd["mean_acceptance_length"] == 2.5
+        assert sd["per_position"] == [0.875, 0.625]

@@ -174,3 +174,34 @@ def test_unreachable_node_gets_one_critical_verdict():
     vs = d.build_verdicts(inputs)
     (node,) = [v for v in vs if v["scope"] == "spark-sim-2"]
     assert node["check"] == "node reachable" and node["verdict"] == "CRITICAL"
+
+
+def test_doctor_shows_the_rules_sparkops_allow_rules_lets_through():
+    """An allowed SM121 rule is a WARN verdict naming the rule and the operator's reason; none is a PASS."""
+    from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving_profile import allowed_rule_warnings
+
+    profile = {"model": "org/m", "model_family": "x", "weights_gib": 10, "extra_args": ["--enforce-eager"]}
+    lines = allowed_rule_warnings("mine", profile, [{"rule": "no-enforce-eager", "reason": "debug, ops, img:1"}])
+    v = d.check_allowed_rules(lines)
+    assert v["verdict"] == "WARN" and v["check"] == "SM121 rules"
+    assert "no-enforce-eager" in v["evidence"] and "debug, ops, img:1" in v["evidence"]
+    assert d.check_allowed_rules([])["verdict"] == "PASS"
+    inputs = {
+        "now_epoch": 0,
+        "settings": {
+            "hardware": "simulated",
+            "driver_branch": "580",
+            "memory_floor_gib": 0.25,
+            "disk_headroom_gib": 1,
+            "weights_path": "/w",
+            "cable_threshold_gbps": 190,
+            "expected_nodes": 1,
+            "expected_gpus": 1,
+            "serve_host": "10.0.0.1",
+            "mgmt_address": "192.168.0.1",
+        },
+        "nodes": {},
+        "allowed_rules": lines,
+    }
+    (shown,) = [x for x in d.build_verdicts(inputs) if x["check"] == "SM121 rules"]
+    assert shown["verdict"] == "WARN" and "debug, ops, img:1" in shown["evidence"]

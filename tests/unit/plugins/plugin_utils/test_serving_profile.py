@@ -10,8 +10,12 @@ import yaml
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving_profile import (
     KV_HEADROOM_GIB,
     PROFILE_FIELDS,
+    RULES,
+    allowed_rule_warnings,
+    check_allow_rules,
     contract_violations,
     normalize_profile,
+    profile_findings,
     profile_violations,
     vllm_serve_args,
 )
@@ -103,10 +107,20 @@ def test_api_key_never_in_argv(reference):
         vllm_serve_args(reference, "0.0.0.0", 8000)
 
 
+# Shipped profiles refused on purpose, and the words of why (README's table says the same).
+NOT_RECOMMENDED = {"qwen3.5-397b-a17b-nvfp4-tp2": ("not-recommended", "does not fit")}
+NEEDS_NEWER_VLLM = {"nemotron-3-super-120b-a12b-nvfp4": "0.19.1"}
+
+
 def test_every_shipped_profile_passes_on_its_own_gpu_count(profiles):
     for name, profile in profiles.items():
         world = profile["tensor_parallel_size"] * profile["pipeline_parallel_size"]
-        assert profile_violations(profile, gpus_total=world) == [], name
+        found = profile_violations(profile, gpus_total=world)
+        if name in NOT_RECOMMENDED:
+            for needle in NOT_RECOMMENDED[name]:
+                assert any(needle in f for f in found), (name, found)
+            continue
+        assert found == [], name
         argv = vllm_serve_args(profile, "0.0.0.0", 8000)
         assert argv[:3] == ["vllm", "serve", profile["model"]], name
         assert ("--distributed-executor-backend" in argv) == (world > 1), name
@@ -418,3 +432,224 @@ def test_a_release_without_the_knob_a_rule_needs_is_refused(profiles):
     assert any("vLLM 0.0.1-test has no knob to put FP4 linear layers on Marlin" in f for f in found), found
     # a non-FP4 profile needs no such knob
     assert contract_violations(dict(profiles["qwen3-30b-a3b"]), old) == []
+
+
+# ------------------------------------------------------------------ issue 31: new profiles and rules
+def test_every_shipped_profile_passes_the_memory_plan(profiles):
+    """The node keeps its floor under every shipped profile (sparkops_defaults: 128 GiB, 6 overhead, 4 floor)."""
+    from ansible_collections.sparkops.cluster.plugins.plugin_utils.day2_checks import memory_plan_problems
+
+    for name, profile in profiles.items():
+        assert memory_plan_problems(profile, 128.0, 6.0, 4.0) == [], name
+
+
+def test_the_pinned_vllm_refuses_a_profile_written_for_a_newer_one(profiles):
+    contract = load_contract(_pinned())
+    for name, version in NEEDS_NEWER_VLLM.items():
+        profile = profiles[name]
+        found = profile_violations(profile, 1, contract=contract)
+        assert any(f"needs vLLM {version} or newer" in f and profile["image"] in f for f in found), found
+        assert any("until the pin moves" in f for f in found), found
+        # the flags themselves are in the pinned contract: only the version holds it back
+        assert contract_violations(profile, contract) == [], name
+        # allowing every rule does not let it through: a version refusal is not a rule
+        everything = [{"rule": r, "reason": "test"} for r in RULES]
+        assert profile_violations(profile, 1, contract=contract, allow_rules=everything) != []
+        newer = dict(contract, vllm_version=version)
+        assert profile_violations(profile, 1, contract=newer) == [], name
+    other = profiles["qwen3.6-35b-a3b-fp8"]
+    assert profile_violations(other, 1, contract=contract) == []
+
+
+def test_new_profiles_carry_what_their_sources_ran(profiles):
+    mtp = profiles["qwen3.5-122b-a10b-nvfp4-mtp"]
+    argv = vllm_serve_args(mtp, "0.0.0.0", 8000)
+    assert json.loads(argv[argv.index("--speculative-config") + 1]) == {"method": "mtp", "num_speculative_tokens": 2}
+    assert mtp["model"] == "Sehyo/Qwen3.5-122B-A10B-NVFP4"
+    for flag, value in (("--max-model-len", "131072"), ("--max-num-seqs", "4"), ("--gpu-memory-utilization", "0.9")):
+        assert argv[argv.index(flag) + 1] == value
+    assert argv[argv.index("--tool-call-parser") + 1] == "qwen3_coder"
+    nemotron = profiles["nemotron-3-super-120b-a12b-nvfp4"]
+    assert nemotron["image"] == "vllm/vllm-openai:cu130-nightly"
+    assert (nemotron["gpu_memory_utilization"], nemotron["max_model_len"], nemotron["max_num_seqs"]) == (
+        0.85,
+        131072,
+        4,
+    )
+    for name in ("qwen3.6-35b-a3b-fp8", "qwen3.6-27b-fp8"):
+        assert profiles[name]["attention_backend"] == "TRITON_ATTN", name
+    for name, profile in profiles.items():
+        if name.startswith("sim-"):
+            continue
+        assert profile["revision"] == "main", name  # resolved and locked at the first deployment
+
+
+def _fp8(reference, **kw):
+    return dict(reference, quantization=None, weights_quantization="fp8", enable_expert_parallel=False, **kw)
+
+
+@pytest.mark.parametrize("backend", ["FLASHINFER", "flashinfer", "FLASHINFER_MLA"])
+def test_fp8_with_flashinfer_attention_refused(reference, backend):
+    found = profile_violations(_fp8(reference, attention_backend=backend), 2)
+    assert len(found) == 1 and "fp8-no-flashinfer-attention" in found[0], found
+    assert "use attention_backend: TRITON_ATTN" in found[0]
+
+
+def test_fp8_rule_keys_on_quantization_flag_too(reference):
+    for quant in ("fp8", "fbgemm_fp8", "ptpc_fp8", "modelopt", "modelopt_fp8", "fp8_e4m3"):
+        p = dict(reference, quantization=quant, attention_backend="FLASHINFER")
+        assert any("fp8-no-flashinfer-attention" in f for f in profile_violations(p, 2)), quant
+    p = dict(reference, quantization="fp8", env={"VLLM_ATTENTION_BACKEND": "FLASHINFER"})
+    assert any("env VLLM_ATTENTION_BACKEND=FLASHINFER" in f for f in profile_violations(p, 2))
+
+
+def test_fp8_without_an_attention_backend_refused(reference):
+    found = profile_violations(_fp8(reference, attention_backend=None), 2)
+    assert len(found) == 1 and "attention_backend is unset on an FP8 checkpoint" in found[0], found
+
+
+def test_fp8_with_triton_and_non_fp8_with_flashinfer_pass(reference):
+    assert profile_violations(_fp8(reference, attention_backend="TRITON_ATTN"), 2) == []
+    # a GPTQ-Int4 model (fp8 only in its KV cache) may use FlashInfer attention
+    assert profile_violations(dict(reference, attention_backend="FLASHINFER"), 2) == []
+
+
+def test_a_name_that_says_fp4_or_fp8_needs_weights_quantization(reference):
+    for model, needle in (
+        ("org/Some-NVFP4", "weights_quantization: nvfp4"),
+        ("org/Some-FP8", "weights_quantization: fp8"),
+    ):
+        found = profile_violations(dict(reference, model=model, quantization=None), 2)
+        assert len(found) == 1 and needle in found[0], found
+        # stating it (whatever it is) satisfies the check; the rules then key on what was stated
+        assert profile_violations(dict(reference, model=model, quantization=None, weights_quantization="gptq"), 2) == []
+
+
+# ------------------------------------------------------------------ issue 30: serving_profile survivors
+def test_the_fp4_rule_keys_on_quantization_not_the_name(profiles):
+    """gpt-oss's name has no 'fp4': only quantization mxfp4 makes a CUTLASS MoE backend a CUTLASS FP4 kernel."""
+    gptoss = dict(profiles["gpt-oss-120b-mxfp4"], moe_backend="flashinfer_cutlass")
+    assert "fp4" not in gptoss["model"].lower()
+    found = profile_violations(gptoss, 1)
+    assert len(found) == 1 and "no-cutlass-fp4" in found[0] and "moe_backend flashinfer_cutlass" in found[0], found
+    for quant in ("nvfp4", "modelopt_fp4", "fp4", "modelopt_mxfp4", "petit_nvfp4"):
+        p = dict(profiles["qwen3-30b-a3b"], quantization=quant, moe_backend="cutlass")
+        assert any("no-cutlass-fp4" in f for f in profile_violations(p, 1)), quant
+        p = dict(profiles["qwen3-30b-a3b"], weights_quantization=quant, moe_backend="cutlass")
+        assert any("no-cutlass-fp4" in f for f in profile_violations(p, 1)), quant
+    # not FP4: CUTLASS MoE is no FP4 kernel
+    assert profile_violations(dict(profiles["qwen3-30b-a3b"], moe_backend="cutlass"), 1) == []
+
+
+@pytest.mark.parametrize("value", ["1", "on", "true", "yes", "TRUE", " On "])
+def test_every_true_form_of_vllm_enforce_eager_refused(reference, value):
+    found = profile_violations(dict(reference, env={"VLLM_ENFORCE_EAGER": value}), 2)
+    assert len(found) == 1 and "no-enforce-eager" in found[0], found
+
+
+@pytest.mark.parametrize("value", ["0", "off", "false", "no"])
+def test_false_forms_of_vllm_enforce_eager_pass(reference, value):
+    assert profile_violations(dict(reference, env={"VLLM_ENFORCE_EAGER": value}), 2) == []
+
+
+@pytest.mark.parametrize("model", ["", "   "])
+def test_empty_model_refused(reference, model):
+    found = profile_violations(dict(reference, model=model), 2)
+    assert found == [f"model must be a non-empty string, got {model!r} (str)"], found
+
+
+@pytest.mark.parametrize("value", ["marlin", "triton", "auto"])
+def test_linear_backend_other_than_cutlass_passes_on_fp4(profiles, value):
+    nvfp4 = dict(profiles["qwen3.5-122b-a10b-nvfp4"], extra_args=["--linear-backend", value])
+    assert profile_violations(nvfp4, 1) == []
+    cutlass = dict(profiles["qwen3.5-122b-a10b-nvfp4"], extra_args=[f"--linear-backend={value}_cutlass"])
+    assert any("no-cutlass-fp4" in f for f in profile_violations(cutlass, 1))
+
+
+# ------------------------------------------------------------------ the escape hatch
+def test_a_rule_refused_without_an_allow_and_warned_with_one(profiles):
+    nvfp4 = dict(profiles["qwen3.5-122b-a10b-nvfp4"], moe_backend="flashinfer_cutlass")
+    refused = profile_violations(nvfp4, 1)
+    assert len(refused) == 1 and "sparkops_allow_rules" in refused[0] and "rule: no-cutlass-fp4" in refused[0]
+    allow = [{"rule": "no-cutlass-fp4", "reason": "eugr FlashInfer 0.6.9 validated by ops on vllm-node:fc08740"}]
+    found = profile_findings(nvfp4, 1, allow_rules=allow)
+    assert found["refused"] == []
+    assert found["allowed"] == [
+        {"rule": "no-cutlass-fp4", "reason": allow[0]["reason"], "message": refused[0].split(" (to go past it")[0]}
+    ]
+    assert vllm_serve_args(nvfp4, "0.0.0.0", 8000, allow_rules=allow)[-2:] != []
+    with pytest.raises(ValueError, match="no-cutlass-fp4"):
+        vllm_serve_args(nvfp4, "0.0.0.0", 8000)
+    # allowing one rule does not allow another
+    both = dict(nvfp4, gpu_memory_utilization=0.95)
+    refused = profile_violations(both, 1, allow_rules=allow)
+    assert len(refused) == 1 and "gpu-memory-utilization-max" in refused[0], refused
+
+
+def test_the_contract_knob_rules_are_allowed_by_the_same_name(profiles):
+    contract = load_contract(_pinned())
+    loose = dict(profiles["qwen3.5-122b-a10b-nvfp4"], moe_backend=None)
+    assert any("set moe_backend: marlin" in f for f in contract_violations(loose, contract))
+    allow = [{"rule": "no-cutlass-fp4", "reason": "validated"}]
+    assert contract_violations(loose, contract, allow_rules=allow) == []
+    found = profile_findings(loose, 1, contract=contract, allow_rules=allow)
+    assert found["refused"] == [] and [a["rule"] for a in found["allowed"]] == ["no-cutlass-fp4"]
+
+
+def test_not_recommended_is_a_rule_that_can_be_allowed(profiles):
+    big = profiles["qwen3.5-397b-a17b-nvfp4-tp2"]
+    allow = [{"rule": "not-recommended", "reason": "we measured it ourselves"}]
+    found = profile_findings(big, 2, allow_rules=allow)
+    assert [a["rule"] for a in found["allowed"]] == ["not-recommended"]
+    # the fit refusal is no rule: it stays
+    assert len(found["refused"]) == 1 and "does not fit" in found["refused"][0]
+
+
+@pytest.mark.parametrize(
+    ("entries", "needle"),
+    [
+        ([{"rule": "no-such-rule", "reason": "x"}], "'no-such-rule' is not a rule name"),
+        ([{"rule": "no-cutlass-fp4", "reason": ""}], "without a reason"),
+        ([{"rule": "no-cutlass-fp4", "reason": "   "}], "without a reason"),
+        ([{"rule": "no-cutlass-fp4"}], "without a reason"),
+        ([{"rule": "no-cutlass-fp4", "reason": "a", "by": "me"}], "unknown key(s) by"),
+        ([{"rule": "no-cutlass-fp4", "reason": "a"}, {"rule": "no-cutlass-fp4", "reason": "b"}], "a second time"),
+        (["no-cutlass-fp4"], "must be a mapping"),
+        ({"rule": "no-cutlass-fp4", "reason": "a"}, "must be a list"),
+    ],
+)
+def test_bad_allow_entries_refused_and_allow_nothing(profiles, entries, needle):
+    allowed, problems = check_allow_rules(entries)
+    assert any(needle in p for p in problems), problems
+    nvfp4 = dict(profiles["qwen3.5-122b-a10b-nvfp4"], moe_backend="flashinfer_cutlass")
+    refused = profile_violations(nvfp4, 1, allow_rules=entries)
+    assert any(needle in r for r in refused), refused
+    if not isinstance(entries, list) or len(entries) == 1:
+        assert any("no-cutlass-fp4" in r and "refused by" in r for r in refused), refused
+
+
+def test_every_rule_has_a_name_and_what_to_use_instead():
+    assert set(RULES) == {
+        "no-enforce-eager",
+        "gpu-memory-utilization-max",
+        "no-cutlass-fp4",
+        "mxfp4-only-gpt-oss",
+        "fp8-no-flashinfer-attention",
+        "not-recommended",
+    }
+    assert check_allow_rules([{"rule": r, "reason": "ok"} for r in RULES]) == ({r: "ok" for r in RULES}, [])
+
+
+def test_allowed_rule_warnings_name_the_reason_and_what_it_lets_through(profiles):
+    nvfp4 = dict(profiles["qwen3.5-122b-a10b-nvfp4"], moe_backend="flashinfer_cutlass")
+    allow = [
+        {"rule": "no-cutlass-fp4", "reason": "validated by ops on vllm-node:fc08740"},
+        {"rule": "no-enforce-eager", "reason": "debug build"},
+    ]
+    lines = allowed_rule_warnings("mine", nvfp4, allow)
+    assert len(lines) == 2
+    assert "no-cutlass-fp4" in lines[0] and "validated by ops on vllm-node:fc08740" in lines[0]
+    assert "lets through in profile mine: moe_backend flashinfer_cutlass" in lines[0]
+    assert "no-enforce-eager" in lines[1] and "does not need it" in lines[1]
+    assert allowed_rule_warnings("mine", nvfp4, []) == []
+    assert any("not a rule name" in x for x in allowed_rule_warnings("mine", nvfp4, [{"rule": "x", "reason": "y"}]))
