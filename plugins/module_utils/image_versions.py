@@ -23,7 +23,11 @@ COMPONENTS = ("vllm", "torch", "cuda", "flashinfer", "ray", "nccl")
 #   eugr's Dockerfile@fc08740:95-114 checks a FlashInfer tag out WITHOUT updating its submodules on a
 #   first build (cache miss) and WITH them on later ones, so the same --flashinfer-ref can carry two
 #   CUTLASS trees under one FlashInfer version: the lock holds the first one's and refuses the other.
-EXTRAS = ("vllm_commit", "flashinfer_cutlass")
+# - flashinfer_commit: the FlashInfer commit eugr's build-and-copy.sh wrote into the image's
+#   /workspace/build-metadata.yaml (build-and-copy.sh@fc08740:48-76, :636-639; Dockerfile:346-347), from
+#   `git rev-parse HEAD` after the FlashInfer build (Dockerfile:153). The same file's vllm_commit is the
+#   last source of the vLLM commit (a full hash).
+EXTRAS = ("vllm_commit", "flashinfer_commit", "flashinfer_cutlass")
 # What sparkops_image_pins may name, and what the lock file may record.
 PIN_KEYS = (*COMPONENTS, "vllm_commit")
 LOCK_KEYS = (*COMPONENTS, *EXTRAS)
@@ -55,8 +59,20 @@ found = {
     "cuda": os.environ.get("CUDA_VERSION") or None,
     "nccl": None,
     "vllm_commit": None,
+    "flashinfer_commit": None,
     "flashinfer_cutlass": None,
 }
+meta = {}
+try:
+    with open(os.environ.get("SPARKOPS_BUILD_METADATA", "/workspace/build-metadata.yaml"), encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            m = re.match(r"^(vllm_commit|flashinfer_commit): *([0-9a-f]{7,40}) *$", line)
+            if m:
+                meta[m.group(1)] = m.group(2)
+except OSError:
+    pass
+found["flashinfer_commit"] = meta.get("flashinfer_commit")
+found["vllm_commit"] = meta.get("vllm_commit")
 # setuptools-scm writes the commit it saw into vllm/_version.py (`__commit_id__ = commit_id = 'g...'`);
 # read as text: importing vllm would import torch and take seconds.
 version_py = package_file("vllm", "vllm/_version.py")

@@ -262,3 +262,26 @@ def test_probe_reads_the_commit_and_cutlass_from_an_installed_tree(tmp_path):
     second = run()
     assert second["flashinfer_cutlass"].startswith("4.2.1+sha256:")
     assert second["flashinfer_cutlass"] != first["flashinfer_cutlass"]
+
+
+def test_probe_reads_eugrs_build_metadata(tmp_path):
+    """/workspace/build-metadata.yaml as build-and-copy.sh@fc08740:58-72 writes it (Dockerfile:346-347 copies it)."""
+    meta = tmp_path / "build-metadata.yaml"
+    meta.write_text(
+        "build_date: 2026-04-10T12:00:00Z\nbuild_script_commit: fc08740fba1e79530a879c411b7e39fb65da2a18\n"
+        "vllm_version: 0.19.1.dev0+g2a69949bd.d20260410.cu132\n"
+        "vllm_commit: 2a69949bd0000000000000000000000000000000\n"
+        "flashinfer_commit: 0123456789abcdef0123456789abcdef01234567\ngpu_arch: 12.1a\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-I", "-c", iv.PROBE],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"SPARKOPS_BUILD_METADATA": str(meta)},
+    )
+    found = iv.parse_probe_output(res.stdout)
+    assert found["flashinfer_commit"] == "0123456789abcdef0123456789abcdef01234567"
+    if found["vllm"] is None:  # no vllm here: the metadata's commit is the only source
+        assert found["vllm_commit"] == "2a69949bd0000000000000000000000000000000"
+    assert iv.lock_record(found)["flashinfer_commit"] == "0123456789abcdef0123456789abcdef01234567"

@@ -20,6 +20,7 @@ VERSIONS = {
     "torch": "2.12.0",
     "cuda": "13.2.0",
     "flashinfer": "0.6.6",
+    "flashinfer_commit": None,
     "flashinfer_cutlass": "4.2.1+sha256:0123456789abcdef",
     "ray": "2.52.1",
     "nccl": None,
@@ -112,7 +113,7 @@ def test_an_unreadable_cache_file_is_probed_again_and_rewritten(tmp_path):
 
 
 def test_a_cache_file_of_the_older_probe_is_probed_again(tmp_path):
-    """A file written before the probe read vllm_commit and flashinfer_cutlass lacks them: read the image again."""
+    """A file written before the probe read the commits and flashinfer_cutlass lacks them: read the image again."""
     docker = fake_docker(tmp_path)
     cache = tmp_path / "cache"
     cache.mkdir()
