@@ -63,8 +63,9 @@ found = {
     "flashinfer_cutlass": None,
 }
 meta = {}
+meta_path = os.environ.get("SPARKOPS_BUILD_METADATA", "/workspace/build-metadata.yaml")
 try:
-    with open(os.environ.get("SPARKOPS_BUILD_METADATA", "/workspace/build-metadata.yaml"), encoding="utf-8", errors="replace") as fh:
+    with open(meta_path, encoding="utf-8", errors="replace") as fh:
         for line in fh:
             m = re.match(r"^(vllm_commit|flashinfer_commit): *([0-9a-f]{7,40}) *$", line)
             if m:
