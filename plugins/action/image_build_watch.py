@@ -15,6 +15,7 @@ import time
 
 from ansible.plugins.action import ActionBase
 from ansible_collections.sparkops.cluster.plugins.module_utils.build_log import (
+    WATCH_ARGUMENT_SPEC,
     build_stage,
     elapsed_text,
     failure_message,
@@ -26,20 +27,16 @@ from ansible_collections.sparkops.cluster.plugins.module_utils.build_log import 
 
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
-    _VALID_ARGS = frozenset(("log_path", "started", "timeout_s", "tail_lines"))
+    _VALID_ARGS = frozenset(WATCH_ARGUMENT_SPEC)
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
-        args = self._task.args
-        log_path = args.get("log_path")
-        if not log_path:
-            return {**result, "failed": True, "msg": "log_path is required: the build log that image_build writes"}
-        try:
-            started = float(args.get("started") or time.time())
-            timeout_s = int(args.get("timeout_s") or 10800)
-            tail = int(args.get("tail_lines") or 40)
-        except (TypeError, ValueError) as exc:
-            return {**result, "failed": True, "msg": f"started, timeout_s and tail_lines must be numbers: {exc}"}
+        # Bad input fails here, naming the option (AnsibleActionFail), before the node is asked anything.
+        _, args = self.validate_argument_spec(argument_spec=WATCH_ARGUMENT_SPEC)
+        log_path = args["log_path"]
+        started = args["started"] if args["started"] is not None else time.time()
+        timeout_s = args["timeout_s"]
+        tail = args["tail_lines"]
         if self._play_context.check_mode:
             return {**result, "skipped": True, "msg": "check mode: no build runs, so there is nothing to watch"}
         cmd = " ".join(shlex.quote(a) for a in watch_command(str(log_path)))

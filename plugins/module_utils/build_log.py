@@ -111,6 +111,14 @@ def failure_message(text: str, rc: int, elapsed_s: float, log_path: str, count: 
 
 RC_MARKER = "@@sparkops-build-rc@@"
 
+# image_build_watch's options (the action plugin validates with it; its documentation module declares it).
+WATCH_ARGUMENT_SPEC = dict(
+    log_path=dict(type="path", required=True),
+    started=dict(type="float"),
+    timeout_s=dict(type="int", default=10800),
+    tail_lines=dict(type="int", default=40),
+)
+
 
 def watch_command(log_path: str, tail_bytes: int = 262144) -> list[str]:
     """argv that prints the log's end, the marker, then the exit status file (empty while running)."""

@@ -84,10 +84,11 @@ msg:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.sparkops.cluster.plugins.module_utils.build_log import WATCH_ARGUMENT_SPEC
 
 
 def main():
-    module = AnsibleModule(argument_spec={}, supports_check_mode=True)
+    module = AnsibleModule(argument_spec=WATCH_ARGUMENT_SPEC, supports_check_mode=True)
     module.fail_json(msg="image_build_watch runs on the controller as an action plugin; it is never sent to a host.")
 
 
