@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import gc
 import hashlib
+import importlib.metadata as md
 import json
 import os
 import re
@@ -79,8 +80,6 @@ def installed_version(contract: dict) -> str:
     writes both from one setuptools-scm answer. In the stand-in image that is the metadata-only vllm dist
     (make_standin_dists.py), e.g. eugr's dirty-tree "0.19.1.dev0+g2a69949bd.d20260410.cu132"; outside an
     image (host tests) the recorded release's."""
-    import importlib.metadata as md
-
     try:
         return md.version("vllm")
     except md.PackageNotFoundError:
