@@ -12,9 +12,17 @@ description:
     with a short probe that reads the installed wheels through C(importlib.metadata), the CUDA toolkit from
     C(CUDA_VERSION) (set by NVIDIA's CUDA base images) or C(/usr/local/cuda/version.json), and NCCL from
     C(torch.cuda.nccl.version()).
+  - Also reads the vLLM commit the build contains (the version's C(+g<hash>) label, else the commit setuptools-scm
+    wrote into C(vllm/_version.py)) as C(vllm_commit), and the CUTLASS headers FlashInfer ships
+    (C(flashinfer/data/cutlass/include)) as C(flashinfer_cutlass), C(<CUTLASS version>+sha256:<digest>).
   - Compares them with I(pins) (a pin matches the same version or one that only adds release numbers or a local
     label, so C(13.2) matches C(13.2.0) and C(0.19.0) matches C(0.19.0+cu132) but not C(0.19.0.dev5)) and with
-    I(locked) (exact), and fails naming the component and both versions unless I(fail_on_mismatch=false).
+    I(locked) (exact), and fails naming every component that differs and both versions unless
+    I(fail_on_mismatch=false).
+  - With C(vllm_commit) pinned, vLLM is judged by commit, not by version string - a build of that commit is
+    accepted whatever local, dirty or CUDA label it carries (eugr's build reports e.g.
+    C(0.19.1.dev0+g2a69949bd.d20260410.cu132) for tag v0.19.0); a build whose commit cannot be read is accepted
+    only when its version is exactly the pinned release (C(0.19.0), C(0.19.0+cu132)).
   - With I(cache_dir), what an image carries is kept in a file named after its image ID, and a later
     run reads that file instead of starting a container. An image ID is the hash of the image's
     configuration, which names every layer, so the same ID always carries the same versions. The pins
@@ -29,11 +37,15 @@ options:
     type: str
     required: true
   pins:
-    description: Component (vllm, torch, cuda, flashinfer, ray, nccl) to pinned version; null or empty means not pinned.
+    description:
+      - Component (vllm, torch, cuda, flashinfer, ray, nccl) to pinned version; null or empty means not pinned.
+      - C(vllm_commit) is the vLLM commit (7-40 hex) the build must contain.
     type: dict
     default: {}
   locked:
-    description: Component to the exact version the lock file recorded; compared exactly.
+    description:
+      - Component (and C(vllm_commit), C(flashinfer_cutlass)) to the exact value the lock file recorded; compared
+        exactly.
     type: dict
     default: {}
   fail_on_mismatch:
@@ -98,8 +110,16 @@ versions:
   description: What the image carries; a component it lacks is null.
   returned: always
   type: dict
-  sample: {"vllm": "0.19.0", "torch": "2.12.0.dev20260410+cu130", "cuda": "13.2.0", "flashinfer": "0.6.6",
-           "ray": "2.52.1", "nccl": "2.28.9"}
+  sample: {"vllm": "0.19.1.dev0+g2a69949bd.d20260410.cu132", "vllm_commit": "2a69949bd",
+           "torch": "2.12.0.dev20260410+cu130", "cuda": "13.2.0", "flashinfer": "0.6.6",
+           "flashinfer_cutlass": "4.2.1+sha256:0123456789abcdef", "ray": "2.52.1", "nccl": "2.28.9"}
+record:
+  description:
+    - What the lock file records from this image (RV(versions) limited to the versions, C(vllm_commit) and
+      C(flashinfer_cutlass)), the exact strings.
+  returned: always
+  type: dict
+  sample: {"vllm": "0.19.1.dev0+g2a69949bd.d20260410.cu132", "vllm_commit": "2a69949bd", "flashinfer": "0.6.6"}
 problems:
   description: One line per component that differs from its pin or lock, naming both versions.
   returned: always
@@ -136,9 +156,11 @@ import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.sparkops.cluster.plugins.module_utils.image_versions import (
-    COMPONENTS,
+    LOCK_KEYS,
+    PIN_KEYS,
     PROBE,
     compare_versions,
+    lock_record,
     parse_probe_output,
 )
 
@@ -174,7 +196,8 @@ def read_cache(path: str) -> dict | None:
             versions = json.load(f)
     except (OSError, ValueError):
         return None
-    if not isinstance(versions, dict) or not set(COMPONENTS) <= set(versions):
+    # Every key the probe writes, so a file from an older probe (without vllm_commit) is read again.
+    if not isinstance(versions, dict) or not set(LOCK_KEYS) <= set(versions):
         return None
     return versions
 
@@ -284,10 +307,11 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
-    unknown = sorted(set(p["pins"]) - set(COMPONENTS)) + sorted(set(p["locked"]) - set(COMPONENTS))
+    unknown = sorted(set(p["pins"]) - set(PIN_KEYS)) + sorted(set(p["locked"]) - set(LOCK_KEYS))
     if unknown:
         module.fail_json(
-            msg=f"unknown components {', '.join(unknown)} in pins/locked; use only {', '.join(COMPONENTS)}",
+            msg=f"unknown components {', '.join(unknown)} in pins/locked; pins may name {', '.join(PIN_KEYS)}, "
+            f"the lock {', '.join(LOCK_KEYS)}",
         )
     result = dict(changed=False, cached=False)
     versions = None
@@ -307,7 +331,7 @@ def main():
     if p["serve_help"]:
         result["serve_help"], result["serve_help_cached"] = serve_help(module, result.get("image_id", "")[7:] or None)
     problems = compare_versions(versions, p["pins"], p["locked"])
-    result.update(versions=versions, problems=problems, matches=not problems)
+    result.update(versions=versions, record=lock_record(versions), problems=problems, matches=not problems)
     if problems and p["fail_on_mismatch"]:
         module.fail_json(
             msg=f"{p['image']} is not the image that was pinned: "

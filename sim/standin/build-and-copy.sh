@@ -14,8 +14,10 @@
 # So `--use-wheels` (removed in ec0f189, 2026-02-17) is refused, as the real one refuses it.
 #
 # What it builds mirrors what the real one would carry, from upstream-versions.env:
-# --vllm-ref vX.Y.Z gives vLLM X.Y.Z; without it (or with main) vLLM's main of the
-# build day, a dev version, as the real script builds origin/main (Dockerfile:174-191).
+# --vllm-ref vX.Y.Z gives a build of that tag's commit with the version eugr's build
+# reports for it (a dirty tree at the tag: X.Y.(Z+1).dev0+g<commit>.d<day>.cu132, see
+# vllm_version_of); without it (or with main) vLLM's main of the build day, a dev
+# version, as the real script builds origin/main (Dockerfile:174-191).
 # Likewise FlashInfer (--flashinfer-ref). torch is PyTorch's nightly of the build day
 # (Dockerfile:53, :314), NCCL the branch build (Dockerfile:76), CUDA the base image's
 # (Dockerfile:9). Ray is the real Ray from the test bed's wheels. `vllm` is a TEST DOUBLE.
@@ -81,7 +83,43 @@ version_of() {  # NAME REF MAIN_VERSION
             fi ;;
     esac
 }
-VLLM_VERSION=$(version_of vLLM "$VLLM_REF" "$VLLM_MAIN_VERSION")
+
+# vLLM's version as eugr's build gets it. Dockerfile@fc08740:231-236 runs use_existing_torch.py and
+# deletes lines of requirements/*.txt in the checkout before `uv build` (:253), so setuptools-scm
+# (vcs_versioning/_version_schemes/_standard.py) sees a DIRTY tree: guess_next_dev_version is not
+# `exact`, so a tag X.Y.Z becomes the next version's dev0 (X.Y.(Z+1).dev0; an rcN tag rc(N+1).dev0),
+# and get_local_node_and_date labels it +g<commit>.d<YYYYMMDD> (UTC, or SOURCE_DATE_EPOCH); on main
+# the clean describe's +g<commit> gets .d<date> added. vLLM's setup.py get_vllm_version() then
+# appends the CUDA as `cu<major><minor>` (separator "." when a "+" is already there) because nvcc's
+# 13.2 is not VLLM_MAIN_CUDA_VERSION (12.9 in 0.19.0, vllm/envs.py:76).
+VLLM_COMMIT=""
+vllm_version_of() {  # REF
+    local base day cuda commit pair
+    base=$(version_of vLLM "$1" "$VLLM_MAIN_VERSION") || exit 1
+    day=$(date -u ${SOURCE_DATE_EPOCH:+-d "@$SOURCE_DATE_EPOCH"} +%Y%m%d)
+    cuda=$(echo "$CUDA_BASE_VERSION" | awk -F. '{print $1 $2}')
+    if [ "$1" = main ]; then
+        commit=${base##*+g}
+        echo "$commit ${base}.d${day}.cu${cuda}"
+        return
+    fi
+    commit=""
+    for pair in $VLLM_TAG_COMMITS; do
+        [ "${pair%%=*}" = "$1" ] && commit=${pair#*=}
+    done
+    if [ -z "$commit" ]; then
+        echo "stand-in: no commit recorded for vLLM tag $1 (VLLM_TAG_COMMITS in upstream-versions.env)" >&2
+        exit 1
+    fi
+    if [[ "$base" =~ ^([0-9]+\.[0-9]+\.)([0-9]+)$ ]]; then
+        base="${BASH_REMATCH[1]}$((BASH_REMATCH[2] + 1))"
+    elif [[ "$base" =~ ^(.*rc)([0-9]+)$ ]]; then
+        base="${BASH_REMATCH[1]}$((BASH_REMATCH[2] + 1))"
+    fi
+    echo "$commit ${base}.dev0+g${commit}.d${day}.cu${cuda}"
+}
+read -r VLLM_COMMIT VLLM_VERSION < <(vllm_version_of "$VLLM_REF") || exit 1
+[ -n "$VLLM_VERSION" ] || exit 1
 FLASHINFER_VERSION=$(version_of FlashInfer "$FLASHINFER_REF" "$FLASHINFER_MAIN_VERSION")
 
 echo "stand-in: vLLM $VLLM_VERSION (--vllm-ref $VLLM_REF), FlashInfer $FLASHINFER_VERSION (--flashinfer-ref $FLASHINFER_REF)" >&2
@@ -105,6 +143,7 @@ trap 'rm -rf wheels' EXIT
 start=$(date +%s)
 docker build --network none -t "$TAG" \
     --build-arg "VLLM_VERSION=$VLLM_VERSION" \
+    --build-arg "VLLM_COMMIT=$VLLM_COMMIT" \
     --build-arg "FLASHINFER_VERSION=$FLASHINFER_VERSION" \
     --build-arg "TORCH_VERSION=$TORCH_NIGHTLY_VERSION" \
     --build-arg "NCCL_VERSION=$NCCL_BRANCH_VERSION" \

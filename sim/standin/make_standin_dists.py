@@ -4,14 +4,19 @@ Used only when building the sparkops simulated cluster's stand-in image. Each ge
 (so importlib.metadata reports the version, as for a real wheel) and a tiny package: `vllm` and
 `torch` expose __version__, and torch.cuda.nccl.version() returns the NCCL version as a tuple, like
 real torch. Nothing here computes; importing anything else from them fails.
-usage: make_standin_dists.py VLLM_VERSION FLASHINFER_VERSION TORCH_VERSION NCCL_VERSION
+usage: make_standin_dists.py VLLM_VERSION VLLM_COMMIT FLASHINFER_VERSION TORCH_VERSION NCCL_VERSION
+
+vllm is laid out as a setuptools-scm build installs it (the official 0.19.0 wheel, /work/upstream):
+vllm/_version.py as vcs-versioning writes it (`__version__ = version = '...'`, `__commit_id__ = commit_id
+= 'g<commit>'`), vllm/version.py importing it, vllm/__init__.py importing that (vllm/__init__.py:7), so
+importlib.metadata, vllm.__version__ and the _version.py commit all give what a real build would.
 """
 
 import sys
 import sysconfig
 from pathlib import Path
 
-vllm_v, flashinfer_v, torch_v, nccl_v = sys.argv[1:5]
+vllm_v, vllm_commit, flashinfer_v, torch_v, nccl_v = sys.argv[1:6]
 site = Path(sysconfig.get_paths()["purelib"])
 NOTE = '"""sparkops simulated cluster: a metadata-only STAND-IN, not the real package."""\n'
 
@@ -30,7 +35,16 @@ def dist(name: str, version: str, top: str, files: dict) -> None:
 
 
 nccl = tuple(int(p) for p in nccl_v.split("."))
-dist("vllm", vllm_v, "vllm", {"vllm/__init__.py": f"__version__ = {vllm_v!r}\n"})
+dist(
+    "vllm",
+    vllm_v,
+    "vllm",
+    {
+        "vllm/_version.py": f"__version__ = version = {vllm_v!r}\n__commit_id__ = commit_id = {'g' + vllm_commit!r}\n",
+        "vllm/version.py": "from ._version import __version__  # noqa: F401\n",
+        "vllm/__init__.py": "from .version import __version__  # noqa: F401\n",
+    },
+)
 dist(
     "torch",
     torch_v,

@@ -4,16 +4,29 @@ Run with --no-build: parsing and version resolution only, no Docker."""
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from ansible_collections.sparkops.cluster.plugins.module_utils import image_versions as iv
 
-SCRIPT = Path(__file__).resolve().parents[3] / "sim" / "standin" / "build-and-copy.sh"
+STANDIN = Path(__file__).resolve().parents[3] / "sim" / "standin"
+SCRIPT = STANDIN / "build-and-copy.sh"
+# 2026-04-10 12:00 UTC, the day eugr's fc08740 was committed: setuptools-scm honours SOURCE_DATE_EPOCH.
+EPOCH = "1775822400"
 
 
-def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=30, check=False)
+def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(SCRIPT), *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+        env={**os.environ, "SOURCE_DATE_EPOCH": EPOCH, **(env or {})},
+    )
 
 
 @pytest.mark.parametrize(
@@ -44,17 +57,86 @@ def test_help_exits_1_like_the_real_usage():
     assert run("--help").returncode == 1
 
 
-def test_pinned_arguments_resolve_to_the_pinned_versions():
+def test_pinned_arguments_resolve_to_the_dirty_tree_version_eugrs_build_reports():
+    """A dirty tree at tag v0.19.0 (commit 2a69949bd), CUDA 13.2: issue 22's string, not a clean 0.19.0."""
     res = run("--vllm-ref", "v0.19.0", "--flashinfer-ref", "v0.6.6", "--no-build")
     assert res.returncode == 0, res.stderr
-    assert "vLLM 0.19.0 (--vllm-ref v0.19.0), FlashInfer 0.6.6 (--flashinfer-ref v0.6.6)" in res.stderr
+    assert (
+        "vLLM 0.19.1.dev0+g2a69949bd.d20260410.cu132 (--vllm-ref v0.19.0), FlashInfer 0.6.6 (--flashinfer-ref v0.6.6)"
+        in res.stderr
+    )
     assert "Skipping build (--no-build specified)" in res.stdout
+
+
+def test_the_stand_in_version_is_accepted_by_the_shipped_commit_pin_and_has_eugrs_shape():
+    res = run("--vllm-ref", "v0.19.0", "--no-build")
+    version = res.stderr.split("vLLM ", 1)[1].split(" ", 1)[0]
+    # the same shape as eugr's prebuilt wheels (issue 22: 0.16.1rc1.dev296+ga73af584f.d20260305.cu131)
+    assert iv.vllm_commit(version) == "2a69949bd"
+    assert version.split("+", 1)[1].split(".")[1:] == ["d20260410", "cu132"]
+    pins = {"vllm": "0.19.0", "vllm_commit": "2a69949bd"}
+    assert iv.compare_versions({"vllm": version}, pins) == []
+
+
+def test_the_date_label_is_the_build_day_in_utc():
+    res = run("--vllm-ref", "v0.19.0", "--no-build", env={"SOURCE_DATE_EPOCH": "1775865600"})  # 2026-04-11 00:00Z
+    assert "+g2a69949bd.d20260411.cu132" in res.stderr
+
+
+def test_a_tag_without_a_recorded_commit_is_refused():
+    res = run("--vllm-ref", "v0.18.0", "--no-build")
+    assert res.returncode == 1
+    assert "no commit recorded for vLLM tag v0.18.0" in res.stderr
 
 
 def test_without_pins_the_build_gets_main_of_the_build_day():
     res = run("--no-build")
     assert res.returncode == 0, res.stderr
-    assert "vLLM 0.20.1.dev42+g1a2b3c4d5 (--vllm-ref main)" in res.stderr
+    assert "vLLM 0.20.1.dev42+g1a2b3c4d5.d20260410.cu132 (--vllm-ref main)" in res.stderr
+
+
+def test_the_stand_in_dist_reports_one_version_on_every_path(tmp_path):
+    """make_standin_dists.py's vllm: importlib.metadata (what `vllm --version` prints, cli/main.py:61),
+    vllm.__version__ (/version and the start-up line) and the image probe's commit agree, and the test
+    double's `vllm --version` prints it."""
+    version = "0.19.1.dev0+g2a69949bd.d20260410.cu132"
+    site = tmp_path / "site"
+    site.mkdir()
+    make = (
+        "import sys, sysconfig; site = sys.argv[1]; sysconfig.get_paths = lambda: {'purelib': site}; "
+        "sys.argv = sys.argv[1:]; "
+        f"exec(compile(open({str(STANDIN / 'make_standin_dists.py')!r}).read(), 'make_standin_dists.py', 'exec'))"
+    )
+    subprocess.run(
+        [sys.executable, "-c", make, str(site), version, "2a69949bd", "0.6.6", "2.12.0.dev20260410+cu130", "2.29.7"],
+        check=True,
+        timeout=60,
+    )
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    probe = subprocess.run(
+        [sys.executable, "-c", iv.PROBE], capture_output=True, text=True, check=True, env=env, timeout=60
+    )
+    found = iv.parse_probe_output(probe.stdout)
+    assert found["vllm"] == version and found["vllm_commit"] == "2a69949bd"
+    imported = subprocess.run(
+        [sys.executable, "-c", "import vllm; print(vllm.__version__)"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+        timeout=60,
+    )
+    assert imported.stdout.strip() == version
+    double = subprocess.run(
+        [sys.executable, str(STANDIN / "vllm_test_double.py"), "--version"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert double.returncode == 0, double.stderr
+    assert double.stdout.strip() == version
 
 
 def test_every_other_flag_of_the_real_grammar_is_accepted():

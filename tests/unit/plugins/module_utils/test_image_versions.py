@@ -11,6 +11,12 @@ import pytest
 from ansible_collections.sparkops.cluster.plugins.module_utils import image_versions as iv
 
 PINS = {"vllm": "0.19.0", "flashinfer": "0.6.6", "cuda": "13.2", "ray": "2.52.1", "torch": None, "nccl": None}
+# The shipped pins (roles/sparkops_defaults/defaults/main/versions.yml): v0.19.0 is commit 2a69949bd.
+COMMIT_PINS = {**PINS, "vllm_commit": "2a69949bd"}
+# What eugr's build of --vllm-ref v0.19.0 reports (a dirty tree at the tag, CUDA 13.2): issue 22.
+EUGR_V0190 = "0.19.1.dev0+g2a69949bd.d20260410.cu132"
+# One of eugr's prebuilt wheels (the same scheme on main, CUDA 13.1): issue 22.
+EUGR_PREBUILT = "0.16.1rc1.dev296+ga73af584f.d20260305.cu131"
 FOUND = {
     "vllm": "0.19.0+cu132",
     "torch": "2.12.0.dev20260410+cu130",
@@ -95,3 +101,187 @@ def test_probe_runs_for_real_and_reads_installed_wheels(tmp_path):
         except md.PackageNotFoundError:
             expected = None
         assert found[comp] == expected
+
+
+@pytest.mark.parametrize(
+    ("version", "file_commit", "commit"),
+    [
+        (EUGR_V0190, None, "2a69949bd"),
+        (EUGR_PREBUILT, None, "a73af584f"),
+        ("0.23.1rc1.dev197+g01192139b.d20260619", None, "01192139b"),  # eugr issue 296: no CUDA label
+        ("0.20.1.dev42+g1a2b3c4d5", None, "1a2b3c4d5"),
+        ("0.19.0", "g2a69949bd", "2a69949bd"),  # the official wheel: vllm/_version.py commit_id
+        ("0.19.0+cu132", "2a69949bd", "2a69949bd"),
+        (EUGR_V0190, "gffffffff0", "2a69949bd"),  # the version's label wins
+        ("0.19.0", None, None),
+        ("0.19.0+cu132", None, None),
+        ("0.19.0", "not-a-commit", None),
+        (None, None, None),
+    ],
+)
+def test_vllm_commit_is_read_from_the_label_or_version_file(version, file_commit, commit):
+    assert iv.vllm_commit(version, file_commit) == commit
+
+
+def test_eugr_dirty_build_of_the_pinned_commit_is_accepted():
+    assert iv.compare_versions({**FOUND, "vllm": EUGR_V0190}, COMMIT_PINS) == []
+    # the same commit built another day, or with another CUDA, is the same commit
+    assert iv.compare_versions({**FOUND, "vllm": "0.19.1.dev0+g2a69949bd.d20260501"}, COMMIT_PINS) == []
+    # a full hash pin matches the 9-hex abbreviation
+    full = {**COMMIT_PINS, "vllm_commit": "2a69949bd" + "0" * 31}
+    assert iv.compare_versions({**FOUND, "vllm": EUGR_V0190}, full) == []
+
+
+def test_version_only_pin_still_refuses_the_dirty_build():
+    """Without the commit pin the old rule holds: the dev version is not the release (why the pin exists)."""
+    (problem,) = iv.compare_versions({**FOUND, "vllm": EUGR_V0190}, PINS)
+    assert problem == f"vllm: the image carries {EUGR_V0190}, the pin (sparkops_image_pins.vllm) is 0.19.0"
+
+
+def test_another_commit_is_refused_naming_both_commits_and_versions():
+    (problem,) = iv.compare_versions({**FOUND, "vllm": EUGR_PREBUILT}, COMMIT_PINS)
+    assert problem == (
+        f"vllm: the image carries {EUGR_PREBUILT} (commit a73af584f), the pin "
+        "(sparkops_image_pins.vllm_commit, sparkops_image_pins.vllm) is 0.19.0 at commit 2a69949bd"
+    )
+
+
+def test_release_wheel_is_judged_by_its_version_file_commit():
+    assert iv.compare_versions({**FOUND, "vllm": "0.19.0", "vllm_commit": "g2a69949bd"}, COMMIT_PINS) == []
+    (problem,) = iv.compare_versions({**FOUND, "vllm": "0.19.0", "vllm_commit": "gdeadbeef1"}, COMMIT_PINS)
+    assert "(commit deadbeef1)" in problem and "at commit 2a69949bd" in problem
+
+
+@pytest.mark.parametrize(
+    ("version", "ok"),
+    [
+        ("0.19.0", True),  # setuptools-scm gives the bare tag only on a clean checkout of the tag's commit
+        ("0.19.0+cu132", True),  # ... plus vLLM's CUDA label
+        ("0.19.0.post1", False),
+        ("0.19.1.dev0", False),  # a dev version without +g: which commit is unknown
+        ("0.19", False),
+        (None, False),
+    ],
+)
+def test_build_without_a_readable_commit_must_be_exactly_the_release(version, ok):
+    problems = iv.compare_versions({**FOUND, "vllm": version}, COMMIT_PINS)
+    assert (problems == []) is ok
+    if not ok:
+        assert "commit unknown" in problems[0] and "0.19.0 at commit 2a69949bd" in problems[0]
+
+
+def test_commit_pin_without_version_pin():
+    pins = {**COMMIT_PINS, "vllm": None}
+    assert iv.compare_versions({**FOUND, "vllm": EUGR_V0190}, pins) == []
+    (problem,) = iv.compare_versions({**FOUND, "vllm": EUGR_PREBUILT}, pins)
+    assert "(sparkops_image_pins.vllm_commit) is commit 2a69949bd" in problem
+
+
+def test_same_commit_needs_seven_hex_and_a_prefix():
+    assert iv.same_commit("2a69949bd", "2a69949")
+    assert iv.same_commit("2a69949", "2a69949bd")
+    assert not iv.same_commit("2a69949bd", "2a6994")
+    assert not iv.same_commit("2a69949bd", "2a69949be")
+
+
+def test_lock_records_the_exact_dirty_string_and_the_commit():
+    found = {**FOUND, "vllm": EUGR_V0190, "vllm_commit": "g2a69949bd", "flashinfer_cutlass": "4.2.1+sha256:00ff"}
+    record = iv.lock_record(found)
+    assert record["vllm"] == EUGR_V0190
+    assert record["vllm_commit"] == "2a69949bd"
+    assert record["flashinfer_cutlass"] == "4.2.1+sha256:00ff"
+    assert set(record) == set(iv.LOCK_KEYS)
+    # the next build of the same commit on another day is refused by the lock (it is a record, not a range)
+    rebuilt = {**found, "vllm": "0.19.1.dev0+g2a69949bd.d20260501.cu132"}
+    assert iv.compare_versions(rebuilt, COMMIT_PINS, record) == [
+        f"vllm: the image carries 0.19.1.dev0+g2a69949bd.d20260501.cu132, the lock file recorded {EUGR_V0190}"
+    ]
+
+
+def test_flashinfer_cutlass_other_than_the_locked_one_is_refused():
+    locked = {"flashinfer_cutlass": "4.2.1+sha256:1111111111111111"}
+    found = {**FOUND, "flashinfer_cutlass": "4.3.0+sha256:2222222222222222"}
+    assert iv.compare_versions(found, PINS, locked) == [
+        "flashinfer_cutlass: the image carries 4.3.0+sha256:2222222222222222, the lock file recorded "
+        "4.2.1+sha256:1111111111111111"
+    ]
+
+
+def test_every_mismatch_is_reported_at_once():
+    """issue 30: after the first pin mismatch the later components must still be checked."""
+    found = {**FOUND, "vllm": EUGR_PREBUILT, "flashinfer": "0.6.7", "ray": "2.50.0", "nccl": "2.29.7"}
+    problems = iv.compare_versions(found, COMMIT_PINS, {"nccl": "2.28.9"})
+    assert [p.split(":", 1)[0] for p in problems] == ["vllm", "flashinfer", "ray", "nccl"]
+
+
+def test_a_component_refused_by_its_pin_is_not_named_again_for_the_lock():
+    found = {**FOUND, "flashinfer": "0.6.7"}
+    problems = iv.compare_versions(found, PINS, {"flashinfer": "0.6.6"})
+    assert problems == ["flashinfer: the image carries 0.6.7, the pin (sparkops_image_pins.flashinfer) is 0.6.6"]
+
+
+@pytest.mark.parametrize("line", ["null", "[]", '"0.19.0"', "42", '{"vllm": ["0.19.0"]}', '{"vllm": {"v": 1}}'])
+def test_probe_line_that_is_not_a_flat_object_is_refused_not_crashing_later(line):
+    """issue 30: a JSON null (or any non-object) probe line must be a clear error, not a TypeError later."""
+    with pytest.raises(ValueError, match="probe's line"):
+        iv.parse_probe_output(iv.MARKER + line + "\n")
+
+
+def test_probe_reads_the_commit_and_cutlass_from_an_installed_tree(tmp_path):
+    """The probe, run for real on a site-packages that holds a vLLM and a FlashInfer as their wheels install them."""
+    site = tmp_path / "site"
+    for name, version in (("vllm", "0.19.0"), ("flashinfer_python", "0.6.6")):
+        info = site / f"{name}-{version}.dist-info"
+        info.mkdir(parents=True)
+        dist_name = name.replace("_", "-")
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist_name}\nVersion: {version}\n")
+    # vllm/_version.py as vcs-versioning writes it (the official 0.19.0 wheel's, /work/upstream)
+    (site / "vllm").mkdir()
+    (site / "vllm" / "_version.py").write_text(
+        "__version__ = version = '0.19.0'\n__commit_id__ = commit_id = 'g2a69949bd'\n"
+    )
+    inc = site / "flashinfer" / "data" / "cutlass" / "include" / "cutlass"
+    inc.mkdir(parents=True)
+    (inc / "version.h").write_text("#define CUTLASS_MAJOR 4\n#define CUTLASS_MINOR 2\n#define CUTLASS_PATCH 1\n")
+    (inc / "gemm.h").write_text("// one\n")
+
+    def run():
+        res = subprocess.run(
+            [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(site)!r}); exec({iv.PROBE!r})"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return iv.parse_probe_output(res.stdout)
+
+    first = run()
+    assert first["vllm"] == "0.19.0" and first["vllm_commit"] == "2a69949bd"
+    assert first["flashinfer_cutlass"].startswith("4.2.1+sha256:")
+    assert not [p for p in iv.compare_versions(first, COMMIT_PINS) if p.startswith(("vllm", "flashinfer"))]
+    (inc / "gemm.h").write_text("// two\n")  # another CUTLASS tree under the same version
+    second = run()
+    assert second["flashinfer_cutlass"].startswith("4.2.1+sha256:")
+    assert second["flashinfer_cutlass"] != first["flashinfer_cutlass"]
+
+
+def test_probe_reads_eugrs_build_metadata(tmp_path):
+    """/workspace/build-metadata.yaml as build-and-copy.sh@fc08740:58-72 writes it (Dockerfile:346-347 copies it)."""
+    meta = tmp_path / "build-metadata.yaml"
+    meta.write_text(
+        "build_date: 2026-04-10T12:00:00Z\nbuild_script_commit: fc08740fba1e79530a879c411b7e39fb65da2a18\n"
+        "vllm_version: 0.19.1.dev0+g2a69949bd.d20260410.cu132\n"
+        "vllm_commit: 2a69949bd0000000000000000000000000000000\n"
+        "flashinfer_commit: 0123456789abcdef0123456789abcdef01234567\ngpu_arch: 12.1a\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-I", "-c", iv.PROBE],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"SPARKOPS_BUILD_METADATA": str(meta)},
+    )
+    found = iv.parse_probe_output(res.stdout)
+    assert found["flashinfer_commit"] == "0123456789abcdef0123456789abcdef01234567"
+    if found["vllm"] is None:  # no vllm here: the metadata's commit is the only source
+        assert found["vllm_commit"] == "2a69949bd0000000000000000000000000000000"
+    assert iv.lock_record(found)["flashinfer_commit"] == "0123456789abcdef0123456789abcdef01234567"

@@ -13,7 +13,18 @@ from module_runner import run_module
 
 ID_A = "sha256:" + "a" * 64
 ID_B = "sha256:" + "b" * 64
-VERSIONS = {"vllm": "0.19.0", "torch": "2.12.0", "cuda": "13.2.0", "flashinfer": "0.6.6", "ray": "2.52.1", "nccl": None}
+# Every key the probe prints (module_utils/image_versions.py PROBE), eugr's dirty build of v0.19.0.
+VERSIONS = {
+    "vllm": "0.19.1.dev0+g2a69949bd.d20260410.cu132",
+    "vllm_commit": "g2a69949bd",
+    "torch": "2.12.0",
+    "cuda": "13.2.0",
+    "flashinfer": "0.6.6",
+    "flashinfer_commit": None,
+    "flashinfer_cutlass": "4.2.1+sha256:0123456789abcdef",
+    "ray": "2.52.1",
+    "nccl": None,
+}
 
 
 def fake_docker(tmp_path, image_id=ID_A, versions=None, help_rc=0):
@@ -63,7 +74,7 @@ def run(tmp_path, docker, **args):
 def test_the_probe_runs_once_per_image_id(tmp_path):
     docker = fake_docker(tmp_path)
     first = run(tmp_path, docker)
-    assert not first.get("failed") and first["versions"]["vllm"] == "0.19.0"
+    assert not first.get("failed") and first["versions"]["vllm"] == VERSIONS["vllm"]
     assert first["cached"] is False and first["image_id"] == ID_A
     assert [c for c in calls(tmp_path) if c.startswith("run")] == ["run --rm"]
     cached = json.loads((tmp_path / "cache" / f"image-versions-{'a' * 64}.json").read_text())
@@ -87,7 +98,7 @@ def test_pins_are_compared_on_a_cached_reading(tmp_path):
     run(tmp_path, docker)
     res = run(tmp_path, docker, pins={"vllm": "0.20.0"})
     assert res["failed"] and res["cached"] is True
-    assert "vllm" in res["msg"] and "0.20.0" in res["msg"] and "0.19.0" in res["msg"]
+    assert "vllm" in res["msg"] and "0.20.0" in res["msg"] and VERSIONS["vllm"] in res["msg"]
 
 
 def test_an_unreadable_cache_file_is_probed_again_and_rewritten(tmp_path):
@@ -97,8 +108,31 @@ def test_an_unreadable_cache_file_is_probed_again_and_rewritten(tmp_path):
     bad = cache / f"image-versions-{'a' * 64}.json"
     bad.write_text('{"vllm": "9.9.9"}')  # not every component: not trusted
     res = run(tmp_path, docker)
-    assert res["cached"] is False and res["versions"]["vllm"] == "0.19.0"
-    assert json.loads(bad.read_text())["vllm"] == "0.19.0"
+    assert res["cached"] is False and res["versions"]["vllm"] == VERSIONS["vllm"]
+    assert json.loads(bad.read_text())["vllm"] == VERSIONS["vllm"]
+
+
+def test_a_cache_file_of_the_older_probe_is_probed_again(tmp_path):
+    """A file written before the probe read the commits and flashinfer_cutlass lacks them: read the image again."""
+    docker = fake_docker(tmp_path)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    old = cache / f"image-versions-{'a' * 64}.json"
+    old.write_text(json.dumps({k: VERSIONS[k] for k in ("vllm", "torch", "cuda", "flashinfer", "ray", "nccl")}))
+    res = run(tmp_path, docker)
+    assert res["cached"] is False
+    assert json.loads(old.read_text())["flashinfer_cutlass"] == VERSIONS["flashinfer_cutlass"]
+
+
+def test_the_dirty_build_of_the_pinned_commit_passes_and_is_recorded_exactly(tmp_path):
+    docker = fake_docker(tmp_path)
+    res = run(tmp_path, docker, pins={"vllm": "0.19.0", "vllm_commit": "2a69949bd"})
+    assert not res.get("failed"), res.get("msg")
+    assert res["record"]["vllm"] == "0.19.1.dev0+g2a69949bd.d20260410.cu132"
+    assert res["record"]["vllm_commit"] == "2a69949bd"
+    assert "nccl_error" not in res["record"]
+    other = run(tmp_path, docker, pins={"vllm": "0.19.0", "vllm_commit": "1a2b3c4d5"})
+    assert other["failed"] and "commit 2a69949bd" in other["msg"] and "commit 1a2b3c4d5" in other["msg"]
 
 
 def test_an_image_missing_on_the_node_fails_with_what_to_do(tmp_path):

@@ -1,0 +1,85 @@
+"""roles/spark_vllm_image passes no value through a shell: a ref, a name or a version with a quote cannot run commands.
+
+Every command task uses argv (one word per value), the thin layer's Dockerfile travels on stdin with an
+exec-form RUN (JSON, no shell in the build container either), and the image name that goes into its FROM
+line is checked to be a plain docker reference.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+ROLE = Path(__file__).resolve().parents[2] / "roles" / "spark_vllm_image"
+EVIL = "2.52.1\"; touch /tmp/PWNED; echo \"'$(id)'"
+
+
+def tasks():
+    for path in sorted((ROLE / "tasks").glob("*.yml")):
+        stack = list(yaml.safe_load(path.read_text()) or [])
+        while stack:
+            task = stack.pop()
+            stack.extend(task.get("block", []) + task.get("rescue", []) + task.get("always", []))
+            yield path.name, task
+
+
+def test_no_task_of_the_role_uses_a_shell():
+    for name, task in tasks():
+        assert not {"shell", "ansible.builtin.shell", "raw", "ansible.builtin.raw"} & set(task), (name, task["name"])
+        for key in ("command", "ansible.builtin.command"):
+            if key in task:
+                assert isinstance(task[key], dict) and "argv" in task[key] and "cmd" not in task[key], (
+                    name,
+                    task["name"],
+                )
+
+
+def render_thin_layer(from_ref: str, have_ray, want_ray: str) -> str:
+    from ansible.template import Templar  # noqa: PLC0415
+
+    try:  # ansible-core 2.19+: only trusted strings are templates
+        from ansible._internal._datatag._tags import TrustedAsTemplate  # noqa: PLC0415
+
+        trust = TrustedAsTemplate().tag
+    except ImportError:  # pragma: no cover - older cores trust every string
+
+        def trust(text):
+            return text
+
+    template = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())["spark_vllm_image_thin_layer"]
+    templar = Templar(
+        variables={
+            "spark_vllm_image_thin_layer_from": from_ref,
+            "spark_vllm_image_thin_layer_ray": have_ray,
+            "sparkops_ray_version": want_ray,
+        }
+    )
+    return templar.template(trust(template))
+
+
+def test_thin_layer_runs_pip_without_a_shell_whatever_the_version_says():
+    text = render_thin_layer("vllm-node:fc08740fba1e-0123abcd-unlabelled", "2.50.0", EVIL)
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert lines[0] == "FROM vllm-node:fc08740fba1e-0123abcd-unlabelled"
+    assert lines[1].startswith("RUN [")  # exec form: no /bin/sh -c
+    argv = json.loads(lines[1][len("RUN ") :])
+    assert argv[:3] == ["python3", "-m", "pip"] and argv[-1] == "ray[default]==" + EVIL
+    assert len(lines) == 2
+
+
+def test_thin_layer_without_ray_change_is_only_from():
+    text = render_thin_layer("vllm-node:x", "2.52.1", "2.52.1")
+    assert [line for line in text.splitlines() if line.strip()] == ["FROM vllm-node:x"]
+
+
+def test_the_image_name_check_refuses_spaces_quotes_and_newlines():
+    import re
+
+    task = next(t for _, t in tasks() if t["name"] == "Refuse an image name that is not a plain docker reference")
+    pattern = task["ansible.builtin.assert"]["that"].split("match('", 1)[1].rsplit("')", 1)[0]
+    assert re.match(pattern, "vllm-node:fc08740fba1e-0123abcd")
+    assert re.match(pattern, "registry.local/team/vllm-node:abc")
+    for bad in ("vllm-node:a b", "vllm-node:x'y", 'vllm-node:x"y', "vllm-node:x\nRUN id", "Vllm:x", "vllm-node"):
+        assert not re.match(pattern, bad), bad  # Jinja's `match` test is re.match
