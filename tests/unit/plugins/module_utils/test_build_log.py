@@ -144,3 +144,16 @@ def test_watch_output_round_trip(tmp_path):
     out = subprocess.run(bl.watch_command(str(log)), capture_output=True, text=True, check=True).stdout
     assert bl.parse_watch_output(out)[1] == 2
     assert bl.parse_watch_output("no marker") == ("no marker", None)
+
+
+def test_a_finished_build_is_seen_through_a_terminal(tmp_path):
+    """Over SSH Ansible runs the watch under a terminal, which sends CRLF line ends: the simulated
+    cluster's first run polled a build that had finished for minutes, as if it still ran."""
+    import subprocess
+
+    log = tmp_path / "image-build.log"
+    log.write_text(text(VLLM_PHASE))
+    (tmp_path / "image-build.log.rc").write_text("0\n")
+    out = subprocess.run(bl.watch_command(str(log)), capture_output=True, text=True, check=True).stdout
+    body, rc = bl.parse_watch_output(out.replace("\n", "\r\n"))
+    assert rc == 0 and bl.build_stage(body)["step"] == "vllm-builder 7/9"
