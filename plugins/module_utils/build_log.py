@@ -128,7 +128,7 @@ def watch_command(log_path: str, tail_bytes: int = 262144) -> list[str]:
 
 def parse_watch_output(stdout: str) -> tuple[str, int | None]:
     """(the log's end, the build's exit status or None while it runs) from watch_command's output."""
-    # Ansible's low-level command runs under a terminal over SSH (become's prompt needs one), which turns
+    # Ansible's ssh connection runs a low-level command under a terminal (ssh -tt), which turns
     # every line end into CRLF: read it as LF, or the marker is never found and a finished build looks running.
     stdout = stdout.replace("\r\n", "\n")
     text, sep, rest = stdout.rpartition("\n" + RC_MARKER + "\n")
