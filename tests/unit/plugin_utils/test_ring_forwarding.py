@@ -1,0 +1,94 @@
+"""Ring nodes forward only from one fast link to another (issue 23: "rings route everything").
+
+The model's forward_rules are applied in order by roce_network/tasks/forwarding.yml (`-I chain 1`
+puts a rule first, `-A` last). A small evaluator of that rule set (match -i/-o, jump, ACCEPT/DROP,
+fall through to the rest of FORWARD and its policy) checks what a packet meets, whatever Docker's
+FORWARD policy is.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[2] / "plugins" / "plugin_utils"))
+sys.path.insert(0, str(HERE))
+
+import cluster_inventories as inv  # noqa: E402
+from cluster import FORWARD_CHAIN, build_cluster  # noqa: E402
+
+MGMT = "enP7s7"
+
+
+def chains_after(rules, forward=()):
+    """The chains as iptables holds them once the rules are added in order to an existing FORWARD."""
+    chains = {"FORWARD": list(forward), FORWARD_CHAIN: []}
+    for r in rules:
+        where, rule = r["where"], r["rule"]
+        chain = chains.setdefault(where[1], [])
+        if where[0] == "-I":
+            chain.insert(int(where[2]) - 1, rule)
+        else:
+            assert where[0] == "-A"
+            chain.append(rule)
+    return chains
+
+
+def verdict(chains, inner, outer, policy, chain="FORWARD"):
+    for rule in chains[chain]:
+        if "-i" in rule and rule[rule.index("-i") + 1] != inner:
+            continue
+        if "-o" in rule and rule[rule.index("-o") + 1] != outer:
+            continue
+        target = rule[rule.index("-j") + 1]
+        if target in ("ACCEPT", "DROP"):
+            return target
+        if target in chains:
+            found = verdict(chains, inner, outer, None, target)
+            if found:
+                return found
+    return policy
+
+
+@pytest.mark.parametrize("policy", ["ACCEPT", "DROP"])  # Docker sets FORWARD's policy to DROP
+@pytest.mark.parametrize("n", [3, 4, 5])
+def test_a_ring_node_forwards_between_fast_links_only(n, policy):
+    model = build_cluster(inv.ring(n))
+    # Docker's own rules stay behind ours: a bridge's traffic out through the management interface.
+    docker = [["-i", "docker0", "-o", MGMT, "-j", "ACCEPT"]]
+    for h in model["hosts"]:
+        node = model["nodes"][h]
+        chains = chains_after(node["forward_rules"], docker)
+        fast = node["netdevs"]
+        assert len(fast) == 4
+        for a in fast:
+            for b in fast:
+                if a != b:
+                    assert verdict(chains, a, b, policy) == "ACCEPT", (h, a, b)
+            # the management LAN never reaches the ring through this node, nor the ring the LAN
+            assert verdict(chains, MGMT, a, policy) == "DROP", (h, a)
+            assert verdict(chains, a, MGMT, policy) == "DROP", (h, a)
+            assert verdict(chains, "docker0", a, policy) == "DROP"
+        # traffic that touches no fast link is left to the rest of FORWARD (Docker's NAT keeps working)
+        assert verdict(chains, "docker0", MGMT, policy) == "ACCEPT"
+        assert verdict(chains, MGMT, "docker0", policy) == policy
+        assert not any(MGMT in " ".join(r["rule"]) for r in node["forward_rules"])
+
+
+def test_a_rule_added_later_goes_ahead_of_the_drop():
+    rules = build_cluster(inv.ring(4))["nodes"]["spark-1"]["forward_rules"]
+    chain = chains_after(rules)[FORWARD_CHAIN]
+    assert chain[-1][-2:] == ["-j", "DROP"]
+    assert all(r[-2:] == ["-j", "ACCEPT"] for r in chain[:-1])
+    # the chain is filled before FORWARD jumps to it: no moment where a hook meets an empty chain
+    first_hook = next(i for i, r in enumerate(rules) if r["where"][1] == "FORWARD")
+    assert all(r["where"][1] == FORWARD_CHAIN for r in rules[:first_hook])
+
+
+@pytest.mark.parametrize("inputs", [inv.pair(), inv.switch(4)], ids=["pair", "switch"])
+def test_only_ring_nodes_get_forwarding_rules(inputs):
+    model = build_cluster(inputs)
+    assert all(model["nodes"][h]["forward_rules"] == [] for h in model["hosts"])
