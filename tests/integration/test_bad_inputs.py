@@ -21,7 +21,7 @@ STATE_DIR = "/var/lib/sparkops"
 # Live files of services that keep running during the test: Ray's session logs, and what the
 # watchdog and the memory floor write every few seconds (their events and state).
 LIVE = [
-    "/var/lib/sparkops/ray",
+    "/var/lib/sparkops/private/ray",
     "/var/lib/sparkops/watchdog.jsonl",
     "/var/lib/sparkops/watchdog-state.json",
     "/var/lib/sparkops/memory-floor.jsonl",
