@@ -115,8 +115,8 @@ files:
 """
 
 import os
-import shlex
 import re
+import shlex
 import stat
 import tempfile
 

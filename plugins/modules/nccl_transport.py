@@ -11,7 +11,7 @@ description:
   - Fails when NCCL fell back to sockets, used only one of the expected twins, or left no transport lines,
     unless I(fail_on_mismatch) is false.
   - Several published two-Spark recipes silently run NCCL over TCP; this is the check that catches it.
-  - A log file another local user could have written is not read (it is listed in RV(files_refused)): one
+  - A log file another local user could have written is not read but listed in RV(files_refused) - one
     that is not owned by root (or by the user the module runs as), is writable by others, or is reached
     through a folder such a user could write to, before a folder only its owner may enter. Ray makes its
     session folders world-writable; sparkops keeps them under a folder only root may enter.
