@@ -92,3 +92,34 @@ def test_a_rule_added_later_goes_ahead_of_the_drop():
 def test_only_ring_nodes_get_forwarding_rules(inputs):
     model = build_cluster(inputs)
     assert all(model["nodes"][h]["forward_rules"] == [] for h in model["hosts"])
+
+
+# ------------------------------------------------------------- no forwarding from the management LAN
+def _forwarding_wanted(backend: str, mgmt: str) -> dict:
+    """roce_network_forwarding_wanted as ansible-core's Templar renders it from the role's files."""
+    import importlib  # noqa: PLC0415
+
+    import yaml  # noqa: PLC0415
+    from ansible.template import Templar  # noqa: PLC0415
+
+    trusted = importlib.import_module("ansible._internal._datatag._tags").TrustedAsTemplate()
+    role = HERE.parents[2] / "roles" / "roce_network"
+    names = yaml.safe_load((role / "defaults" / "main.yml").read_text())
+    names["roce_network_forwarding_wanted"] = trusted.tag(
+        yaml.safe_load((role / "vars" / "main.yml").read_text())["roce_network_forwarding_wanted"]
+    )
+    names.update(roce_network_backend=backend, sparkops_cluster={"mgmt_interface": mgmt})
+    return dict(Templar(variables=names).template(trusted.tag("{{ roce_network_forwarding_wanted }}")))
+
+
+def test_the_management_interface_never_forwards_on_a_netplan_ring_node():
+    wanted = _forwarding_wanted("netplan", "enP7s7")
+    assert wanted == {"net.ipv4.ip_forward": 1, "net.ipv4.conf.all.rp_filter": 2, "net.ipv4.conf.enP7s7.forwarding": 0}
+    # after ip_forward, which turns every interface's forwarding on when it changes
+    assert list(wanted)[-1] == "net.ipv4.conf.enP7s7.forwarding"
+    assert "net.ipv4.conf.eno1.forwarding" in _forwarding_wanted("netplan", "eno1")
+
+
+def test_preconfigured_links_keep_their_forwarding_settings():
+    # sparkops writes no sysctl there (the test bed sets them with docker run --sysctl)
+    assert _forwarding_wanted("preconfigured", "enP7s7") == {"net.ipv4.ip_forward": 1, "net.ipv4.conf.all.rp_filter": 2}
