@@ -32,6 +32,7 @@ import posixpath
 import re
 import unicodedata
 from collections import OrderedDict
+from collections.abc import Mapping
 
 TOPOLOGIES = ("pair", "switch", "ring", "mesh")
 HARDWARE = ("dgx_spark", "simulated")
@@ -231,9 +232,9 @@ def _check_settings(settings: dict, problems: list) -> None:
                 "remove them (a newline would add a line to the files sparkops writes)."
             )
     extra = settings.get("roce_network_env_extra")
-    if extra is not None and not isinstance(extra, dict):
+    if extra is not None and not isinstance(extra, Mapping):
         problems.append(f"roce_network_env_extra is a {type(extra).__name__}; give a mapping NAME: value.")
-    for key, value in (extra or {}).items() if isinstance(extra, dict) else ():
+    for key, value in extra.items() if isinstance(extra, Mapping) else ():
         if not isinstance(key, str) or not _ENV_NAME_RE.match(key):
             problems.append(
                 f"roce_network_env_extra: {key!r} is no environment variable name (letters, digits and '_', "
