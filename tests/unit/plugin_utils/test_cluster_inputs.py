@@ -145,6 +145,17 @@ def test_the_api_bind_address_must_be_the_heads(bind):
     assert any(p.startswith(f"vllm_serve_host is '{bind}', which is none of the head spark-1") for p in probs)
 
 
+def test_a_head_with_malformed_links_gets_no_second_guess_about_its_api_address():
+    # The head's addresses are unknown while its links are malformed: only the links are reported.
+    def broken(d):
+        for link in _links(d, "spark-1"):
+            link["netdev"] = "en p1"
+
+    probs = problems_of(inv.mutate(inv.pair(vllm_serve_host="192.168.100.11"), broken))
+    assert any(p.startswith("spark-1: fast link #0") for p in probs), probs
+    assert not any("vllm_serve_host" in p for p in probs), probs
+
+
 # ------------------------------------------------------------------ issue 30 survivors
 def test_on_a_switch_each_lane_end_carries_its_own_hosts_address():
     model = build_cluster(inv.switch(4))

@@ -68,6 +68,8 @@ def test_a_ring_node_forwards_between_fast_links_only(n, policy):
             for b in fast:
                 if a != b:
                     assert verdict(chains, a, b, policy) == "ACCEPT", (h, a, b)
+            # the routes send traffic on: a packet going back out the link it came in on is a loop
+            assert verdict(chains, a, a, policy) == "DROP", (h, a)
             # the management LAN never reaches the ring through this node, nor the ring the LAN
             assert verdict(chains, MGMT, a, policy) == "DROP", (h, a)
             assert verdict(chains, a, MGMT, policy) == "DROP", (h, a)
