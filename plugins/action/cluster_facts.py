@@ -34,6 +34,10 @@ SETTINGS = (
     "sparkops_lock_file",
     "sparkops_plan_file",
     "inventory_dir",
+    # Written into the containers' env file by roce_network: checked for one variable per line.
+    "roce_network_env_extra",
+    "roce_network_nccl_debug",
+    "roce_network_nccl_debug_subsys",
 )
 HOST_VARS = ("sparkops_fast_links", "ansible_host")
 

@@ -116,6 +116,7 @@ files:
 
 import os
 import re
+import shlex
 import stat
 import tempfile
 
@@ -161,11 +162,16 @@ def write_file(module: AnsibleModule, path: str, data: bytes, mode: int, validat
         if validate:
             if "%s" not in validate:
                 module.fail_json(msg=f"{path}: validate must contain %s (the file to check): {validate!r}")
-            rc, out, err = module.run_command(validate % tmp)
+            # The command line is split like a shell's (run_command): the path goes in quoted, one argument.
+            rc, out, err = module.run_command(validate % shlex.quote(tmp))
             if rc != 0:
+                # What the check said is the reason (e.g. netplan's parse error): it leads the message.
+                said = (err or out or "").strip()[-800:] or "no output"
+                command = validate % path
+                command = command if len(command) <= 160 else command[:157] + "..."
                 module.fail_json(
-                    msg=f"{path}: the new content fails its check ({validate % path}, rc {rc}); nothing was "
-                    "replaced. Fix the template or the variables it reads.",
+                    msg=f"{path}: the new content fails its check ({command}, rc {rc}): {said}. Nothing was "
+                    "replaced (the old file stays). Fix the template or the variables it reads.",
                     stdout=out,
                     stderr=err,
                 )

@@ -11,6 +11,10 @@ description:
   - Fails when NCCL fell back to sockets, used only one of the expected twins, or left no transport lines,
     unless I(fail_on_mismatch) is false.
   - Several published two-Spark recipes silently run NCCL over TCP; this is the check that catches it.
+  - A log file another local user could have written is not read but listed in RV(files_refused) - one
+    that is not owned by root (or by the user the module runs as), is writable by others, or is reached
+    through a folder such a user could write to, before a folder only its owner may enter. Ray makes its
+    session folders world-writable; sparkops keeps them under a folder only root may enter.
 version_added: "0.1.0"
 author:
   - sparkops maintainers (!UNKNOWN)
@@ -46,8 +50,8 @@ EXAMPLES = r"""
 - name: Prove NCCL used RDMA over both twins
   sparkops.cluster.nccl_transport:
     paths:
-      - /var/lib/sparkops/ray/session_latest/logs/worker-*.err
-      - /var/lib/sparkops/ray/session_latest/logs/worker-*.out
+      - /var/lib/sparkops/private/ray/session_latest/logs/worker-*.err
+      - /var/lib/sparkops/private/ray/session_latest/logs/worker-*.out
     expected_hcas: [rocep1s0f1, roceP2p1s0f1]
 """
 
@@ -82,12 +86,53 @@ files_read:
   returned: always
   type: list
   elements: str
+files_refused:
+  description: Log files matched but not read, each with why another local user could have written it.
+  returned: always
+  type: list
+  elements: str
 """
 
 import glob
+import os
+import stat
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.sparkops.cluster.plugins.module_utils.nccl_log import parse_nccl_transport, transport_verdict
+
+
+def forgeable(path: str, stat_fn=os.stat) -> str | None:
+    """Why a local user other than root (or the one running this) could have written path, or None.
+
+    The file must belong to a trusted user and not be writable by others; and on the way down from
+    ``/`` every folder must belong to a trusted user and be closed to others' writes (a sticky folder
+    such as /tmp is fine: others cannot rename what is not theirs), until a folder only its owner may
+    enter, below which nobody else can reach at all.
+    """
+    trusted = {0, os.geteuid()}
+    real = os.path.realpath(path)
+
+    def loose(st) -> bool:
+        world = st.st_mode & stat.S_IWOTH
+        group = st.st_mode & stat.S_IWGRP and st.st_gid not in {0, os.getegid()}
+        return bool(world or group)
+
+    st = stat_fn(real)
+    if st.st_uid not in trusted:
+        return f"{real} belongs to uid {st.st_uid}"
+    if loose(st):
+        return f"{real} is writable by other users (mode {stat.S_IMODE(st.st_mode):04o})"
+    parts = real.split("/")[1:-1]
+    for depth in range(len(parts) + 1):
+        folder = "/" + "/".join(parts[:depth])
+        st = stat_fn(folder)
+        if st.st_uid not in trusted:
+            return f"{folder} belongs to uid {st.st_uid}"
+        if stat.S_IMODE(st.st_mode) & 0o077 == 0:
+            return None  # only its owner may enter: nobody else reaches what lies below
+        if loose(st) and not st.st_mode & stat.S_ISVTX:
+            return f"{folder} is writable by other users (mode {stat.S_IMODE(st.st_mode):04o}, no sticky bit)"
+    return None
 
 
 def main():
@@ -105,10 +150,16 @@ def main():
     p = module.params
     if p["max_bytes_per_file"] <= 0:
         module.fail_json(msg=f"max_bytes_per_file must be positive, got {p['max_bytes_per_file']}")
-    chunks, files = [], []
+    chunks, files, refused = [], [], []
     for pattern in p["paths"]:
         for path in sorted(glob.glob(pattern)):
             try:
+                why = forgeable(path)
+                if why:
+                    # The proof must be the root containers' own log, not one a local user planted.
+                    refused.append(f"{path}: {why}")
+                    module.warn(f"not reading {path}: {why}; another local user could have written it")
+                    continue
                 with open(path, "rb") as fh:
                     chunks.append(fh.read(p["max_bytes_per_file"]).decode("utf-8", "replace"))
                 files.append(path)
@@ -129,6 +180,7 @@ def main():
         "gid_index": parsed.get("gid_index"),
         "nccl_version": parsed.get("nccl_version"),
         "files_read": files,
+        "files_refused": refused,
     }
     if not verdict["ok"] and p["fail_on_mismatch"]:
         where = f" (read {len(files)} file(s): {', '.join(files[:5])})" if p["paths"] else ""

@@ -16,8 +16,13 @@ a cable or a switch segment:
 * ``pair``: two nodes, one cable, both twins of the cabled port, each twin on its own subnet;
 * ``switch``: two or more nodes, every fast subnet holds every node;
 * ``ring``: three or more nodes, every fast subnet holds exactly two nodes (one cable), and the
-  nodes form one cycle; non-neighbours are reached through routes the short way round. A 3-node
-  ring is also the full mesh (``mesh`` is accepted as its name).
+  nodes form one cycle; non-neighbours are reached through routes the short way round (a tie goes
+  clockwise, to the next node in ring order). A 3-node ring is also the full mesh (``mesh`` is
+  accepted as its name). Ring nodes forward only from one fast link to another (``forward_rules``).
+
+Every name the model hands to a shell, an env file or netplan is checked first: interface and RDMA
+device names by the kernel's grammar (see IFNAMSIZ below), no control characters in any setting,
+the management interface never a fast link, host names that exist, an API address of the head.
 """
 
 from __future__ import annotations
@@ -25,7 +30,9 @@ from __future__ import annotations
 import ipaddress
 import posixpath
 import re
+import unicodedata
 from collections import OrderedDict
+from collections.abc import Mapping
 
 TOPOLOGIES = ("pair", "switch", "ring", "mesh")
 HARDWARE = ("dgx_spark", "simulated")
@@ -34,6 +41,21 @@ MAX_NODES = 64
 _ADDRESS_RE = re.compile(r"^(\d{1,3}\.){3}\d{1,3}/\d{1,2}$")
 _COMMIT_RE = re.compile(r"^[0-9a-fA-F]{40}$")
 _EXAMPLE_LINK = "{netdev: enp1s0f1np1, rdma_device: rocep1s0f1, address: 192.168.100.11/24}"
+# Interface names as the kernel takes them (net/core/dev.c dev_valid_name): not empty, shorter than
+# IFNAMSIZ (16, include/uapi/linux/if.h) bytes, not "." or "..", no '/', ':' or whitespace (the
+# kernel's isspace, lib/ctype.c, includes 0xA0). RDMA device names are sysfs directory names under
+# /sys/class/infiniband held in IB_DEVICE_NAME_MAX (64, include/rdma/ib_verbs.h) bytes with the NUL,
+# and `rdma dev set ... name` (drivers/infiniband/core/nldev.c nldev_set_doit) refuses an empty one.
+IFNAMSIZ = 16
+IB_DEVICE_NAME_MAX = 64
+# The kernel accepts more than this (';', '$', quotes, non-ASCII): sparkops also writes the names into
+# netplan YAML, env files and iptables rules, so it takes only what real interfaces are called
+# (udev's predictable names, VLAN and renamed devices): letters, digits, '_', '-' and '.'.
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
+_KERNEL_SPACE = frozenset(" \t\n\v\f\r\xa0")
+# Environment variable names (POSIX: letters, digits, underscore, not starting with a digit).
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+WILDCARDS = ("0.0.0.0", "::")  # noqa: S104 - values compared, not bound
 
 
 class ClusterError(ValueError):
@@ -65,7 +87,35 @@ def _as_int(value):
     return None
 
 
-def _parse_links(host: str, raw, problems: list) -> list:
+def _control_chars(text: str) -> list:
+    """The control and line-separator characters in text (each one would end a line of an env file)."""
+    return sorted({c for c in text if unicodedata.category(c) in ("Cc", "Zl", "Zp")})
+
+
+def _name_problem(what: str, name, max_bytes: int) -> str | None:
+    """Why name is no valid netdev/RDMA device name (every reason, the kernel's first), or None."""
+    if not isinstance(name, str) or not name:
+        return f"{what} is missing"
+    shown = repr(name)
+    why = []
+    size = len(name.encode("utf-8", "surrogatepass"))
+    if size >= max_bytes:
+        why.append(f"is {size} bytes; the kernel takes at most {max_bytes - 1}")
+    if name in (".", ".."):
+        why.append("is not a name the kernel accepts")
+    bad = sorted({c for c in name if c in "/:" or c in _KERNEL_SPACE or unicodedata.category(c) in ("Cc", "Zl", "Zp")})
+    if bad:
+        why.append(f"contains {', '.join(repr(c) for c in bad)}, which the kernel refuses in a device name")
+    others = sorted({c for c in name if not _NAME_RE.match(c) and c not in bad})
+    if others:
+        why.append(
+            f"contains {', '.join(repr(c) for c in others)}; sparkops takes letters, digits, '_', '-' and '.' "
+            "only (the name goes into netplan, env files and firewall rules)"
+        )
+    return f"{what} {shown} {'; '.join(why)}" if why else None
+
+
+def _parse_links(host: str, raw, problems: list, mgmt_interface: str = "enP7s7") -> list:
     """The host's fast links as dicts with ip/prefix/cidr; a problem for each malformed entry."""
     if raw is None or raw in ([], ""):
         problems.append(
@@ -95,6 +145,15 @@ def _parse_links(host: str, raw, problems: list) -> list:
         bad = []
         if not isinstance(netdev, str) or not netdev.strip():
             bad.append("'netdev' (e.g. enp1s0f1np1) is missing")
+        else:
+            why = _name_problem("'netdev'", netdev.strip(), IFNAMSIZ)
+            if why:
+                bad.append(why)
+            elif netdev.strip() == mgmt_interface:
+                bad.append(
+                    f"'netdev' {netdev.strip()} is the management interface (sparkops_mgmt_interface); netplan would "
+                    "take its address away and cut the node off. List the QSFP interfaces (ibdev2netdev shows them)"
+                )
         iface = None
         if not isinstance(address, str) or not _ADDRESS_RE.match(address.strip()):
             bad.append("'address' is not an IPv4 host address with prefix (e.g. 192.168.100.11/24)")
@@ -113,6 +172,10 @@ def _parse_links(host: str, raw, problems: list) -> list:
                     iface = None
         if rdma is not None and (not isinstance(rdma, str) or not rdma.strip()):
             bad.append("'rdma_device' must be a name such as rocep1s0f1 (or left out)")
+        elif rdma is not None:
+            why = _name_problem("'rdma_device'", rdma.strip(), IB_DEVICE_NAME_MAX)
+            if why:
+                bad.append(why)
         if bad:
             problems.append(f"{where} is malformed: {'; '.join(bad)}. Example: {_EXAMPLE_LINK}.")
             continue
@@ -156,6 +219,56 @@ def _check_settings(settings: dict, problems: list) -> None:
         port = _as_int(_setting(settings, name, default))
         if port is None or not 1 <= port <= 65535:
             problems.append(f"{name} is '{settings.get(name)}'; give a TCP port number (1-65535).")
+    why = _name_problem("sparkops_mgmt_interface", _setting(settings, "sparkops_mgmt_interface", "enP7s7"), IFNAMSIZ)
+    if why:
+        problems.append(f"{why}. Set it to the management interface's name (ip -br link shows it, enP7s7 on a Spark).")
+    # Values end up in files read line by line (the containers' env file, netplan, the lock file):
+    # a newline in one would add a line of the writer's choosing (e.g. LD_PRELOAD=...).
+    for name in sorted(settings):
+        value = settings[name]
+        if isinstance(value, str) and _control_chars(value):
+            problems.append(
+                f"{name} contains control characters ({', '.join(repr(c) for c in _control_chars(value))}); "
+                "remove them (a newline would add a line to the files sparkops writes)."
+            )
+    extra = settings.get("roce_network_env_extra")
+    if extra is not None and not isinstance(extra, Mapping):
+        problems.append(f"roce_network_env_extra is a {type(extra).__name__}; give a mapping NAME: value.")
+    for key, value in extra.items() if isinstance(extra, Mapping) else ():
+        if not isinstance(key, str) or not _ENV_NAME_RE.match(key):
+            problems.append(
+                f"roce_network_env_extra: {key!r} is no environment variable name (letters, digits and '_', "
+                "not starting with a digit)."
+            )
+        if _control_chars(str(value)):
+            problems.append(
+                f"roce_network_env_extra: the value of {key!r} contains control characters; an env file holds "
+                "one variable per line, so a newline would add a variable of its own."
+            )
+
+
+def _check_roles(settings: dict, hosts: list, nodes: dict, mgmt: dict, problems: list, *, head) -> None:
+    """The hosts named by settings exist, and the API binds to an address of the head."""
+    for name in ("sparkops_weights_source_host", "sparkops_image_build_host"):
+        value = _setting(settings, name, "")
+        if value and str(value) not in hosts:
+            problems.append(
+                f"{name} is '{value}', which is not a host of group 'spark_cluster' ({', '.join(hosts) or 'none'}). "
+                "Name one of them, or leave it empty for the head."
+            )
+    bind = _setting(settings, "vllm_serve_host", "")
+    if not bind or head is None:
+        return
+    bind = str(bind)
+    if not nodes[head]["links"]:
+        return  # the head's links are malformed (reported): its addresses are unknown
+    mine = [link["ip"] for link in nodes[head]["links"]] + [mgmt[head]]
+    if bind not in mine and bind not in WILDCARDS:
+        problems.append(
+            f"vllm_serve_host is '{bind}', which is none of the head {head}'s addresses ({', '.join(mine)}). "
+            "The API can listen only on an address of the head: give one of these, 0.0.0.0 or :: (every "
+            "address), or leave it empty for the head's fast-link address."
+        )
 
 
 # --------------------------------------------------------------------------- topology
@@ -342,7 +455,8 @@ def _check_topology(topology: str, hosts: list, segs, cables: list, problems: li
 def _ring_routes(order: list, nodes: dict, cables_by_pair: dict, segs) -> dict:
     """For each node, routes to every subnet it is not on, via the neighbour on the short way round.
 
-    Ties (the subnet opposite on an odd ring, or the node opposite on an even one) go clockwise.
+    Ties (the subnet opposite on an odd ring, every far subnet of the 3-node mesh) go clockwise: through
+    the next node in ``ring_order`` (order[i + 1]), so every node breaks them the same way round.
     """
     n = len(order)
     routes = {h: [] for h in order}
@@ -360,6 +474,48 @@ def _ring_routes(order: list, nodes: dict, cables_by_pair: dict, segs) -> dict:
             me, other = (lane["a"], lane["b"]) if lane["a"]["host"] == h else (lane["b"], lane["a"])
             routes[h].append({"to": cidr, "via": other["ip"], "dev": me["netdev"], "through": via, "hops": hops})
     return routes
+
+
+FORWARD_CHAIN = "SPARKOPS-FWD"
+
+
+def _forward_rules(netdevs: list) -> list:
+    """iptables rules that let a ring node forward between its fast links and nothing else.
+
+    Each rule is {"where": [...], "rule": [...]} for ``iptables <where> <rule>`` (``-C <chain> <rule>``
+    checks it): FORWARD sends every packet that comes in or goes out on a fast link to FORWARD_CHAIN,
+    which accepts one fast link to another and drops the rest (the management interface, Docker's
+    bridges). Packets on no fast link (Docker's own NAT through the management interface) are left to
+    the rest of FORWARD. The routes send traffic on, never back out of the link it came in on.
+    """
+    rules = []
+    for inner in netdevs:
+        for outer in netdevs:
+            if inner != outer:
+                rules.append(
+                    {
+                        "where": ["-I", FORWARD_CHAIN, "1"],
+                        "rule": ["-i", inner, "-o", outer, "-m", "comment", "--comment",
+                                 f"sparkops: ring forwarding {inner} to {outer}", "-j", "ACCEPT"],
+                    }
+                )  # fmt: skip
+    rules.append(
+        {
+            "where": ["-A", FORWARD_CHAIN],
+            "rule": ["-m", "comment", "--comment", "sparkops: no other forwarding to or from the fast links",
+                     "-j", "DROP"],
+        }
+    )  # fmt: skip
+    for dev in netdevs:
+        for flag, way in (("-i", "from"), ("-o", "to")):
+            rules.append(
+                {
+                    "where": ["-I", "FORWARD", "1"],
+                    "rule": [flag, dev, "-m", "comment", "--comment", f"sparkops: forwarding {way} {dev}",
+                             "-j", FORWARD_CHAIN],
+                }
+            )  # fmt: skip
+    return rules
 
 
 def _fanout(source: str, hosts: list, order: list | None, lane_ip) -> list:
@@ -460,12 +616,16 @@ def build_cluster(inputs: dict) -> dict:
     ranks = {h: i for i, h in enumerate(ordered)}
     nodes: dict = {}
     mgmt: dict = {}
+    mgmt_interface = str(_setting(settings, "sparkops_mgmt_interface", "enP7s7"))
     for h in ordered:
         hv = hostvars.get(h) or {}
-        links = _parse_links(h, hv.get("sparkops_fast_links"), problems)
+        links = _parse_links(h, hv.get("sparkops_fast_links"), problems, mgmt_interface)
         mgmt[h] = str(hv.get("ansible_host") or h)
+        if _control_chars(mgmt[h]):
+            problems.append(f"{h}: ansible_host {mgmt[h]!r} contains control characters; give an address or name.")
         nodes[h] = {"links": links}
     _check_addresses(nodes, ordered, mgmt, problems)
+    _check_roles(settings, ordered, nodes, mgmt, problems, head=head)
     segs = _segments(nodes, ordered)
     cables = _cables(segs, ordered, ranks)
     order = None
@@ -528,6 +688,8 @@ def _assemble(topology, head, hosts, ranks, nodes, mgmt, segs, cables, order, se
                         )
     for h in hosts:
         nodes[h]["reachable"] = [p for p in hosts if p != h]
+        # Only a node that routes forwards (roce_network turns ip_forward on where there are routes).
+        nodes[h]["forward_rules"] = _forward_rules(nodes[h]["netdevs"]) if nodes[h]["routes"] else []
     for h in hosts:
         nodes[h]["env"] = _fabric_env(topology, n, nodes[h])
 
@@ -555,9 +717,7 @@ def _assemble(topology, head, hosts, ranks, nodes, mgmt, segs, cables, order, se
     tag = commit[:12] if commit else re.sub(r"[^A-Za-z0-9_.-]", "-", ref)[:128] or "latest"
     build_host = str(_setting(settings, "sparkops_image_build_host", "") or head)
     weights_source = str(_setting(settings, "sparkops_weights_source_host", "") or head)
-    image_source = build_host if build_host in nodes else head
-    if weights_source not in nodes:
-        weights_source = head
+    image_source = build_host  # an unknown name was refused (_check_roles)
 
     inventory_dir = str(_setting(settings, "inventory_dir", "") or ".")
     credentials_dir = str(

@@ -21,7 +21,7 @@ STATE_DIR = "/var/lib/sparkops"
 # Live files of services that keep running during the test: Ray's session logs, and what the
 # watchdog and the memory floor write every few seconds (their events and state).
 LIVE = [
-    "/var/lib/sparkops/ray",
+    "/var/lib/sparkops/private/ray",
     "/var/lib/sparkops/watchdog.jsonl",
     "/var/lib/sparkops/watchdog-state.json",
     "/var/lib/sparkops/memory-floor.jsonl",
@@ -64,6 +64,16 @@ def missing_interface(data):
     _heads(data)["spark_workers"]["hosts"]["spark-sim-2"]["sparkops_fast_links"][0]["netdev"] = "enp1s0f9np9"
 
 
+def hostile_netdev(data):
+    # The audit's injection: it ran `touch /tmp/x` as root in the firewall script.
+    link = _heads(data)["spark_workers"]["hosts"]["spark-sim-2"]["sparkops_fast_links"][0]
+    link["netdev"] = "enp1s0f1np1 -j ACCEPT; touch /tmp/x #"
+
+
+def management_interface_as_fast_link(data):
+    _heads(data)["spark_workers"]["hosts"]["spark-sim-2"]["sparkops_fast_links"][1]["netdev"] = "enP7s7"
+
+
 def _profile(**changes):
     base = {
         "model": "sparkops-sim/tiny-test-model",
@@ -100,6 +110,8 @@ INVENTORY_CASES = {
     "two heads": (two_heads, "must hold exactly one host; it holds 2"),
     "duplicate fast-link address": (duplicate_address, "Fast-link addresses must be unique"),
     "interface that does not exist": (missing_interface, "has no interface enp1s0f9np9"),
+    "netdev carrying shell": (hostile_netdev, "which the kernel refuses in a device name"),
+    "management interface as a fast link": (management_interface_as_fast_link, "is the management interface"),
 }
 
 VARS_CASES = {
@@ -133,6 +145,15 @@ VARS_CASES = {
     "gated model without token": (
         {**_profile(gated=True), "weight_cache_source": "hub"},
         "gated model and no Hugging Face token",
+    ),
+    "unknown weights source host": (
+        {"sparkops_weights_source_host": "spark-sim-9"},
+        "sparkops_weights_source_host is 'spark-sim-9', which is not a host",
+    ),
+    "API bound to a worker's address": ({"vllm_serve_host": "10.213.0.12"}, "which is none of the head"),
+    "newline in the containers' env": (
+        {"roce_network_env_extra": {"X": "1\nLD_PRELOAD=/tmp/x.so"}},
+        "the value of 'X' contains control characters",
     ),
     "not enough disk for the weights": (
         {**_profile(weights_gib=100000), "sparkops_node_memory_gib": 10000000},

@@ -172,6 +172,24 @@ def available_bytes(meminfo: str, cgroup_limit: int | None, cgroup_used: int | N
 
 
 # --------------------------------------------------------------------------- host access
+def worker_state_script(cfg: dict) -> str:
+    """The remote shell line that reads a worker's Ray container state and its memory floor marker.
+
+    ssh hands the remote side one command line, which the user's shell parses: every value in it is
+    quoted (shlex.quote), so a container name or path is one argument, never shell code.
+    """
+    fmt = shlex.quote("{{.State.Status}}")
+    return (
+        f"docker inspect --format {fmt} {shlex.quote(cfg['ray_container'])} 2>/dev/null || echo missing; "
+        f"test -e {shlex.quote(cfg['floor_marker'])} && echo floor-tripped || true"
+    )
+
+
+def worker_restart_script(cfg: dict) -> str:
+    """The remote shell line that restarts a worker's Ray container (quoted, as worker_state_script)."""
+    return f"docker restart -t 10 {shlex.quote(cfg['ray_container'])}"
+
+
 def sh(argv: list[str], timeout: float) -> subprocess.CompletedProcess:
     try:
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
@@ -313,10 +331,7 @@ class Watchdog:
 
     def worker_states(self) -> tuple[dict, list[str]]:
         states, tripped = {}, []
-        script = (
-            f"docker inspect --format '{{{{.State.Status}}}}' {self.cfg['ray_container']} 2>/dev/null || echo missing; "
-            f"test -e {self.cfg['floor_marker']} && echo floor-tripped || true"
-        )
+        script = worker_state_script(self.cfg)
         for w in self.cfg["workers"]:
             res = self.ssh(w["address"], script, timeout=float(self.cfg["ssh_timeout_s"]))
             if res.returncode != 0:
@@ -453,7 +468,7 @@ class Watchdog:
         if res.returncode != 0:
             return False, f"Ray head container did not restart: {res.stderr.strip()[:200]}"
         for w in c["workers"]:
-            res = self.ssh(w["address"], f"docker restart -t 10 {c['ray_container']}", step + 10)
+            res = self.ssh(w["address"], worker_restart_script(c), step + 10)
             if res.returncode != 0:
                 return (
                     False,

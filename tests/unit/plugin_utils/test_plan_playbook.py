@@ -111,3 +111,23 @@ def test_plan_refuses_a_broken_inventory_with_every_message(tmp_path):
     assert "Fast-link addresses must be unique across the cluster; duplicated: 10.1.0.1" in out
     assert "UNREACHABLE" not in out
     assert not (invdir / "sparkops-plan.json").exists()
+
+
+def test_plan_refuses_values_that_would_reach_a_shell_or_the_wrong_host(tmp_path):
+    # Through cluster_facts (the action plugin hands these settings to the model): issue 23.
+    inputs = inv.pair()
+    inputs["hostvars"]["spark-2"]["sparkops_fast_links"][0]["netdev"] = "enp1s0f1np1;id"
+    invdir = write_inventory(tmp_path, inputs)
+    extra = {
+        "roce_network_env_extra": {"X": "1\nLD_PRELOAD=/tmp/x.so"},
+        "sparkops_weights_source_host": "spark-9",
+        "vllm_serve_host": "192.0.2.11",  # the worker's management address
+    }
+    res = run_plan(invdir, "-e", json.dumps(extra))
+    out = " ".join((res.stdout + res.stderr).split())
+    assert res.returncode != 0
+    assert "'netdev' 'enp1s0f1np1;id' contains ';'" in out
+    assert "roce_network_env_extra: the value of 'X' contains control characters" in out
+    assert "sparkops_weights_source_host is 'spark-9', which is not a host" in out
+    assert "vllm_serve_host is '192.0.2.11', which is none of the head spark-1's addresses" in out
+    assert not (invdir / "sparkops-plan.json").exists()

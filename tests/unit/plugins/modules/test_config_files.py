@@ -76,7 +76,7 @@ def test_a_failing_validation_replaces_nothing(tmp_path):
     conf = tmp_path / "p.yml"
     conf.write_text("good\n")
     res = run(files=[{"dest": str(conf), "content": "bad\n", "mode": "0644", "validate": "grep -q good %s"}])
-    assert res["failed"] and "fails its check" in res["msg"] and "nothing was replaced" in res["msg"]
+    assert res["failed"] and "fails its check" in res["msg"] and "Nothing was replaced" in res["msg"]
     assert conf.read_text() == "good\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p.yml"]  # no temporary file left behind
     ok = run(files=[{"dest": str(conf), "content": "good too\n", "mode": "0644", "validate": "grep -q good %s"}])

@@ -1,0 +1,221 @@
+"""build_cluster refuses inventory values that would reach a root shell, an env file or the wrong host
+(issue 23), and the model's edge cases the mutation run found unpinned (issue 30: cluster.py)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[2] / "plugins" / "plugin_utils"))
+sys.path.insert(0, str(HERE))
+
+import cluster_inventories as inv  # noqa: E402
+from cluster import IB_DEVICE_NAME_MAX, IFNAMSIZ, MAX_NODES, ClusterError, build_cluster  # noqa: E402
+
+
+def problems_of(inputs):
+    with pytest.raises(ClusterError) as err:
+        build_cluster(inputs)
+    return err.value.problems
+
+
+def _links(inputs, host):
+    return inputs["hostvars"][host]["sparkops_fast_links"]
+
+
+def _with_netdev(name, field="netdev"):
+    def change(d):
+        _links(d, "spark-2")[0][field] = name
+
+    return inv.mutate(inv.pair(), change)
+
+
+# ------------------------------------------------------------------ netdev and RDMA names
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("enp1s0f1np1 -j ACCEPT; touch /tmp/x #", "which the kernel refuses"),  # the audit's injection
+        ("enp1s0f1np1\nLD_PRELOAD=/tmp/x.so", "which the kernel refuses"),
+        ("enp1s0f1np1\tx", "which the kernel refuses"),
+        ("enp1s0\xa0f1", "which the kernel refuses"),  # the kernel's isspace() includes 0xA0
+        ("a/b", "which the kernel refuses"),
+        ("eth0:1", "which the kernel refuses"),  # an alias label, not an interface
+        (".", "not a name the kernel accepts"),
+        ("..", "not a name the kernel accepts"),
+        ("x" * IFNAMSIZ, "the kernel takes at most 15"),
+        ("enp1s0f1np1;id", "sparkops takes letters, digits"),
+        ("en$(id)", "sparkops takes letters, digits"),
+        ("enp'1", "sparkops takes letters, digits"),
+        ("énp1", "sparkops takes letters, digits"),
+    ],
+)
+def test_netdev_names_follow_the_kernel_grammar(name, why):
+    probs = problems_of(_with_netdev(name))
+    assert any(p.startswith("spark-2: fast link #0") and why in p for p in probs), probs
+
+
+@pytest.mark.parametrize("name", ["x" * (IFNAMSIZ - 1), "eth0.100", "enP2p1s0f0np0", "fast_0-a"])
+def test_netdev_names_the_kernel_takes_are_accepted(name):
+    model = build_cluster(_with_netdev(name))
+    assert model["nodes"]["spark-2"]["netdevs"][0] == name
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("rocep1s0f1\nLD_PRELOAD=/tmp/x.so", "which the kernel refuses"),
+        ("roce p1", "which the kernel refuses"),
+        ("roce/p1", "which the kernel refuses"),
+        ("r" * IB_DEVICE_NAME_MAX, f"at most {IB_DEVICE_NAME_MAX - 1}"),
+        ("rocep1,roceP2", "sparkops takes letters, digits"),  # would split NCCL_IB_HCA in two
+    ],
+)
+def test_rdma_names_follow_the_kernel_grammar(name, why):
+    probs = problems_of(_with_netdev(name, "rdma_device"))
+    assert any(p.startswith("spark-2: fast link #0") and why in p for p in probs), probs
+
+
+def test_a_long_rdma_name_within_the_kernel_limit_is_accepted():
+    name = "r" * (IB_DEVICE_NAME_MAX - 1)  # longer than any netdev may be: RDMA names have their own limit
+    assert build_cluster(_with_netdev(name, "rdma_device"))["nodes"]["spark-2"]["hcas"][0] == name
+
+
+def test_the_management_interface_is_no_fast_link():
+    probs = problems_of(_with_netdev("enP7s7"))
+    assert any("spark-2: fast link #0" in p and "is the management interface" in p for p in probs), probs
+    # the setting names the management interface, whatever it is called
+    renamed = inv.mutate(_with_netdev("enP7s7"), lambda d: d["settings"].update(sparkops_mgmt_interface="eno1"))
+    assert build_cluster(renamed)["mgmt_interface"] == "eno1"
+    probs = problems_of(inv.mutate(renamed, lambda d: _links(d, "spark-1")[1].update(netdev="eno1")))
+    assert any(p.startswith("spark-1: fast link #1") and "management interface" in p for p in probs), probs
+
+
+def test_the_management_interface_name_is_checked_too():
+    probs = problems_of(inv.pair(sparkops_mgmt_interface="enP7s7 -j ACCEPT"))
+    assert any(p.startswith("sparkops_mgmt_interface 'enP7s7 -j ACCEPT'") for p in probs), probs
+
+
+# ------------------------------------------------------------------ values that reach files
+@pytest.mark.parametrize(
+    "setting",
+    ["spark_vllm_image_ref", "sparkops_cluster_name", "sparkops_reports_dir", "spark_vllm_image_repo"],
+)
+def test_no_control_characters_in_settings(setting):
+    probs = problems_of(inv.pair(**{setting: "x\nLD_PRELOAD=/tmp/x.so"}))
+    assert any(p.startswith(f"{setting} contains control characters") and "'\\n'" in p for p in probs), probs
+    assert any("'\\x1b'" in p for p in problems_of(inv.pair(**{setting: "x\x1b[2J"})))
+
+
+def test_extra_env_for_the_containers_is_one_variable_per_line():
+    assert build_cluster(inv.pair(roce_network_env_extra={"NCCL_P2P_LEVEL": "SYS"}))
+    probs = problems_of(inv.pair(roce_network_env_extra={"X": "1\nLD_PRELOAD=/tmp/x.so", "A B": "1", "9X": "1"}))
+    assert any("the value of 'X' contains control characters" in p for p in probs), probs
+    assert any("'A B' is no environment variable name" in p for p in probs), probs
+    assert any("'9X' is no environment variable name" in p for p in probs), probs
+    assert any("is a list" in p for p in problems_of(inv.pair(roce_network_env_extra=["X=1"])))
+
+
+def test_no_control_characters_in_the_management_address():
+    probs = problems_of(inv.mutate(inv.pair(), lambda d: d["hostvars"]["spark-2"].update(ansible_host="10.0.0.12\nx")))
+    assert any(p.startswith("spark-2: ansible_host") and "control characters" in p for p in probs), probs
+
+
+# ------------------------------------------------------------------ host names and the API address
+@pytest.mark.parametrize("setting", ["sparkops_weights_source_host", "sparkops_image_build_host"])
+def test_an_unknown_host_is_refused_not_replaced_by_the_head(setting):
+    probs = problems_of(inv.switch(3, **{setting: "spark-22"}))
+    assert any(p.startswith(f"{setting} is 'spark-22', which is not a host") and "spark-3" in p for p in probs)
+    model = build_cluster(inv.switch(3, **{setting: "spark-3"}))
+    assert (model["weights"]["source"], model["image"]["build_host"])[
+        setting == "sparkops_image_build_host"
+    ] == "spark-3"
+
+
+@pytest.mark.parametrize("bind", ["192.168.100.11", "192.168.101.11", "10.0.0.11", "0.0.0.0", "::"])
+def test_the_api_binds_to_an_address_of_the_head_or_everywhere(bind):
+    assert build_cluster(inv.pair(vllm_serve_host=bind))["endpoint"]["bind"] == bind
+
+
+@pytest.mark.parametrize("bind", ["192.168.100.12", "10.0.0.12", "8.8.8.8", "localhost", "0.0.0.0; id"])
+def test_the_api_bind_address_must_be_the_heads(bind):
+    probs = problems_of(inv.pair(vllm_serve_host=bind))
+    assert any(p.startswith(f"vllm_serve_host is '{bind}', which is none of the head spark-1") for p in probs)
+
+
+def test_a_head_with_malformed_links_gets_no_second_guess_about_its_api_address():
+    # The head's addresses are unknown while its links are malformed: only the links are reported.
+    def broken(d):
+        for link in _links(d, "spark-1"):
+            link["netdev"] = "en p1"
+
+    probs = problems_of(inv.mutate(inv.pair(vllm_serve_host="192.168.100.11"), broken))
+    assert any(p.startswith("spark-1: fast link #0") for p in probs), probs
+    assert not any("vllm_serve_host" in p for p in probs), probs
+
+
+# ------------------------------------------------------------------ issue 30 survivors
+def test_on_a_switch_each_lane_end_carries_its_own_hosts_address():
+    model = build_cluster(inv.switch(4))
+    for cable in model["cables"]:
+        for lane in cable["lanes"]:
+            for end in ("a", "b"):
+                node = model["nodes"][lane[end]["host"]]
+                link = next(ln for ln in node["links"] if ln["cidr"] == lane["cidr"])
+                assert (lane[end]["ip"], lane[end]["netdev"], lane[end]["rdma_device"]) == (
+                    link["ip"],
+                    link["netdev"],
+                    link["rdma_device"],
+                )
+    first = model["cables"][2]["lanes"][1]
+    assert (first["a"]["host"], first["a"]["ip"], first["b"]["host"], first["b"]["ip"]) == (
+        "spark-1",
+        "192.168.101.11",
+        "spark-4",
+        "192.168.101.14",
+    )
+
+
+def test_a_malformed_link_does_not_hide_the_hosts_other_links():
+    def broken(d):
+        _links(d, "spark-2")[:] = ["enp1s0f1np1", {"netdev": "en p1", "address": "192.168.101.12/24"}]
+
+    probs = problems_of(inv.mutate(inv.pair(), broken))
+    assert any(p.startswith("spark-2: fast link #0 (enp1s0f1np1) is malformed") for p in probs), probs
+    assert any(p.startswith("spark-2: fast link #1") and "'en p1'" in p for p in probs), probs
+
+
+@pytest.mark.parametrize(("prefix", "ok"), [(7, False), (8, True), (30, True), (31, False)])
+def test_prefix_lengths_from_8_to_30(prefix, ok):
+    def net(d):
+        for i, h in enumerate(("spark-1", "spark-2")):
+            _links(d, h)[0]["address"] = f"10.0.0.{1 + i}/{prefix}" if prefix < 31 else f"10.0.0.{i}/{prefix}"
+            _links(d, h)[1]["address"] = f"11.0.0.{1 + i}/{prefix}" if prefix < 31 else f"11.0.0.{i}/{prefix}"
+
+    inputs = inv.mutate(inv.pair(), net)
+    if ok:
+        assert build_cluster(inputs)["nodes"]["spark-1"]["links"][0]["prefix"] == prefix
+    else:
+        assert any(f"prefix /{prefix} is outside /8../30" in p for p in problems_of(inputs))
+
+
+def test_64_nodes_are_modelled_65_are_refused():
+    assert build_cluster(inv.switch(MAX_NODES))["size"] == MAX_NODES == 64
+    probs = problems_of(inv.switch(MAX_NODES + 1))
+    assert any(p == "The cluster has 65 nodes; sparkops models at most 64." for p in probs), probs
+
+
+def test_ring_ties_go_clockwise():
+    # On a 5-ring the cable opposite spark-1 (spark-3 - spark-4) is two hops either way: the route goes
+    # clockwise, through the next node in ring order (spark-2), as _ring_routes documents.
+    routes = {r["to"]: r for r in build_cluster(inv.ring(5))["nodes"]["spark-1"]["routes"]}
+    assert (routes["10.3.0.0/24"]["through"], routes["10.3.0.0/24"]["hops"]) == ("spark-2", 2)
+    assert routes["10.3.0.0/24"]["via"] == "10.1.0.2"
+    # ...and from spark-3 the opposite cable is spark-5 - spark-1: clockwise is spark-4.
+    routes = {r["to"]: r for r in build_cluster(inv.ring(5))["nodes"]["spark-3"]["routes"]}
+    assert routes["10.5.1.0/24"]["through"] == "spark-4"
+    # On a 3-ring (the full mesh) every far subnet is a tie: also clockwise.
+    routes = build_cluster(inv.ring(3))["nodes"]["spark-1"]["routes"]
+    assert [(r["to"], r["through"]) for r in routes] == [("10.2.0.0/24", "spark-2"), ("10.2.1.0/24", "spark-2")]
