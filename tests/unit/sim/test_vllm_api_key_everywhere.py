@@ -300,3 +300,29 @@ def test_the_middleware_passes_the_key_refuses_the_rest_and_closes_websockets(tm
     f.unlink()  # the file gone: fail closed, even with the right key
     reached, sent = run_asgi(app, scope_for("/invocations", "POST", f"Bearer {KEY}".encode()))
     assert not reached and sent[0]["status"] == 401
+
+
+# --- the role passes the key as a file and the middleware on the command line ---------------------------
+
+
+def test_the_role_mounts_the_key_and_the_middleware_and_keeps_the_key_out_of_env_and_argv():
+    import yaml  # noqa: PLC0415
+
+    role = ROOT / "roles" / "vllm_serve"
+    container = yaml.safe_load((role / "tasks" / "container.yml").read_text())
+    plan = container[0]
+    env_expr = plan["vars"]["vllm_serve_env"]
+    assert "VLLM_API_KEY" not in env_expr and "vllm_serve_api_key" not in env_expr
+    assert "combine(vllm_serve_auth_env)" in env_expr
+    assert (
+        "vllm_serve_auth_dir ~ ':' ~ vllm_serve_auth_mount ~ ':ro'"
+        in plan["community.docker.docker_container"]["volumes"]
+    )
+    rolevars = yaml.safe_load((role / "vars" / "main.yml").read_text())
+    assert rolevars["vllm_serve_auth_env"]["SPARKOPS_API_KEY_FILE"] == "{{ vllm_serve_auth_mount }}/api_key"
+    assert (AUTH_DIR / f"{rolevars['vllm_serve_auth_module']}.py").is_file()
+    settings = (role / "tasks" / "settings.yml").read_text()
+    assert "['--middleware', vllm_serve_auth_module ~ '.RequireApiKey']" in settings
+    assert f"{rolevars['vllm_serve_auth_module']}.RequireApiKey" == MIDDLEWARE and hasattr(auth, "RequireApiKey")
+    key_task = next(t for t in yaml.safe_load((role / "tasks" / "auth.yml").read_text()) if "api_key" in str(t))
+    assert key_task["no_log"] is True and key_task["ansible.builtin.copy"]["mode"] == "0600"
