@@ -192,6 +192,12 @@ def _coerce(key: str, kind: str, value, errors: list[str]):
             if not isinstance(name, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
                 errors.append(f"{key}: {name!r} is not a valid environment variable name")
                 continue
+            if name.upper() == "VLLM_API_KEY":
+                errors.append(
+                    f"{key}: VLLM_API_KEY would put the key in the container's config (`docker inspect`) and vLLM "
+                    "asks it on /v1 only: remove it (vllm_serve passes the key as a file to its middleware)"
+                )
+                continue
             if isinstance(item, bool):
                 out[name] = "1" if item else "0"
             elif isinstance(item, (str, int, float)):
