@@ -376,7 +376,7 @@ def check_exposure(probe: dict, serve_host: str, mgmt_address: str) -> dict:
             "cluster",
             CRITICAL,
             ev + " (no key required)",
-            "set sparkops_api_key or let vllm_serve generate one; never run without --api-key",
+            "run serve.yml: vllm_serve writes the key file and starts vLLM with the middleware that asks it",
         )
     if reach and serve_host not in ("0.0.0.0", mgmt_address):  # noqa: S104 - a setting compared, nothing bound
         return verdict(
