@@ -98,3 +98,59 @@ def test_the_module_refuses_a_bad_interface_before_running_anything(monkeypatch)
     )
     assert out["failed"] and "not a valid Linux interface name" in out["msg"] and "nothing changed" in out["msg"]
     assert ran == []
+
+
+REAL_IPTABLES = r"""
+import subprocess, sys
+sys.path[:0] = sys.argv[1:3]
+from ansible_collections.sparkops.cluster.plugins.modules import iptables_chain
+from module_runner import run_module
+
+def rules():
+    return subprocess.run(["iptables", "-w", "-S"], capture_output=True, text=True, check=True).stdout
+
+args = {"chain": "SPARKOPS-API", "ports": ["8000"], "interfaces": ["eth1"], "sources": ["192.168.10.0/24"],
+        "comment": "OpenAI API"}
+r = run_module(iptables_chain, args, check_mode=True)
+assert r["changed"] and "SPARKOPS" not in rules(), r
+r = run_module(iptables_chain, args)
+assert r["changed"] and not r.get("failed"), r
+assert run_module(iptables_chain, args)["changed"] is False
+got = [l for l in rules().splitlines() if "SPARKOPS" in l]
+assert got[1].startswith("-A INPUT -p tcp -m multiport --dports 8000 "), got
+assert [l.split(" -m comment")[0] for l in got[2:]] == [
+    "-A SPARKOPS-API -i lo", "-A SPARKOPS-API -i eth1", "-A SPARKOPS-API -s 192.168.10.0/24", "-A SPARKOPS-API"], got
+assert got[-1].endswith("-j DROP"), got
+# a lost DROP (someone's iptables -D) comes back; a network taken off the list goes
+subprocess.run(["iptables", "-w", "-D", "SPARKOPS-API", "-m", "comment", "--comment",
+                "sparkops: OpenAI API: fast links and client networks only", "-j", "DROP"], check=True)
+assert run_module(iptables_chain, dict(args, sources=[]))["changed"]
+got = [l for l in rules().splitlines() if l.startswith("-A SPARKOPS-API")]
+assert len(got) == 3 and got[-1].endswith("-j DROP") and "192.168" not in "".join(got), got
+assert run_module(iptables_chain, dict(args, sources=[]))["changed"] is False
+print("OK")
+"""
+
+
+def test_the_module_against_the_real_iptables_in_a_private_network_namespace():
+    """Runs the module, not in check mode, inside `unshare -n` (a new network namespace: the machine's own
+    firewall is never touched). Skipped where that is not possible (not root, no iptables)."""
+    import os  # noqa: PLC0415
+    import shutil  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    from conftest import COLLECTIONS, ROOT  # noqa: PLC0415
+
+    if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("iptables"):
+        pytest.skip("needs root, unshare and iptables")
+    if subprocess.run(["unshare", "-n", "iptables", "-w", "-S"], capture_output=True, check=False).returncode:
+        pytest.skip("iptables does not work in a new network namespace here")
+    res = subprocess.run(
+        ["unshare", "-n", sys.executable, "-c", REAL_IPTABLES, str(COLLECTIONS), str(ROOT / "tests" / "unit")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert res.returncode == 0 and res.stdout.strip().endswith("OK"), res.stdout + res.stderr
