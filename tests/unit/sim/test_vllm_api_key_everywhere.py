@@ -41,7 +41,10 @@ def _load(name: str, path: Path):
 
 
 os.environ["SPARKOPS_VLLM_AUTH_NO_STARTUP_CHECK"] = "1"  # imported here for its functions only
-auth = _load("sparkops_vllm_auth_under_test", AUTH_DIR / "sparkops_vllm_auth.py")
+try:
+    auth = _load("sparkops_vllm_auth_under_test", AUTH_DIR / "sparkops_vllm_auth.py")
+finally:
+    del os.environ["SPARKOPS_VLLM_AUTH_NO_STARTUP_CHECK"]
 ROUTES = _load("vllm_test_double_routes", DOUBLE).ROUTES
 # Paths that exist in vLLM only for pooling models or behind flags, and paths that exist nowhere:
 # with the middleware they must be refused before routing as well.
