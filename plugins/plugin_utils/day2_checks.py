@@ -335,21 +335,57 @@ def check_endpoint(health: dict) -> dict:
     return verdict("endpoint", "cluster", CRITICAL, f"[{kind}] {ev}" if kind else ev, action)
 
 
+# A request without the key that gets one of these was refused by authentication; any other HTTP answer
+# (2xx, but also 400, 404, 405, 5xx) means the key was not asked before the route was reached.
+_KEY_ASKED = (401, 403)
+
+
+def keyless_answers(probes: dict) -> list[str]:
+    """The probes without the key that got an HTTP answer other than 401/403, as 'origin POST url -> status'.
+
+    probes: {origin: [uri results]}, each result with `url` (or the loop's `item`) and `status`: the HTTP
+    status, or -1/None for no answer (refused, dropped by the firewall, timed out), which is as good as
+    being asked for the key.
+    """
+    out = []
+    for origin, results in (probes or {}).items():
+        for r in results or []:
+            try:
+                status = int(r.get("status"))
+            except (TypeError, ValueError):
+                continue
+            if status > 0 and status not in _KEY_ASKED:
+                out.append(f"{origin} POST {r.get('url') or r.get('item') or '?'} -> {status}")
+    return out
+
+
 def check_exposure(probe: dict, serve_host: str, mgmt_address: str) -> dict:
-    """probe: {mgmt_reachable: bool, unauth_status: int|None} as the controller saw them."""
+    """probe: {mgmt_reachable: bool, unauth_status: int|None} as the controller saw them, and unauth_probes:
+    POST /invocations and /tokenize without the key at the management and the fast-link address (keyless_answers).
+    vLLM 0.19.0 asks its --api-key only under /v1, so /v1/models alone proves nothing about the other paths."""
     status = probe.get("unauth_status")
     reach = probe.get("mgmt_reachable")
+    keyless = keyless_answers(probe.get("unauth_probes") or {})
     ev = (
         f"port {'reachable' if reach else 'closed'} on the management address {mgmt_address}; "
         f"a request without the key gets {status if status is not None else 'no answer'}"
     )
+    if keyless:
+        return verdict(
+            "API exposure",
+            "cluster",
+            CRITICAL,
+            ev + "; served without the key: " + ", ".join(keyless),
+            "run serve.yml (vllm_serve's --middleware asks the key on every path) and site.yml "
+            "(the firewall keeps the port to the fast links and sparkops_client_networks)",
+        )
     if status is not None and 200 <= int(status) < 300:
         return verdict(
             "API exposure",
             "cluster",
             CRITICAL,
             ev + " (no key required)",
-            "set sparkops_api_key or let vllm_serve generate one; never run without --api-key",
+            "run serve.yml: vllm_serve writes the key file and starts vLLM with the middleware that asks it",
         )
     if reach and serve_host not in ("0.0.0.0", mgmt_address):  # noqa: S104 - a setting compared, nothing bound
         return verdict(

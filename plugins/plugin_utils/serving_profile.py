@@ -8,7 +8,8 @@ use it:
 - profile_violations(profile, gpus_total, node_memory_gib=128, gpus_per_node=1) -> list[str]: every
   type problem and every broken hard rule, each message naming the rule and what to change.
 - vllm_serve_args(profile, host, port, gpus_per_node=1) -> list[str]: the exact argv. The API key is
-  never in it: vLLM reads it from the VLLM_API_KEY environment variable.
+  never in it nor in the container's environment: vllm_serve adds `--middleware` (its
+  sparkops_vllm_auth module, which reads the key from a file mounted read-only) to this argv.
 - contract_violations(profile, contract, gpus_per_node=1) -> list[str]: what the vLLM release of
   `contract` (plugin_utils/vllm_contract.py) would refuse in the profile's argv and VLLM_* env, and the
   SM121 rules that release's knobs cannot enforce (a release without the knob a rule needs is refused).
@@ -156,7 +157,7 @@ MANAGED_FLAGS = {
     "--distributed-executor-backend": "tensor_parallel_size/pipeline_parallel_size (ray is added when needed)",
     "--host": "the host argument",
     "--port": "the port argument",
-    "--api-key": "the VLLM_API_KEY environment variable (a key in argv shows in `ps` and `docker inspect`)",
+    "--api-key": "vllm_serve's key file and middleware (a key in argv shows in `ps` and `docker inspect`)",
 }
 
 _EAGER_RULE = "hard rule no-enforce-eager ('no --enforce-eager on SM121': CUDA graphs off cost about -55% tok/s)"
@@ -244,6 +245,12 @@ def _coerce(key: str, kind: str, value, errors: list[str]):
         for name, item in value.items():
             if not isinstance(name, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
                 errors.append(f"{key}: {name!r} is not a valid environment variable name")
+                continue
+            if name.upper() == "VLLM_API_KEY":
+                errors.append(
+                    f"{key}: VLLM_API_KEY would put the key in the container's config (`docker inspect`) and vLLM "
+                    "asks it on /v1 only: remove it (vllm_serve passes the key as a file to its middleware)"
+                )
                 continue
             if isinstance(item, bool):
                 out[name] = "1" if item else "0"

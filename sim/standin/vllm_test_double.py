@@ -33,9 +33,12 @@ made by sim/record_vllm_contract.py). What it proves, when a deployment passes a
     vllm/entrypoints/launcher.py) and the process exits with status 0 (a graceful uvicorn shutdown;
     no sys.exit on that path): a restart policy `on-failure` does not restart it;
   - the API surface a client sees: /health, /version, /v1/models, /v1/chat/completions,
-    /v1/completions (SSE streaming with stream_options.include_usage, non-streaming with usage),
-    Bearer-key checks on /v1/* only; /metrics with the recorded families (vllm:*, http_*,
-    process_*, python_*) with values that move: counters count requests and tokens, histograms
+    /v1/completions (SSE streaming with stream_options.include_usage, non-streaming with usage), and
+    the paths vLLM 0.19.0 serves WITHOUT the key (ROUTES below, each cited): POST /invocations runs a
+    completion, /tokenize, /detokenize, /inference/v1/generate, /load, /ping, /scale_elastic_ep;
+    Bearer-key checks on /v1/* only (before routing, as AuthenticationMiddleware); `--middleware`
+    classes applied around all of it the way build_app does (see Gate); /metrics with the recorded
+    families (vllm:*, http_*, process_*, python_*) with values that move: counters count requests and tokens, histograms
     observe the double's real timings (TTFT, inter-token, end-to-end, queue, prefill, decode);
     --disable-log-stats removes the vllm:* families, as in vLLM (no stat logger is made). Tokens
     are paced at SPARKOPS_TEST_DOUBLE_TOK_S per request (default 40), prefix-cache hits counted per
@@ -48,9 +51,12 @@ fit, quantization or attention backends actually working, or that real vLLM's de
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gc
 import hashlib
+import importlib
 import importlib.metadata as md
+import inspect
 import json
 import os
 import re
@@ -62,6 +68,7 @@ import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import unquote
 
 HERE = Path(__file__).resolve().parent
 CONTRACT_FILE = Path(os.environ.get("SPARKOPS_TEST_DOUBLE_CONTRACT", HERE / "vllm-contract.json"))
@@ -668,6 +675,87 @@ class EngineDead(Exception):
     pass
 
 
+# --- the HTTP server: vLLM 0.19.0's routes and middlewares ------------------------------------------
+
+# Paths vLLM 0.19.0 registers for a generate model (build_app, vllm/entrypoints/openai/api_server.py:
+# 170-243) and the methods each answers. Outside /v1 NONE of them checks --api-key
+# (AuthenticationMiddleware only guards url_path.startswith("/v1"), openai/server_utils.py:80).
+ROUTES = {
+    "/health": {"GET"},  # serve/instrumentator/health.py:22
+    "/metrics": {"GET"},  # serve/instrumentator/metrics.py:38-45 (expose + Mount "^/metrics(.*)$")
+    "/version": {"GET"},  # serve/instrumentator/basic.py:54
+    "/load": {"GET"},  # serve/instrumentator/basic.py:31
+    "/ping": {"GET", "POST"},  # sagemaker/api_router.py:118-122, health()
+    "/invocations": {"POST"},  # sagemaker/api_router.py:125-160: chat or completion, by body
+    "/tokenize": {"POST"},  # serve/tokenize/api_router.py:38
+    "/detokenize": {"POST"},  # serve/tokenize/api_router.py:64
+    "/inference/v1/generate": {"POST"},  # serve/disagg/api_router.py:49 (attached for "generate")
+    "/scale_elastic_ep": {"POST"},  # serve/elastic_ep/api_router.py:32 (attached for "generate")
+    "/is_scaling_elastic_ep": {"POST"},  # serve/elastic_ep/api_router.py:90
+    "/v1/models": {"GET"},  # openai/models/api_router.py:20
+    "/v1/chat/completions": {"POST"},  # openai/chat_completion/api_router.py:40
+    "/v1/completions": {"POST"},  # openai/completion/api_router.py:34
+}
+# Not emulated (404 here; behind the /v1 key in vLLM, or only with flags sparkops never sets):
+# /v1/responses*, /v1/messages*, /v1/*/render, and the VLLM_SERVER_DEV_MODE, profiler, LoRA and
+# tokenizer-info routes. /pooling, /classify, /score, /rerank exist only for pooling models
+# (vllm/entrypoints/pooling/__init__.py register_pooling_api_routers): 404 for a generate model, as here.
+
+
+def load_middlewares(paths: list[str]) -> list:
+    """`--middleware` as build_app does (api_server.py:295-304): import each path at start-up; a class is
+    added with app.add_middleware (each later one wraps the earlier ones, Starlette's user_middleware
+    order); anything but a class or a coroutine function is a ValueError. An import error ends the start."""
+    classes = []
+    for path in paths:
+        module_path, object_name = path.rsplit(".", 1)
+        try:
+            imported = getattr(importlib.import_module(module_path), object_name)
+        except Exception as exc:  # noqa: BLE001 - vLLM's start dies on any of them
+            die(f"{type(exc).__name__}: {exc} (--middleware {path})")
+        if inspect.isclass(imported):
+            classes.append(imported)
+        elif inspect.iscoroutinefunction(imported):
+            die(f"--middleware {path}: function middleware (app.middleware('http')) is not emulated by the test double")
+        else:
+            die(f"ValueError: Invalid middleware {path}. Must be a function or a class.")
+    return classes
+
+
+class Gate:
+    """The `--middleware` classes around the double's routes, as ASGI: each request's scope goes through
+    them; when the innermost app is reached the double's own handler answers, otherwise what the
+    middleware sent is the answer. Starlette builds the stack at the first request (so a class whose
+    __init__ raises answers 500 then, and is tried again on the next request)."""
+
+    def __init__(self, classes: list):
+        self.classes, self.stack, self.lock = classes, None, threading.Lock()
+        self.local = threading.local()  # one request per thread (ThreadingHTTPServer)
+
+    async def _inner(self, scope, receive, send):
+        self.local.reached = True
+
+    def build(self):
+        with self.lock:
+            if self.stack is None:
+                app = self._inner
+                for cls in self.classes:  # the last --middleware is the outermost
+                    app = cls(app)
+                self.stack = app
+            return self.stack
+
+    def run(self, scope: dict, receive) -> tuple[bool, list]:
+        """(reached the routes, ASGI messages the middlewares sent)."""
+        sent: list = []
+
+        async def send(message):
+            sent.append(message)
+
+        self.local.reached = False
+        asyncio.run(self.build()(scope, receive, send))
+        return self.local.reached, sent
+
+
 class Handler(BaseHTTPRequestHandler):
     server_version = "uvicorn"
     engine: Engine
@@ -702,7 +790,65 @@ class Handler(BaseHTTPRequestHandler):
     def error(self, status: int, kind: str, message: str) -> None:
         self.send(status, {"error": {"message": message, "type": kind, "param": None, "code": status}})
 
+    def body(self) -> bytes:
+        if not hasattr(self, "_body"):
+            self._body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        return self._body
+
+    def json_body(self):
+        try:
+            return json.loads(self.body() or b"{}")
+        except ValueError as exc:
+            self.error(400, "BadRequestError", f"JSON decode error: {exc}")
+            return None
+
+    def passes_middlewares(self) -> bool:
+        """Run the request's ASGI scope through the --middleware classes (Gate); False when one answered."""
+        gate = self.engine.gate
+        if not gate.classes:
+            return True
+        path, _, query = self.path.partition("?")
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": self.command,
+            "scheme": "http",
+            "path": unquote(path),
+            "raw_path": path.encode("latin-1"),
+            "query_string": query.encode("latin-1"),
+            "root_path": "",
+            "headers": [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in self.headers.items()],
+            "client": self.client_address[:2],
+            "server": self.server.server_address[:2],
+        }
+
+        async def receive():
+            return {"type": "http.request", "body": self.body(), "more_body": False}
+
+        try:
+            reached, sent = gate.run(scope, receive)
+        except Exception as exc:  # noqa: BLE001 - uvicorn: "Exception in ASGI application", 500
+            log(f"Exception in ASGI application: {exc!r}", "ERROR")
+            self.send(500, b"Internal Server Error", "text/plain; charset=utf-8")
+            return False
+        if reached:
+            return True
+        start = next((m for m in sent if m["type"] == "http.response.start"), None)
+        if start is None:  # uvicorn: "ASGI callable returned without starting response"
+            self.send(500, b"Internal Server Error", "text/plain; charset=utf-8")
+            return False
+        data = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+        self.send_response(start["status"])
+        for name, value in start.get("headers", []):
+            self.send_header(name.decode("latin-1"), value.decode("latin-1"))
+        self.end_headers()
+        self.wfile.write(data)
+        self.count(start["status"], len(data))
+        return False
+
     def authorized(self) -> bool:
+        """vLLM's --api-key (AuthenticationMiddleware, openai/server_utils.py:80): /v1 paths only, before routing."""
         keys = self.engine.api_keys
         if (
             keys
@@ -714,48 +860,154 @@ class Handler(BaseHTTPRequestHandler):
         return True
 
     def do_GET(self):
-        self.t0 = time.monotonic()
-        e = self.engine
-        if self.path == "/health":
-            self.send(503 if e.dead else 200, b"")
-        elif self.path == "/metrics":
-            e.gauges()
-            self.send(200, e.metrics.render().encode(), "text/plain; version=0.0.4; charset=utf-8")
-        elif self.path == "/version":
-            self.send(200, {"version": installed_version(e.contract)})
-        elif self.path == "/v1/models":
-            if self.authorized():
-                data = [
-                    {
-                        "id": n,
-                        "object": "model",
-                        "created": int(time.time()),
-                        "owned_by": "sparkops-test-double",
-                        "root": e.args.model_tag,
-                        "parent": None,
-                        "max_model_len": e.max_model_len,
-                    }
-                    for n in e.names
-                ]
-                self.send(200, {"object": "list", "data": data})
-        else:
-            self.send(404, {"detail": "Not Found"})
+        self.dispatch()
 
     def do_POST(self):
+        self.dispatch()
+
+    do_HEAD = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_POST
+
+    def dispatch(self):
         self.t0 = time.monotonic()
-        e = self.engine
-        chat = self.path == "/v1/chat/completions"
-        if self.path not in ("/v1/chat/completions", "/v1/completions"):
-            return self.send(404, {"detail": "Not Found"})
-        if not self.authorized():
+        if not self.passes_middlewares() or not self.authorized():
             return None
+        path = self.path.split("?")[0]
+        route = "/metrics" if path.startswith("/metrics") else path  # the Mount's regex
+        if route not in ROUTES:
+            return self.send(404, {"detail": "Not Found"})
+        if self.command not in ROUTES[route]:
+            return self.send(405, {"detail": "Method Not Allowed"})
+        return getattr(self, "route_" + route.strip("/").replace("/", "_"))()
+
+    def route_health(self):
+        self.send(503 if self.engine.dead else 200, b"")
+
+    route_ping = route_health  # sagemaker/api_router.py:122: `return await health(raw_request)`
+
+    def route_metrics(self):
+        self.engine.gauges()
+        self.send(200, self.engine.metrics.render().encode(), "text/plain; version=0.0.4; charset=utf-8")
+
+    def route_version(self):
+        self.send(200, {"version": installed_version(self.engine.contract)})
+
+    def route_load(self):
+        # app.state.server_load_metrics: 0 unless --enable-server-load-tracking (api_server.py init_app_state)
+        e = self.engine
+        self.send(200, {"server_load": e.running if getattr(e.args, "enable_server_load_tracking", None) else 0})
+
+    def route_v1_models(self):
+        e = self.engine
+        data = [
+            {
+                "id": n,
+                "object": "model",
+                "created": int(time.time()),
+                "owned_by": "sparkops-test-double",
+                "root": e.args.model_tag,
+                "parent": None,
+                "max_model_len": e.max_model_len,
+            }
+            for n in e.names
+        ]
+        self.send(200, {"object": "list", "data": data})
+
+    def model_unknown(self, req: dict) -> bool:
+        """OpenAIServing._check_model: no model (or an empty one) means the served one (engine/serving.py:979)."""
+        if req.get("model") and req.get("model") not in self.engine.names:
+            self.error(404, "NotFoundError", f"The model `{req.get('model')}` does not exist.")
+            return True
+        return False
+
+    def route_tokenize(self):
+        """serve/tokenize: a completion-style (prompt) or chat-style (messages) body; the double's tokens are words."""
+        req = self.json_body()
+        if req is None or self.model_unknown(req):
+            return
         try:
-            req = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-            text = " ".join(str(m.get("content", "")) for m in req["messages"]) if chat else str(req["prompt"])
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            text = (
+                " ".join(str(m.get("content", "")) for m in req["messages"])
+                if "messages" in req
+                else str(req["prompt"])
+            )
+        except (KeyError, TypeError, AttributeError) as exc:
             return self.error(400, "BadRequestError", f"invalid request: {exc!r}")
-        if req.get("model") not in e.names:
-            return self.error(404, "NotFoundError", f"The model `{req.get('model')}` does not exist.")
+        ids = [int(hashlib.sha256(w.encode()).hexdigest()[:5], 16) for w in text.split()]
+        self.send(
+            200, {"count": len(ids), "max_model_len": self.engine.max_model_len, "tokens": ids, "token_strs": None}
+        )
+
+    def route_detokenize(self):
+        req = self.json_body()
+        if req is None or self.model_unknown(req):
+            return
+        if not isinstance(req.get("tokens"), list):
+            return self.error(400, "BadRequestError", "tokens: Field required")
+        self.send(200, {"prompt": " ".join(WORDS[int(t) % len(WORDS)] for t in req["tokens"])})
+
+    def route_invocations(self):
+        """sagemaker/api_router.py:141-160: the first request type the body validates as, in order
+        ChatCompletionRequest (messages), CompletionRequest (prompt); else 400. No key asked."""
+        req = self.json_body()
+        if req is None:
+            return None
+        if isinstance(req, dict) and isinstance(req.get("messages"), list):
+            return self.complete(req, chat=True)
+        if isinstance(req, dict) and "prompt" in req:
+            return self.complete(req, chat=False)
+        msg = (
+            "Cannot find suitable handler for request. Expected one of: ['ChatCompletionRequest', 'CompletionRequest']"
+        )
+        return self.error(400, "BadRequestError", msg)
+
+    def route_inference_v1_generate(self):
+        """serve/disagg: token ids in (GenerateRequest: token_ids, sampling_params), token ids out."""
+        req = self.json_body()
+        if req is None or self.model_unknown(req):
+            return None
+        ids, params = req.get("token_ids"), req.get("sampling_params")
+        if not isinstance(ids, list) or not isinstance(params, dict):
+            return self.error(400, "BadRequestError", "token_ids and sampling_params are required")
+        n = int(params.get("max_tokens") or 16)
+        out = [int(hashlib.sha256(WORDS[i % len(WORDS)].encode()).hexdigest()[:5], 16) for i in range(n)]
+        choice = {"index": 0, "logprobs": None, "finish_reason": "length", "token_ids": out}
+        return self.send(200, {"request_id": req.get("request_id") or uuid.uuid4().hex, "choices": [choice]})
+
+    def route_scale_elastic_ep(self):
+        """serve/elastic_ep/api_router.py:41-60 checks the body, then asks the engine to scale; the double's
+        engine has no elastic EP and answers 500 there (what vLLM does then is not emulated)."""
+        req = self.json_body()
+        if req is None:
+            return None
+        size = req.get("new_data_parallel_size")
+        if size is None:
+            return self.send(400, {"detail": "new_data_parallel_size is required"})
+        if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+            return self.send(400, {"detail": "new_data_parallel_size must be a positive integer"})
+        return self.error(500, "InternalServerError", "the test double does not scale")
+
+    def route_is_scaling_elastic_ep(self):
+        self.send(200, {"is_scaling_elastic_ep": False})
+
+    def route_v1_chat_completions(self):
+        req = self.json_body()
+        if req is not None:
+            self.complete(req, chat=True)
+
+    def route_v1_completions(self):
+        req = self.json_body()
+        if req is not None:
+            self.complete(req, chat=False)
+
+    def complete(self, req, chat: bool):
+        e = self.engine
+        try:
+            text = " ".join(str(m.get("content", "")) for m in req["messages"]) if chat else str(req["prompt"])
+        except (KeyError, TypeError, AttributeError) as exc:
+            return self.error(400, "BadRequestError", f"invalid request: {exc!r}")
+        if self.model_unknown(req):
+            return None
+        req = {**req, "model": req.get("model") or e.name}
         prompt = text.split()
         max_tokens = int(req.get("max_tokens") or req.get("max_completion_tokens") or 16)
         n = max(0, min(max_tokens, e.max_model_len - len(prompt)))
@@ -918,6 +1170,8 @@ def main(argv: list[str] | None = None) -> int:
     srv.server_bind()
     engine.place()
     compile_log(args)
+    # build_app runs once the engine is up (api_server.py run_server_worker): --middleware is imported there
+    engine.gate = Gate(load_middlewares(getattr(args, "middleware", None) or []))
     srv.server_activate()
     srv.daemon_threads = True
     engine.server = srv

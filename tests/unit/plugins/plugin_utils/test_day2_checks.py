@@ -129,6 +129,38 @@ def test_api_exposure():
     )
 
 
+def test_api_exposure_is_critical_when_invocations_or_tokenize_answer_without_the_key():
+    def probes(mgmt_inv, mgmt_tok, fast_inv, fast_tok):
+        return {  # as the uri loops register them: the loop item is the URL
+            "control node": [
+                {"item": "http://192.168.1.5:8000/invocations", "status": mgmt_inv},
+                {"item": "http://192.168.1.5:8000/tokenize", "status": mgmt_tok},
+            ],
+            "head": [
+                {"item": "http://10.0.0.1:8000/invocations", "status": fast_inv},
+                {"url": "http://10.0.0.1:8000/tokenize", "status": fast_tok},
+            ],
+        }
+
+    def level(pr):
+        probe = {"mgmt_reachable": False, "unauth_status": 401, "unauth_probes": pr}
+        return d.check_exposure(probe, "10.0.0.1", "192.168.1.5")
+
+    assert level(probes(None, -1, 401, 401))["verdict"] == "PASS"  # mgmt firewalled, fast link asks the key
+    assert level(probes(401, 403, 401, 401))["verdict"] == "PASS"
+    assert level({})["verdict"] == "PASS"
+    for i, answered in ((0, 200), (1, 200), (2, 200), (3, 200), (2, 400), (3, 404), (0, 500), (1, "405")):
+        statuses = [None, None, 401, 401]
+        statuses[i] = answered
+        v = level(probes(*statuses))
+        assert v["verdict"] == "CRITICAL", (i, answered)
+        assert f"-> {int(answered)}" in v["evidence"] and "--middleware" in v["action"]
+    assert d.keyless_answers({"x": [{"url": "u", "status": "junk"}, {"status": 0}, {"status": None}]}) == []
+    assert d.keyless_answers({"head": [{"item": "http://h/tokenize", "status": 200}]}) == [
+        "head POST http://h/tokenize -> 200"
+    ]
+
+
 def test_watchdog_states():
     now = 10_000.0
     ev = [

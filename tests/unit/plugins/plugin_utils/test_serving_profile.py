@@ -103,7 +103,11 @@ def test_api_key_never_in_argv(reference):
     argv = vllm_serve_args(reference, "0.0.0.0", 8000)
     assert not any("api-key" in a or "API_KEY" in a for a in argv)
     reference["extra_args"] = ["--api-key", "secret"]
-    with pytest.raises(ValueError, match="VLLM_API_KEY"):
+    with pytest.raises(ValueError, match="key file and middleware"):
+        vllm_serve_args(reference, "0.0.0.0", 8000)
+    reference["extra_args"] = []
+    reference["env"] = {"vllm_api_key": "secret"}
+    with pytest.raises(ValueError, match="VLLM_API_KEY would put the key in the container's config"):
         vllm_serve_args(reference, "0.0.0.0", 8000)
 
 
