@@ -21,11 +21,11 @@ def vllm_env(profile_env: dict | None = None) -> dict:
     env = jinja2.Environment(undefined=jinja2.StrictUndefined)
     env.filters["combine"] = lambda a, b: {**a, **b}
     text = env.from_string(expr).render(
-        vllm_serve_api_key="k",
         sparkops_container_cache_env=CLUSTER["sparkops_container_cache_env"],
         sparkops_profile={"env": profile_env or {}},
         sparkops_cluster={"nodes": {"head": {"primary": {"ip": "10.0.0.11"}}}},
         vllm_serve_head="head",
+        vllm_serve_auth_env={"SPARKOPS_API_KEY_FILE": "/opt/sparkops-auth/api_key"},
     )
     return ast.literal_eval(text)
 
@@ -35,6 +35,7 @@ def test_ray_log_dedup_is_off_so_the_last_rank_is_timed_when_it_prints():
     env = vllm_env()
     assert env["RAY_DEDUP_LOGS"] == "0"
     assert env["RAY_ADDRESS"] == "auto" and env["VLLM_HOST_IP"] == "10.0.0.11"
+    assert "VLLM_API_KEY" not in env  # the key is a file the middleware reads, never the container's config
 
 
 def test_the_plan_and_the_run_use_the_same_environment():
