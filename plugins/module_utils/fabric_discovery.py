@@ -30,7 +30,9 @@ import re
 IBDEV_RE = re.compile(r"^\s*(?P<dev>\S+?)\s*port\s*(?P<port>\d+)\s*==>\s*(?P<netdev>\S+)\s*\((?P<state>[^)]*)\)")
 # Predictable names of a PCIe function (systemd's path naming): en[P<domain>]p<bus>s<slot>f<function>[np<port>].
 NETDEV_RE = re.compile(r"^en(?:P(?P<domain>\d+))?p(?P<bus>\d+)s(?P<slot>\d+)f(?P<function>\d+)(?:np(?P<port>\d+))?$")
-PCI_RE = re.compile(r"^(?P<domain>[0-9a-fA-F]{4,}):(?P<bus>[0-9a-fA-F]{2}):(?P<slot>[0-9a-fA-F]{2})\.(?P<function>[0-7])$")
+PCI_RE = re.compile(
+    r"^(?P<domain>[0-9a-fA-F]{4,}):(?P<bus>[0-9a-fA-F]{2}):(?P<slot>[0-9a-fA-F]{2})\.(?P<function>[0-7])$"
+)
 MAC_RE = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
 
 
@@ -248,7 +250,7 @@ def is_fast_candidate(name: str, sysfs: dict, ibdev: dict) -> bool:
     return bool(m and m["port"] is not None)
 
 
-def build_port(name: str, sysfs: dict, link: dict, ibdev: dict, neighbours: list, simulated: bool) -> dict:
+def build_port(name: str, sysfs: dict, link: dict, ibdev: dict, *, neighbours: list, simulated: bool) -> dict:
     """One fast netdev as the controller's inference reads it (plugins/plugin_utils/discovery.py)."""
     ident = function_identity(name, sysfs.get("pci"), sysfs.get("phys_port_name")) or {}
     rdma = (ibdev.get(name) or {}).get("rdma_device") or (sysfs.get("rdma_devices") or [None])[0]

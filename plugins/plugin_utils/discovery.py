@@ -22,7 +22,7 @@ import ipaddress
 import json
 import re
 
-DEFAULT_POOL = "192.168.100.0/20"
+DEFAULT_POOL = "192.168.96.0/19"
 DEFAULT_PREFIX = 24
 DEFAULT_SPEED_MBPS = 200000
 HOST_BASE = 11
@@ -261,7 +261,7 @@ def _ring_order(hosts: list, cables: list, head: str) -> list:
     return order
 
 
-def _ring_problems(hosts, ports, cables, head, settings, problems) -> list | None:
+def _ring_problems(hosts, ports, cables, head, *, settings, problems) -> list | None:
     """A ring of n >= 3 Sparks: every one cabled to two others, one loop, port 0 to the next's port 1."""
     deg = {h: 0 for h in hosts}
     pairs: dict = {}
@@ -270,14 +270,16 @@ def _ring_problems(hosts, ports, cables, head, settings, problems) -> list | Non
         deg[b] += 1
         pairs.setdefault(frozenset((a, b)), []).append(((a, pa), (b, pb)))
     before = len(problems)
+    short = [h for h in hosts if deg[h] < 2]
     for pair, cabs in pairs.items():
         if len(cabs) > 1:
             a, b = sorted(pair, key=hosts.index)
+            fix = _swap_hint(hosts, ports, cables, cabs[1]) if short else ""
             problems.append(
                 f"two cables join {a} and {b} ("
                 + "; ".join(_cable_text(c, ports) for c in cabs)
-                + "): a second cable between the same two Sparks adds nothing, and the ring is broken elsewhere. "
-                + _swap_hint(hosts, ports, cables, cabs[1])
+                + "): a second cable between the same two Sparks adds nothing. "
+                + fix
             )
     bare = [h for h in hosts if deg[h] == 0]
     for h in bare:
@@ -293,9 +295,11 @@ def _ring_problems(hosts, ports, cables, head, settings, problems) -> list | Non
             f"the ring is missing one cable: connect {port_label(a, fa, ports[a].get(fa, []))} to "
             f"{port_label(b, fb, ports[b].get(fb, []))} (the Sparks cabled once: {a}, {b})."
         )
-    elif len(comps) > 1 and not bare and not any(len(c) > 1 for c in pairs.values()):
+    elif len(comps) > 1 and not bare and not short:
         loops = "; ".join(" - ".join(c) for c in comps)
-        problems.append(f"the cables make {len(comps)} separate loops ({loops}), not one ring. " + _merge_hint(comps, cables, ports))
+        problems.append(
+            f"the cables make {len(comps)} separate loops ({loops}), not one ring. " + _merge_hint(comps, cables, ports)
+        )
     if len(problems) > before:
         return None
     order = _ring_order(hosts, cables, head)
@@ -323,16 +327,17 @@ def _swap_hint(hosts, ports, cables, cable) -> str:
     short = [h for h in hosts if deg[h] < 2]
     if short:
         return f"Move the end at {port_label(b, pb, ports[b][pb])} to {short[0]} (cabled {deg[short[0]]} time(s))."
-    return (
-        f"Crossed cables: move the end at {port_label(b, pb, ports[b][pb])} of this cable so that each Spark "
-        "is cabled to two different Sparks."
-    )
+    return ""
 
 
 def _merge_hint(comps, cables, ports) -> str:
     """Two loops become one ring by swapping one end of a cable in each: name those ends."""
-    first = [c for c in cables if c[0][0] in comps[0]][0]
-    second = [c for c in cables if c[0][0] in comps[1]][0]
+
+    def port1_last(c):
+        return c if c[1][1] >= c[0][1] else (c[1], c[0])
+
+    first = port1_last([c for c in cables if c[0][0] in comps[0]][0])
+    second = port1_last([c for c in cables if c[0][0] in comps[1]][0])
     (a, pa), (b, pb) = first
     (c, pc), (d, pd) = second
     return (
@@ -369,16 +374,24 @@ def _orientation(order, cables, ports, problems) -> None:
 
 
 # --------------------------------------------------------------------------- addresses
-def _subnets(settings: dict, used: list, count: int, problems: list) -> list:
+def _subnets(settings: dict, used: list, count: int, hosts: int, problems: list) -> list:
     pool_text = str(settings.get("pool") or DEFAULT_POOL)
     prefix = int(settings.get("prefix") or DEFAULT_PREFIX)
     try:
         pool = ipaddress.IPv4Network(pool_text, strict=True)
     except ValueError as exc:
-        problems.append(f"sparkops_discover_pool {pool_text!r} is no IPv4 network ({exc}); give one such as {DEFAULT_POOL}.")
+        problems.append(
+            f"sparkops_discover_pool {pool_text!r} is no IPv4 network ({exc}); give one such as {DEFAULT_POOL}."
+        )
         return []
-    if not pool.prefixlen <= prefix <= 29:
-        problems.append(f"sparkops_discover_prefix /{prefix} must lie between the pool's /{pool.prefixlen} and /29.")
+    if not pool.prefixlen <= prefix <= 30:
+        problems.append(f"sparkops_discover_prefix /{prefix} must lie between the pool's /{pool.prefixlen} and /30.")
+        return []
+    if HOST_BASE + hosts >= 2 ** (32 - prefix) - 1:
+        problems.append(
+            f"sparkops_discover_prefix /{prefix} is too small: node i gets host number {HOST_BASE} + i, so "
+            f"{hosts} nodes need a /{32 - (HOST_BASE + hosts + 1).bit_length()} or larger (e.g. /24)."
+        )
         return []
     busy = []
     for cidr in used:
@@ -469,7 +482,9 @@ def infer(nodes: dict, hosts: list, settings: dict | None = None) -> dict:  # no
             problems.append(
                 "the Sparks hang off "
                 + f"{len(segments)} switches or segments ("
-                + "; ".join(f"{s['key']}: {', '.join(f'{h} port {p}' for h, p in sorted(s['members']))}" for s in segments)
+                + "; ".join(
+                    f"{s['key']}: {', '.join(f'{h} port {p}' for h, p in sorted(s['members']))}" for s in segments
+                )
                 + "): cable every Spark to the same switch."
             )
         else:
@@ -497,7 +512,7 @@ def infer(nodes: dict, hosts: list, settings: dict | None = None) -> dict:  # no
                 )
         else:
             topology = "ring"
-            order = _ring_problems(hosts, ports, direct, head, settings, problems)
+            order = _ring_problems(hosts, ports, direct, head, settings=settings, problems=problems)
     elif n >= 2 and not problems:
         problems.append(
             "no cable found between the Sparks (no port has a neighbour): check that the QSFP cables are plugged "
@@ -505,7 +520,12 @@ def infer(nodes: dict, hosts: list, settings: dict | None = None) -> dict:  # no
         )
     if n < 2:
         problems.append(f"the inventory names {n} host; a cluster is two or more Sparks.")
-    if wanted != "auto" and topology and wanted != topology and not (wanted == "mesh" and topology == "ring" and n == 3):
+    if (
+        wanted != "auto"
+        and topology
+        and wanted != topology
+        and not (wanted == "mesh" and topology == "ring" and n == 3)
+    ):
         problems.append(f"sparkops_discover_topology is {wanted}, but the cabling makes a {topology}.")
     partial = {"hosts": hosts, "head": head, "ports": _ports_out(hosts, ports), "topology": topology}
     if problems:
@@ -519,7 +539,7 @@ def infer(nodes: dict, hosts: list, settings: dict | None = None) -> dict:  # no
         members = segments[0]["members"]
         port_of = {h: p for h, p in members}
         twins = max(len(ports[h][port_of[h]]) for h in hosts)
-        subnets = _subnets(settings, used, twins, problems)
+        subnets = _subnets(settings, used, twins, n, problems)
         if problems:
             raise DiscoveryError(problems, partial)
         links = {h: [] for h in hosts}
@@ -545,7 +565,7 @@ def infer(nodes: dict, hosts: list, settings: dict | None = None) -> dict:  # no
             (a, pa), (b, pb) = direct[0]
             ordered = [((a, pa), (b, pb))]
         lane_count = sum(min(len(ports[a][pa]), len(ports[b][pb])) for (a, pa), (b, pb) in ordered)
-        subnets = _subnets(settings, used, lane_count, problems)
+        subnets = _subnets(settings, used, lane_count, n, problems)
         if problems:
             raise DiscoveryError(problems, partial)
         links = {h: [] for h in hosts}
@@ -602,7 +622,11 @@ def _ports_out(hosts, ports) -> dict:
 # ---------------------------------------------------------------------------- output
 def _scalar(value) -> str:
     text = str(value)
-    return text if _PLAIN.match(text) and text.lower() not in ("true", "false", "null", "yes", "no", "on", "off") else json.dumps(text)
+    return (
+        text
+        if _PLAIN.match(text) and text.lower() not in ("true", "false", "null", "yes", "no", "on", "off")
+        else json.dumps(text)
+    )
 
 
 def render_inventory(result: dict, connection: dict | None = None, source: str = "") -> str:

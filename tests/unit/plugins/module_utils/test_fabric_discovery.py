@@ -136,7 +136,7 @@ def test_ip_link_and_networks_on_the_recorded_sim_node():
         ("eth7", "0002:01:00.1", "p1", 1, "01:00.1", 2),  # renamed: sysfs decides
     ],
 )
-def test_function_identity(netdev, pci, ppn, port, twin_key, domain):
+def test_function_identity(netdev, pci, ppn, port, twin_key, domain):  # noqa: PLR0917 - one per column
     got = fd.function_identity(netdev, pci, ppn)
     assert (got["port"], got["twin_key"], got["domain"]) == (port, twin_key, domain)
 
@@ -178,10 +178,10 @@ def test_fast_candidates_on_a_spark_and_in_the_test_bed(spark_sysfs):
 def test_build_port_prefers_ibdev2netdev_then_sysfs_then_the_sim_name(spark_sysfs):
     sysfs = fd.read_sysfs_netdev("enp1s0f1np1", str(spark_sysfs))
     link = {"mac": "fc:4c:ea:f9:42:31", "mtu": 9000, "operstate": "up", "admin_up": True, "carrier": True}
-    port = fd.build_port("enp1s0f1np1", sysfs, link, {}, [], simulated=False)
+    port = fd.build_port("enp1s0f1np1", sysfs, link, {}, neighbours=[], simulated=False)
     assert port["rdma_device"] == "rocep1s0f1"  # device/infiniband/
     assert (port["port"], port["domain"], port["pci"], port["mtu"]) == (1, 0, "0000:01:00.1", 9000)
-    sim = fd.build_port("enP2p1s0f1np1", {}, link, {}, [], simulated=True)
+    sim = fd.build_port("enP2p1s0f1np1", {}, link, {}, neighbours=[], simulated=True)
     assert sim["rdma_device"] == "roceP2p1s0f1"  # what sim/simctl.py writes in its inventories
-    real_missing = fd.build_port("enP2p1s0f1np1", {}, link, {}, [], simulated=False)
+    real_missing = fd.build_port("enP2p1s0f1np1", {}, link, {}, neighbours=[], simulated=False)
     assert real_missing["rdma_device"] is None
