@@ -7,38 +7,15 @@ from pathlib import Path
 
 import pytest
 from ansible_collections.sparkops.cluster.plugins.module_utils import fabric_discovery as fd
+from spark_sysfs import build_spark_sysfs
 
 FIXTURES = Path(__file__).resolve().parents[3] / "fixtures"
 DISC = FIXTURES / "discovery"
 
-# A Spark's four ConnectX-7 functions (README: daqiri PR 108 for PCIe/phys_port_name, sbc-reviews 92 for MACs).
-SPARK_FUNCTIONS = [
-    ("enp1s0f0np0", "0000:01:00.0", "rocep1s0f0", "fc:4c:ea:f9:42:30", "down", "-1", "p0"),
-    ("enp1s0f1np1", "0000:01:00.1", "rocep1s0f1", "fc:4c:ea:f9:42:31", "up", "200000", "p1"),
-    ("enP2p1s0f0np0", "0002:01:00.0", "roceP2p1s0f0", "fc:4c:ea:f9:42:34", "down", "-1", "p0"),
-    ("enP2p1s0f1np1", "0002:01:00.1", "roceP2p1s0f1", "fc:4c:ea:f9:42:35", "up", "200000", "p1"),
-]
-
 
 @pytest.fixture
 def spark_sysfs(tmp_path):
-    """/sys of a Spark cabled on port 1: class/net links into devices/, each function's driver and RDMA device."""
-    drivers = tmp_path / "bus" / "pci" / "drivers" / "mlx5_core"
-    drivers.mkdir(parents=True)
-    for netdev, pci, rdma, mac, state, speed, ppn in SPARK_FUNCTIONS:
-        dev = tmp_path / "devices" / f"pci{pci[:4]}:00" / f"{pci[:4]}:00:00.0" / pci
-        (dev / "infiniband" / rdma).mkdir(parents=True)
-        os.symlink(os.path.relpath(drivers, dev), dev / "driver")
-        net = tmp_path / "class" / "net" / netdev
-        net.mkdir(parents=True)
-        for name, value in (("address", mac), ("mtu", "1500"), ("operstate", state), ("speed", speed)):
-            (net / name).write_text(value + "\n")
-        (net / "phys_port_name").write_text(ppn + "\n")
-        os.symlink(os.path.relpath(dev, net), net / "device")
-    mgmt = tmp_path / "class" / "net" / "enP7s7"
-    mgmt.mkdir(parents=True)
-    (mgmt / "address").write_text("4c:bb:47:2c:1a:0e\n")
-    return tmp_path / "class" / "net"
+    return build_spark_sysfs(tmp_path)
 
 
 def test_ibdev2netdev_of_nvidia_two_spark_guide():
