@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 
 # Tolerant of squeezed blanks: web pages that quote the output lose them ("rocep1s0f0port1==> ...").
 IBDEV_RE = re.compile(r"^\s*(?P<dev>\S+?)\s*port\s*(?P<port>\d+)\s*==>\s*(?P<netdev>\S+)\s*\((?P<state>[^)]*)\)")
@@ -273,3 +274,19 @@ def build_port(name: str, sysfs: dict, link: dict, ibdev: dict, *, neighbours: l
         "domain": ident.get("domain"),
         "neighbours": list(neighbours),
     }
+
+
+def start_daemon(argv: list):
+    """Start a foreground daemon (lldpd -d) as our child; its stderr is kept for the failure message."""
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # noqa: S603 - fixed argv
+
+
+def stop_daemon(proc, timeout_s: float = 5) -> None:
+    """Stop a child started by start_daemon: SIGTERM, then SIGKILL after timeout_s."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=timeout_s)

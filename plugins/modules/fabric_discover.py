@@ -108,7 +108,6 @@ lldpd:
 import contextlib
 import os
 import socket
-import subprocess
 import time
 
 from ansible.module_utils.basic import AnsibleModule
@@ -163,7 +162,7 @@ class Lldpd:
         # test bed's veth links qualify too); -d: stay in the foreground, our child, stopped below.
         argv = [self.lldpd, "-d", "-u", OWN_SOCKET, "-I", ",".join(self.names)]
         try:
-            self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # noqa: S603
+            self.proc = fd.start_daemon(argv)
         except OSError as exc:
             self.module.warn(f"could not start lldpd ({exc}); using IPv6 neighbour discovery")
             return False
@@ -183,14 +182,8 @@ class Lldpd:
         return False
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
         if self.proc is not None:
+            fd.stop_daemon(self.proc)
             self.state["stopped"] = True
             self.proc = None
         if self.made_dir:

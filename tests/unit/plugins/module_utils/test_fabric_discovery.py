@@ -162,3 +162,10 @@ def test_build_port_prefers_ibdev2netdev_then_sysfs_then_the_sim_name(spark_sysf
     assert sim["rdma_device"] == "roceP2p1s0f1"  # what sim/simctl.py writes in its inventories
     real_missing = fd.build_port("enP2p1s0f1np1", {}, link, {}, neighbours=[], simulated=False)
     assert real_missing["rdma_device"] is None
+
+
+def test_a_started_daemon_is_stopped():
+    proc = fd.start_daemon(["sleep", "30"])
+    assert proc.poll() is None
+    fd.stop_daemon(proc, timeout_s=5)
+    assert proc.poll() is not None

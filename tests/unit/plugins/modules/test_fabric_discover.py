@@ -69,13 +69,13 @@ class FakeNode:
         monkeypatch.setattr(mod.AnsibleModule, "get_bin_path", lambda _self, name, *a, **k: bins.get(name))
         monkeypatch.setattr(mod.AnsibleModule, "run_command", self.run_command)
         monkeypatch.setattr(mod, "run_side_by_side", lambda argvs, _deadline: [(0, "", "")] * len(argvs))
-        monkeypatch.setattr(mod.subprocess, "Popen", self.popen)
+        monkeypatch.setattr(mod.fd, "start_daemon", self.popen)
         monkeypatch.setattr(mod, "PRIVSEP_DIR", "/nonexistent-sparkops-test/lldpd")
         monkeypatch.setattr(mod.os, "makedirs", lambda *a, **k: None)
         monkeypatch.setattr(mod.os, "rmdir", lambda *a, **k: None)
         monkeypatch.setattr(mod.time, "sleep", lambda _s: None)
 
-    def popen(self, argv, **_kw):
+    def popen(self, argv):
         node = self
 
         class Proc:
