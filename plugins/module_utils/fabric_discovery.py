@@ -26,6 +26,7 @@ import json
 import os
 import re
 import subprocess
+import tempfile
 
 # Tolerant of squeezed blanks: web pages that quote the output lose them ("rocep1s0f0port1==> ...").
 IBDEV_RE = re.compile(r"^\s*(?P<dev>\S+?)\s*port\s*(?P<port>\d+)\s*==>\s*(?P<netdev>\S+)\s*\((?P<state>[^)]*)\)")
@@ -277,8 +278,20 @@ def build_port(name: str, sysfs: dict, link: dict, ibdev: dict, *, neighbours: l
 
 
 def start_daemon(argv: list):
-    """Start a foreground daemon (lldpd -d) as our child; its stderr is kept for the failure message."""
-    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # noqa: S603 - fixed argv
+    """Start a foreground daemon (lldpd -d) as our child. Its log goes to a temporary file, not a pipe that
+    nobody reads while it runs (a full pipe would stop it); daemon_log() reads it for a failure message."""
+    log = tempfile.TemporaryFile()  # noqa: SIM115 - closed by stop_daemon
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log)  # noqa: S603 - fixed argv
+    proc.sparkops_log = log
+    return proc
+
+
+def daemon_log(proc, limit: int = 400) -> str:
+    log = getattr(proc, "sparkops_log", None)
+    if log is None:
+        return ""
+    log.seek(0)
+    return log.read().decode(errors="replace")[-limit:].strip()
 
 
 def stop_daemon(proc, timeout_s: float = 5) -> None:
@@ -290,3 +303,6 @@ def stop_daemon(proc, timeout_s: float = 5) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=timeout_s)
+    log = getattr(proc, "sparkops_log", None)
+    if log is not None:
+        log.close()

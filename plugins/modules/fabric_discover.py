@@ -176,9 +176,9 @@ class Lldpd:
             if rc == 0:
                 return True
             time.sleep(0.3)
-        err = self.proc.stderr.read().decode(errors="replace")[-400:] if self.proc.poll() is not None else ""
+        err = fd.daemon_log(self.proc)
         self.stop()
-        self.module.warn(f"lldpd did not answer within 10 s ({err.strip()}); using IPv6 neighbour discovery")
+        self.module.warn(f"lldpd did not answer within 10 s ({err}); using IPv6 neighbour discovery")
         return False
 
     def stop(self) -> None:

@@ -422,10 +422,12 @@ def _link(twin: dict, address: str) -> dict:
 def infer(nodes: dict, hosts: list, settings: dict | None = None) -> dict:  # noqa: C901, PLR0912, PLR0915
     """The cables, twins, topology and proposed addresses, or DiscoveryError with every problem.
 
-    settings: pool (CIDR), prefix (int), speed_mbps (expected link speed; 0/None: not checked),
+    settings: pool (CIDR), prefix (int), speed_mbps (expected link speed; None: 200000; 0: not checked),
     topology (auto, pair, switch, ring, mesh: the shape expected), allow_any_port (bool), head (host).
     """
     settings = dict(settings or {})
+    if settings.get("speed_mbps") is None:
+        settings["speed_mbps"] = DEFAULT_SPEED_MBPS
     problems: list = []
     notes: list = []
     hosts = list(dict.fromkeys(hosts))
@@ -751,7 +753,7 @@ def moved_cables(inventory_links: dict, result: dict) -> list:
         now.append(f"{a} port {pa} now meets {now_a[0]} port {now_a[1]}" if now_a else f"{a} port {pa} meets nothing")
         now.append(f"{b} port {pb} now meets {now_b[0]} port {now_b[1]}" if now_b else f"{b} port {pb} meets nothing")
         out.append(
-            f"the inventory's cable {a} port {pa} - {b} port {pb} is not there: {'; '.join(now)}. Put the cable "
+            f"the cable {a} port {pa} - {b} port {pb} of the inventory is not there: {'; '.join(now)}. Put the cable "
             "back, or run playbooks/discover.yml to write an inventory for the new cabling."
         )
     for cable in sorted(found - expected, key=lambda c: sorted(map(str, c))):

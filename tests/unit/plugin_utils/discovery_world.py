@@ -204,3 +204,62 @@ def ring_cables(names):
     """Port 0 of each Spark to port 1 of the next (inventory/examples/ring-4, sim/simctl.py)."""
     n = len(names)
     return [((names[i], 0), (names[(i + 1) % n], 1)) for i in range(n)]
+
+
+def write_host(world: World, h: str, root) -> dict:
+    """A node on this machine for playbooks/discover.yml: its sysfs tree and the tools, as files.
+
+    -> the host's inventory variables: a Python wrapper that puts the node's tools first on PATH, and
+    its /sys/class/net. The tools print what World.tool_outputs says (an lldpd is running).
+    """
+    import os
+    import sys
+    from pathlib import Path
+
+    root = Path(root)
+    ib_text, link_text, lldp_text, _nd = world.tool_outputs(h)
+    links = {x["ifname"]: x for x in json.loads(link_text)}
+    drivers = root / "sys" / "bus" / "pci" / "drivers" / "mlx5_core"
+    drivers.mkdir(parents=True)
+    for twins in TWINS.values():
+        for netdev, rdma, pci, _last in twins:
+            if netdev not in links:
+                continue
+            up = "LOWER_UP" in links[netdev]["flags"]
+            dev = root / "sys" / "devices" / f"pci{pci[:4]}:00" / pci
+            (dev / "infiniband" / rdma).mkdir(parents=True)
+            os.symlink(os.path.relpath(drivers, dev), dev / "driver")
+            net = root / "sys" / "class" / "net" / netdev
+            net.mkdir(parents=True)
+            speed = world.speed.get((h, netdev), 200000) if up else -1
+            attrs = {"address": links[netdev]["address"], "mtu": "1500", "operstate": "up" if up else "down",
+                     "speed": str(speed), "phys_port_name": f"p{fd.function_identity(netdev)['port']}"}  # fmt: skip
+            for name, value in attrs.items():
+                (net / name).write_text(f"{value}\n")
+            os.symlink(os.path.relpath(dev, net), net / "device")
+    bin_dir = root / "bin"
+    bin_dir.mkdir()
+    (root / "ibdev2netdev.txt").write_text(ib_text)
+    i = world.names.index(h)
+    mgmt = {"ifname": "enP7s7", "flags": ["UP", "LOWER_UP"], "address": mac(i, 0x0E),
+            "addr_info": [{"family": "inet", "local": f"10.0.0.{11 + i}", "prefixlen": 24}]}  # fmt: skip
+    (root / "addr.json").write_text(json.dumps([*links.values(), mgmt]))
+    (root / "lldp.json").write_text(lldp_text)
+    scripts = {
+        "ibdev2netdev": f'cat "{root}/ibdev2netdev.txt"\n',
+        "ip": f'case "$*" in "-j addr show") cat "{root}/addr.json";; *neigh*) echo "[]";; *) exit 1;; esac\n',
+        "lldpcli": f'case "$*" in *neighbors*) cat "{root}/lldp.json";; *) echo "{{}}";; esac\n',
+        "lldpd": "exit 1\n",
+    }
+    for name, body in scripts.items():
+        path = bin_dir / name
+        path.write_text("#!/bin/sh\n" + body)
+        path.chmod(0o755)
+    python = root / "python"
+    python.write_text(f'#!/bin/sh\nPATH="{bin_dir}:$PATH" exec "{sys.executable}" "$@"\n')
+    python.chmod(0o755)
+    return {
+        "ansible_connection": "local",
+        "ansible_python_interpreter": str(python),
+        "sparkops_discover_sys_class_net": str(root / "sys" / "class" / "net"),
+    }

@@ -420,6 +420,6 @@ def test_moved_cables_against_the_hand_written_ring():
     moved = d.moved_cables(links, infer(World(names, ring_cables(order))))
     assert moved
     assert any(
-        m.startswith("the inventory's cable spark-1 port 0 - spark-2 port 1 is not there: spark-1 port 0 now meets "
-                     "spark-3 port 1; spark-2 port 1 now meets spark-3 port 0") for m in moved
+        m.startswith("the cable spark-1 port 0 - spark-2 port 1 of the inventory is not there: spark-1 port 0 now "
+                     "meets spark-3 port 1; spark-2 port 1 now meets spark-3 port 0") for m in moved
     )  # fmt: skip

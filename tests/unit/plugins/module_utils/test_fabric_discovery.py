@@ -169,3 +169,10 @@ def test_a_started_daemon_is_stopped():
     assert proc.poll() is None
     fd.stop_daemon(proc, timeout_s=5)
     assert proc.poll() is not None
+
+
+def test_a_daemon_that_exits_leaves_its_message():
+    proc = fd.start_daemon(["sh", "-c", "echo 'lldpd: unable to chroot' >&2; exit 1"])
+    proc.wait(timeout=10)
+    assert fd.daemon_log(proc) == "lldpd: unable to chroot"
+    fd.stop_daemon(proc)
