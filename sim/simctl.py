@@ -203,6 +203,9 @@ NODE_PACKAGES = [
     # The monitoring role's daemons (the nodes have no route out to install them).
     "prometheus",
     "prometheus-node-exporter",
+    # playbooks/discover.yml reads the cabling by LLDP: the real daemon, started by fabric_discover for
+    # the discovery only (no init system here starts it).
+    "lldpd",
 ]
 # The base of the stand-in serving image, loaded into each node's dockerd.
 VLLM_BASE_PACKAGES = ["python3", "python3-pip", "procps", "iproute2", "ca-certificates"]
@@ -531,11 +534,28 @@ def remove_network(name: str) -> None:
     run(["docker", "network", "rm", name], check=False, capture=True)
 
 
+# A Linux bridge drops frames to the IEEE link-local group 01:80:c2:00:00:0e (LLDP) unless bit 14 of
+# its group_fwd_mask is set (kernel Documentation/ABI: bridge group_fwd_mask; bits 0-2 may not be set).
+# The "cables" of the test bed are bridges: let LLDP cross them, as it crosses a real cable.
+LLDP_FWD_BIT = 1 << 0x0E
+
+
+def forward_lldp(name: str, sys_class_net: str = "/sys/class/net") -> None:
+    """Let the LLDP frames of discover.yml cross a fast network's bridge (not the management LAN's)."""
+    net_id = run(["docker", "network", "inspect", "-f", "{{.Id}}", name], capture=True).stdout.strip()
+    path = Path(sys_class_net) / f"br-{net_id[:12]}" / "bridge" / "group_fwd_mask"
+    mask = int(path.read_text().strip(), 0)
+    if not mask & LLDP_FWD_BIT:
+        path.write_text(f"{mask | LLDP_FWD_BIT:#x}\n")
+
+
 def ensure_networks() -> None:
     for name, (subnet, mtu) in NETWORKS.items():
         if run(["docker", "network", "inspect", name], check=False, capture=True).returncode == 0:
             if "-ring-" in name:
                 allow_routed_within(name)
+            if name != f"{PREFIX}-mgmt":
+                forward_lldp(name)
             continue
         run(
             [
@@ -553,6 +573,8 @@ def ensure_networks() -> None:
         )
         if "-ring-" in name:
             allow_routed_within(name)
+        if name != f"{PREFIX}-mgmt":
+            forward_lldp(name)
 
 
 def remove_other_nodes() -> None:
