@@ -18,7 +18,7 @@ from test_discovery import cabling, hand_written, inputs_from_hosts_yml
 PLAYBOOK = ROOT / "playbooks" / "discover.yml"
 
 
-def hosts_only_inventory(tmp_path: Path, world: World) -> Path:
+def hosts_only_inventory(tmp_path: Path, world: World, head: str | None = None) -> Path:
     hosts = {}
     for i, h in enumerate(world.names):
         hv = write_host(world, h, tmp_path / "nodes" / h)
@@ -26,7 +26,10 @@ def hosts_only_inventory(tmp_path: Path, world: World) -> Path:
         hosts[h] = hv
     inv = tmp_path / "given"
     inv.mkdir(exist_ok=True)
-    (inv / "hosts.yml").write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
+    data = {"all": {"hosts": hosts}}
+    if head:
+        data["all"]["children"] = {"spark_head": {"hosts": {head: None}}}
+    (inv / "hosts.yml").write_text(yaml.safe_dump(data))
     return inv
 
 
@@ -101,3 +104,13 @@ def test_a_ring_with_a_missing_cable_is_refused_naming_it(tmp_path):
         in res.text
     )
     assert not (tmp_path / "out").exists()
+
+
+def test_the_head_named_in_the_inventory_leads(tmp_path):
+    names = names_of(2)
+    inv = hosts_only_inventory(tmp_path, World(names, [((names[0], 0), (names[1], 0))]), head="spark-2")
+    res = run(inv)
+    assert res.returncode == 0, res.stdout[-3000:]
+    assert "topology: pair of 2 Sparks, head spark-2" in res.text
+    # Shown line by line, not written (no sparkops_discover_out): the head's block holds spark-2.
+    assert "spark_head:' - ' hosts:' - ' spark-2:'" in res.text
