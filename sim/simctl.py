@@ -177,6 +177,41 @@ def write_topology_inventory(n: int, topology: str) -> Path:
     return inv
 
 
+def write_hosts_only_inventory(n: int, topology: str) -> Path:
+    """An inventory naming only the hosts and how to reach them (no fast links, no topology): the input
+    of playbooks/discover.yml on this test bed. Its group_vars (inventory/sim's, with this cluster's own
+    lock and reports when it is not the pair) go next to the inventory discover.yml writes."""
+    inv = STATE / "inventories" / f"{topology}-{n}-hosts-only"
+    gv = inv / "group_vars" / "all"
+    gv.mkdir(parents=True, exist_ok=True)
+    for src in sorted((ROOT / "inventory" / "sim" / "group_vars" / "all").glob("*.yml")):
+        shutil.copy2(src, gv / src.name)
+    header = f"# Made by sim/simctl.py hosts-only --nodes {n} --topology {topology}; do not edit.\n"
+    if inventory_dir(n, topology) != ROOT / "inventory" / "sim":
+        (gv / "topology.yml").write_text(
+            header
+            + f"sparkops_sim_state_dir: {json.dumps(str(STATE.resolve()))}\n"
+            + 'sparkops_lock_file: "{{ inventory_dir }}/sparkops.lock.json"\n'
+            + 'sparkops_reports_dir: "{{ inventory_dir }}/reports"\n'
+        )
+    head = NODES[0]["name"]
+    workers = {node["name"]: {"ansible_host": node["mgmt"]} for node in NODES[1:]}
+    data = {
+        "all": {
+            "children": {
+                "spark_cluster": {
+                    "children": {
+                        "spark_head": {"hosts": {head: {"ansible_host": NODES[0]["mgmt"]}}},
+                        "spark_workers": {"hosts": workers},
+                    }
+                }
+            }
+        }
+    }
+    (inv / "hosts.yml").write_text(header + json.dumps(data, indent=2) + "\n")
+    return inv
+
+
 # What the node root file system holds. The nodes have no route out, so all
 # the deployment needs on a node is baked in here.
 NODE_PACKAGES = [
@@ -1011,6 +1046,9 @@ def main() -> None:
     p_mem = sub.add_parser("limit-memory", help="give a node a memory limit (e.g. 1200m), 0 lifts it")
     p_mem.add_argument("node")
     p_mem.add_argument("size")
+    p_ho = sub.add_parser("hosts-only", help="write an inventory of the hosts only (discover.yml's input)")
+    p_ho.add_argument("--nodes", type=int, default=int(os.environ.get("SIM_NODES", "2")))
+    p_ho.add_argument("--topology", default=os.environ.get("SIM_TOPOLOGY", "pair"), choices=TOPOLOGIES)
     p_inv = sub.add_parser("inventory", help="print the inventory path for --nodes/--topology")
     p_inv.add_argument("--nodes", type=int, default=int(os.environ.get("SIM_NODES", "2")))
     p_inv.add_argument("--topology", default=os.environ.get("SIM_TOPOLOGY", "pair"), choices=TOPOLOGIES)
@@ -1030,6 +1068,9 @@ def main() -> None:
         limit_memory(args)
     elif args.cmd == "inventory":
         print(inventory_dir(args.nodes, args.topology))
+    elif args.cmd == "hosts-only":
+        configure(args.nodes, args.topology)
+        print(write_hosts_only_inventory(args.nodes, args.topology))
 
 
 if __name__ == "__main__":
