@@ -276,6 +276,14 @@ def check_cabling(discovery: dict | None, reads: dict) -> dict:
             "not applicable: no port heard a neighbour (no lldpd on the nodes and no IPv6 link-local neighbours)",
             "apt-get install lldpd on every node to let doctor check the cables",
         )
+    if discovery.get("all_at_once") is False:
+        return verdict(
+            name,
+            "cluster",
+            NA,
+            f"not applicable: fewer forks than the {len(hosts)} nodes, so they were not read at the same time",
+            f"rerun doctor with -f {len(hosts)} to check the cabling",
+        )
     missing = [h for h in hosts if h not in got]
     if missing:
         return verdict(name, "cluster", WARN, f"the ports of {', '.join(missing)} could not be read", "")

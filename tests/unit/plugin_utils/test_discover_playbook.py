@@ -114,3 +114,10 @@ def test_the_head_named_in_the_inventory_leads(tmp_path):
     assert "topology: pair of 2 Sparks, head spark-2" in res.text
     # Shown line by line, not written (no sparkops_discover_out): the head's block holds spark-2.
     assert "spark_head:' - ' hosts:' - ' spark-2:'" in res.text
+
+
+def test_fewer_forks_than_nodes_is_refused_before_reading(ring_run):
+    _tmp, inv, _out, _res = ring_run
+    res = run(inv, "-f", "2")
+    assert res.returncode != 0
+    assert "4 hosts but 2 forks" in res.text and "Rerun with -f 4" in res.text

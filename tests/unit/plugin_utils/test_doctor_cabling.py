@@ -87,3 +87,10 @@ def test_doctor_makes_the_cabling_verdict_from_each_nodes_read():
     }  # fmt: skip
     (v,) = [v for v in d.build_verdicts(inputs) if v["check"] == "cabling as in the inventory"]
     assert v["verdict"] == "CRITICAL" and "spark-1 port 0 now meets spark-3 port 1" in v["evidence"]
+
+
+def test_nodes_not_read_at_once_are_not_judged():
+    names = names_of(4)
+    moved = World(names, ring_cables(["spark-1", "spark-3", "spark-2", "spark-4"])).nodes()
+    v = d.check_cabling(dict(discovery_of(RING4, "ring"), all_at_once=False), moved)
+    assert v["verdict"] == "N/A" and "-f 4" in v["action"]
