@@ -116,6 +116,7 @@ from ansible_collections.sparkops.cluster.plugins.module_utils.node_read import 
 
 OWN_SOCKET = "/run/sparkops-discover-lldpd.socket"
 PRIVSEP_DIR = "/run/lldpd"  # Debian's lldpd chroots its unprivileged half here
+LINGER_S = 5
 
 
 def _run(module, argv, what, fail=True):
@@ -195,16 +196,24 @@ class Lldpd:
                 os.unlink(OWN_SOCKET)
 
     def neighbours(self, up: list, wait_s: int) -> dict:
-        """Ask for frames now (lldpcli update) and read until every port with a link has a neighbour."""
+        """Ask for frames now (lldpcli update) and read until every port with a link has a neighbour.
+
+        An lldpd of ours then keeps sending for LINGER_S more: a peer whose read started a little later
+        hears us before we stop (stopping sends LLDP's shutdown frame, which removes us from its table).
+        """
         base = [self.lldpcli] + (["-u", self.sock] if self.sock else [])
         deadline = time.monotonic() + max(wait_s, 0)
         seen = {}
+        done_at = None
         while True:
             self.module.run_command(base + ["update"])
             got = _lldp_neighbours(self.module, self.lldpcli, self.sock)
-            if got is not None:
+            if got is not None and done_at is None:
                 seen = got
-            if all(seen.get(n) for n in up) or time.monotonic() >= deadline:
+            now = time.monotonic()
+            if done_at is None and (all(seen.get(n) for n in up) or now >= deadline):
+                done_at = now
+            if done_at is not None and (self.proc is None or now >= done_at + LINGER_S):
                 return seen
             time.sleep(1)
 

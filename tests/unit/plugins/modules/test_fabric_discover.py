@@ -57,8 +57,9 @@ def spark_sysfs(tmp_path):
 class FakeNode:
     """The commands the module runs, answered as the real tools answer; every argv is recorded."""
 
-    def __init__(self, monkeypatch, *, lldpd_running, lldp_installed=True, ibdev=True):
+    def __init__(self, monkeypatch, *, lldpd_running, lldp_installed=True, ibdev=True, heard=True):
         self.calls = []
+        self.heard = heard
         self.running = lldpd_running
         self.started = []
         bins = {"ip": "/usr/sbin/ip", "ping": "/usr/bin/ping"}
@@ -73,7 +74,9 @@ class FakeNode:
         monkeypatch.setattr(mod, "PRIVSEP_DIR", "/nonexistent-sparkops-test/lldpd")
         monkeypatch.setattr(mod.os, "makedirs", lambda *a, **k: None)
         monkeypatch.setattr(mod.os, "rmdir", lambda *a, **k: None)
-        monkeypatch.setattr(mod.time, "sleep", lambda _s: None)
+        self.clock = [1000.0]
+        monkeypatch.setattr(mod.time, "monotonic", lambda: self.clock[0])
+        monkeypatch.setattr(mod.time, "sleep", lambda s: self.clock.__setitem__(0, self.clock[0] + s))
 
     def popen(self, argv):
         node = self
@@ -115,7 +118,7 @@ class FakeNode:
             if not alive:
                 return 1, "", "cannot connect to lldpd"
             if "neighbors" in argv:
-                return 0, lldp_json0(), ""
+                return 0, lldp_json0() if self.heard else '{"lldp": [{}]}', ""
             return 0, "{}", ""
         return 127, "", f"unexpected {argv}"
 
@@ -128,7 +131,7 @@ def test_lldpd_running_is_used_and_left_alone(monkeypatch, spark_sysfs):
     assert r["lldpd"] == {"installed": True, "found_running": True, "started": False, "stopped": False}
     assert node.started == []
     assert not any("-u" in c for c in node.calls)  # the running daemon's own socket, its config untouched
-    assert ["/usr/sbin/lldpcli", "update"] in node.calls
+    assert node.calls.count(["/usr/sbin/lldpcli", "update"]) == 1  # a running lldpd stays: no lingering
     ports = {p["netdev"]: p for p in r["ports"]}
     assert sorted(ports) == ["enP2p1s0f0np0", "enP2p1s0f1np1", "enp1s0f0np0", "enp1s0f1np1"]
     one = ports["enP2p1s0f1np1"]
@@ -155,6 +158,9 @@ def test_lldpd_not_running_is_started_for_the_discovery_and_stopped(monkeypatch,
     assert argv[4:] == ["-I", "enP2p1s0f0np0,enP2p1s0f1np1,enp1s0f0np0,enp1s0f1np1"]
     assert node.running_own is False  # stopped before the module returned
     assert r["method"] == "lldp"
+    # Heard at once, then kept sending for LINGER_S so that a peer read a little later hears this node.
+    updates = [c for c in node.calls if c[-1] == "update"]
+    assert len(updates) == mod.LINGER_S + 1
 
 
 def test_check_mode_starts_no_lldpd_and_falls_back_to_ipv6_neighbours(monkeypatch, spark_sysfs):
@@ -185,3 +191,12 @@ def test_bad_wait_is_refused(monkeypatch, spark_sysfs, wait_s):
     FakeNode(monkeypatch, lldpd_running=True)
     r = run_module(mod, {"sys_class_net": str(spark_sysfs), "wait_s": wait_s})
     assert r["failed"] is True and "wait_s must be between 0 and 600" in r["msg"]
+
+
+def test_a_silent_port_waits_wait_s_then_asks_ipv6_neighbours(monkeypatch, spark_sysfs):
+    node = FakeNode(monkeypatch, lldpd_running=True, heard=False)
+    t0 = node.clock[0]
+    r = run_module(mod, {"sys_class_net": str(spark_sysfs), "wait_s": 7})
+    assert r.get("failed") is not True, r
+    assert node.clock[0] - t0 == 7  # polled once a second up to wait_s
+    assert sorted(c[-1] for c in node.calls if c[:3] == ["ip", "-j", "-6"]) == ["enP2p1s0f1np1", "enp1s0f1np1"]
