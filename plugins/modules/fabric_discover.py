@@ -17,7 +17,8 @@ description:
     (C(ip -j addr show) and sysfs).
   - The neighbour on each port, by LLDP (C(lldpcli -f json0 show neighbors details)). When I(lldp) allows it
     and lldpd is installed but not running, the module runs its own lldpd for the discovery only, on the
-    ConnectX-7 netdevs only, on a socket of its own, and stops it before returning; an lldpd found running is
+    ConnectX-7 netdevs only, on a socket of its own, and stops it before returning (5 s after its ports were
+    heard, so that a peer read a little later hears it too); an lldpd found running is
     left running and its configuration is not touched (the module only asks it to send its frames now,
     C(lldpcli update)).
   - On a port without an LLDP neighbour (no lldpd, or none at the far end), the IPv6 link-local neighbours
