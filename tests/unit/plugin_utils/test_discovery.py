@@ -423,3 +423,34 @@ def test_moved_cables_against_the_hand_written_ring():
         m.startswith("the cable spark-1 port 0 - spark-2 port 1 of the inventory is not there: spark-1 port 0 now "
                      "meets spark-3 port 1; spark-2 port 1 now meets spark-3 port 0") for m in moved
     )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("n", "topology", "pool"),
+    [
+        (2, "pair", "10.213.0.0/23"),
+        (4, "switch", "10.213.0.0/23"),
+        (4, "ring", "10.214.0.0/16"),
+        (3, "ring", "10.214.0.0/16"),
+    ],
+)
+def test_with_the_test_beds_pool_the_addresses_are_dockers(monkeypatch, tmp_path, n, topology, pool):
+    # The test bed's networks are Docker's (roce_network_backend: preconfigured checks, never writes, them):
+    # with its subnets as the pool, the proposal is exactly what simctl wired, so site.yml converges on it.
+    names = names_of(n, "spark-sim")
+    if topology == "switch":
+        world = World(names, bridge={(h, 1) for h in names})
+    elif topology == "ring":
+        world = World(names, ring_cables(names))
+    else:
+        world = World(names, [((names[0], 1), (names[1], 1))])
+    got = model_of_discovery(world, pool=pool, speed_mbps=0)
+    if topology == "pair":
+        want = hand_written(ROOT / "inventory" / "sim" / "hosts.yml")
+    else:
+        want = sim_inventory(monkeypatch, tmp_path, n, topology)
+
+    def addresses(model):
+        return {h: sorted((lk["netdev"], lk["address"]) for lk in model["nodes"][h]["links"]) for h in names}
+
+    assert addresses(got) == addresses(want)
