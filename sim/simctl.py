@@ -181,6 +181,41 @@ def write_topology_inventory(n: int, topology: str) -> Path:
     return inv
 
 
+def write_hosts_only_inventory(n: int, topology: str) -> Path:
+    """An inventory naming only the hosts and how to reach them (no fast links, no topology): the input
+    of playbooks/discover.yml on this test bed. Its group_vars (inventory/sim's, with this cluster's own
+    lock and reports when it is not the pair) go next to the inventory discover.yml writes."""
+    inv = STATE / "inventories" / f"{topology}-{n}-hosts-only"
+    gv = inv / "group_vars" / "all"
+    gv.mkdir(parents=True, exist_ok=True)
+    for src in sorted((ROOT / "inventory" / "sim" / "group_vars" / "all").glob("*.yml")):
+        shutil.copy2(src, gv / src.name)
+    header = f"# Made by sim/simctl.py hosts-only --nodes {n} --topology {topology}; do not edit.\n"
+    if inventory_dir(n, topology) != ROOT / "inventory" / "sim":
+        (gv / "topology.yml").write_text(
+            header
+            + f"sparkops_sim_state_dir: {json.dumps(str(STATE.resolve()))}\n"
+            + 'sparkops_lock_file: "{{ inventory_dir }}/sparkops.lock.json"\n'
+            + 'sparkops_reports_dir: "{{ inventory_dir }}/reports"\n'
+        )
+    head = NODES[0]["name"]
+    workers = {node["name"]: {"ansible_host": node["mgmt"]} for node in NODES[1:]}
+    data = {
+        "all": {
+            "children": {
+                "spark_cluster": {
+                    "children": {
+                        "spark_head": {"hosts": {head: {"ansible_host": NODES[0]["mgmt"]}}},
+                        "spark_workers": {"hosts": workers},
+                    }
+                }
+            }
+        }
+    }
+    (inv / "hosts.yml").write_text(header + json.dumps(data, indent=2) + "\n")
+    return inv
+
+
 # What the node root file system holds. The nodes have no route out, so all
 # the deployment needs on a node is baked in here.
 NODE_PACKAGES = [
@@ -207,6 +242,9 @@ NODE_PACKAGES = [
     # The monitoring role's daemons (the nodes have no route out to install them).
     "prometheus",
     "prometheus-node-exporter",
+    # playbooks/discover.yml reads the cabling by LLDP: the real daemon, started by fabric_discover for
+    # the discovery only (no init system here starts it).
+    "lldpd",
 ]
 # The base of the stand-in serving image, loaded into each node's dockerd.
 VLLM_BASE_PACKAGES = ["python3", "python3-pip", "procps", "iproute2", "ca-certificates"]
@@ -536,11 +574,28 @@ def remove_network(name: str) -> None:
     run(["docker", "network", "rm", name], check=False, capture=True)
 
 
+# A Linux bridge drops frames to the IEEE link-local group 01:80:c2:00:00:0e (LLDP) unless bit 14 of
+# its group_fwd_mask is set (kernel Documentation/ABI: bridge group_fwd_mask; bits 0-2 may not be set).
+# The "cables" of the test bed are bridges: let LLDP cross them, as it crosses a real cable.
+LLDP_FWD_BIT = 1 << 0x0E
+
+
+def forward_lldp(name: str, sys_class_net: str = "/sys/class/net") -> None:
+    """Let the LLDP frames of discover.yml cross a fast network's bridge (not the management LAN's)."""
+    net_id = run(["docker", "network", "inspect", "-f", "{{.Id}}", name], capture=True).stdout.strip()
+    path = Path(sys_class_net) / f"br-{net_id[:12]}" / "bridge" / "group_fwd_mask"
+    mask = int(path.read_text().strip(), 0)
+    if not mask & LLDP_FWD_BIT:
+        path.write_text(f"{mask | LLDP_FWD_BIT:#x}\n")
+
+
 def ensure_networks() -> None:
     for name, (subnet, mtu) in NETWORKS.items():
         if run(["docker", "network", "inspect", name], check=False, capture=True).returncode == 0:
             if "-ring-" in name:
                 allow_routed_within(name)
+            if name != f"{PREFIX}-mgmt":
+                forward_lldp(name)
             continue
         run(
             [
@@ -558,6 +613,8 @@ def ensure_networks() -> None:
         )
         if "-ring-" in name:
             allow_routed_within(name)
+        if name != f"{PREFIX}-mgmt":
+            forward_lldp(name)
 
 
 def remove_other_nodes() -> None:
@@ -998,6 +1055,9 @@ def main() -> None:
     p_mem = sub.add_parser("limit-memory", help="give a node a memory limit (e.g. 1200m), 0 lifts it")
     p_mem.add_argument("node")
     p_mem.add_argument("size")
+    p_ho = sub.add_parser("hosts-only", help="write an inventory of the hosts only (discover.yml's input)")
+    p_ho.add_argument("--nodes", type=int, default=int(os.environ.get("SIM_NODES", "2")))
+    p_ho.add_argument("--topology", default=os.environ.get("SIM_TOPOLOGY", "pair"), choices=TOPOLOGIES)
     p_inv = sub.add_parser("inventory", help="print the inventory path for --nodes/--topology")
     p_inv.add_argument("--nodes", type=int, default=int(os.environ.get("SIM_NODES", "2")))
     p_inv.add_argument("--topology", default=os.environ.get("SIM_TOPOLOGY", "pair"), choices=TOPOLOGIES)
@@ -1017,6 +1077,9 @@ def main() -> None:
         limit_memory(args)
     elif args.cmd == "inventory":
         print(inventory_dir(args.nodes, args.topology))
+    elif args.cmd == "hosts-only":
+        configure(args.nodes, args.topology)
+        print(write_hosts_only_inventory(args.nodes, args.topology))
 
 
 if __name__ == "__main__":

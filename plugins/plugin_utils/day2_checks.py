@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 
 from ansible_collections.sparkops.cluster.plugins.module_utils.hw_links import version_key
+from ansible_collections.sparkops.cluster.plugins.plugin_utils.discovery import DiscoveryError, infer, moved_cables
 
 PASS, WARN, CRITICAL, NA = "PASS", "WARN", "CRITICAL", "N/A"
 _RANK = {NA: 0, PASS: 1, WARN: 2, CRITICAL: 3}
@@ -254,6 +255,66 @@ def check_cables(cables: dict | None, hardware: str, threshold: float) -> dict:
             "reboot both ends of " + ", ".join(bad) + "; if still low, reseat or replace that QSFP cable",
         )
     return verdict("per-cable bandwidth", "cluster", PASS, ev + f"; threshold {threshold:g} Gb/s")
+
+
+def check_cabling(discovery: dict | None, reads: dict) -> dict:
+    """The cables found now (each node's fabric_discover read) against the inventory's links.
+
+    discovery: {hosts, head, topology, links: {host: the model's links}, hardware}; reads: host -> read.
+    """
+    name = "cabling as in the inventory"
+    if not discovery:
+        return verdict(name, "cluster", NA, "not applicable: the cabling was not read")
+    hosts = list(discovery.get("hosts") or [])
+    got = {h: r for h, r in (reads or {}).items() if isinstance(r, dict) and r.get("ports") is not None}
+    heard = any(p.get("neighbours") for r in got.values() for p in r.get("ports") or [])
+    if not heard:
+        return verdict(
+            name,
+            "cluster",
+            NA,
+            "not applicable: no port heard a neighbour (no lldpd on the nodes and no IPv6 link-local neighbours)",
+            "apt-get install lldpd on every node to let doctor check the cables",
+        )
+    if discovery.get("all_at_once") is False:
+        return verdict(
+            name,
+            "cluster",
+            NA,
+            f"not applicable: fewer forks than the {len(hosts)} nodes, so they were not read at the same time",
+            f"rerun doctor with -f {len(hosts)} to check the cabling",
+        )
+    missing = [h for h in hosts if h not in got]
+    if missing:
+        return verdict(name, "cluster", WARN, f"the ports of {', '.join(missing)} could not be read", "")
+    settings = {"head": discovery.get("head"), "allow_any_port": True}
+    if discovery.get("hardware") != "dgx_spark":
+        settings["speed_mbps"] = 0
+    try:
+        result = infer(got, hosts, settings)
+    except DiscoveryError as err:
+        return verdict(
+            name,
+            "cluster",
+            CRITICAL,
+            "; ".join(err.problems),
+            "move or check the cable named; ansible-playbook playbooks/discover.yml -i <hosts> shows the whole cabling",
+        )
+    moved = moved_cables(discovery.get("links") or {}, result)
+    want = discovery.get("topology")
+    if want and want != result["topology"]:
+        moved.insert(0, f"the inventory says {want}, the cables make a {result['topology']}")
+    if moved:
+        return verdict(
+            name,
+            "cluster",
+            CRITICAL,
+            "; ".join(moved),
+            "put the cables back as the inventory says, or write a new inventory with playbooks/discover.yml",
+        )
+    n = len(result["cables"]) or len(result["segments"])
+    what = f"{n} cable(s)" if result["cables"] else "the switch"
+    return verdict(name, "cluster", PASS, f"{result['topology']}: {what} where the inventory says")
 
 
 def check_nccl(results: dict, hardware: str) -> dict:
@@ -502,6 +563,9 @@ def build_verdicts(inputs: dict) -> list[dict]:
         out.append(check_gids(node, f.get("rdma") or {}))
         out.extend(check_containers(node, f.get("containers", [])))
     out.append(check_cables(inputs.get("cables"), hw, float(s["cable_threshold_gbps"])))
+    if inputs.get("discovery"):
+        reads = {n: (f or {}).get("discover") for n, f in inputs["nodes"].items()}
+        out.append(check_cabling(dict(inputs["discovery"], hardware=hw), reads))
     out.append(check_nccl(inputs.get("nccl") or {}, hw))
     out.append(check_ray(inputs.get("ray") or {}, int(s["expected_nodes"]), float(s["expected_gpus"])))
     out.append(check_endpoint(inputs.get("health") or {}))
