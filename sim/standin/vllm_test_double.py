@@ -1044,6 +1044,7 @@ def main(argv: list[str] | None = None) -> int:
     # vLLM binds its port before the engine starts and listens once it is up (api_server.py:541-548, :596):
     # until then a client's connection is refused.
     srv = ThreadingHTTPServer((args.host or "0.0.0.0", args.port or 8000), Handler, bind_and_activate=False)  # noqa: S104
+    srv.request_queue_size = 2048  # uvicorn's listen backlog (Config backlog=2048), not socketserver's 5
     srv.server_bind()
     engine.place()
     compile_log(args)

@@ -170,3 +170,31 @@ def test_kv_blocks_make_requests_wait_when_full(double):
     # not both at batch-2 speed: the blocks let one run at a time for most of the level
     slower = max(r.duration_s for r in results)
     assert slower > 1.5 * 100 / (vtd.REFERENCE_TOK_S[1] * SCALE)
+
+
+def test_the_benchmark_sweep_finds_the_doubles_knee(double):
+    """vllm_benchmark's sweep against the double, the SLO scaled like the pace: what `make benchmark` does on
+    the simulated pair, SCALE times faster (12 tokens, 2 requests a level)."""
+    from ansible_collections.sparkops.cluster.plugins.modules import vllm_benchmark  # noqa: PLC0415
+    from module_runner import run_module  # noqa: PLC0415
+
+    base = double("--max-num-seqs", "16")
+    args = {
+        "base_url": base + "/v1",
+        "model": "tiny",
+        "max_concurrency": 32,
+        "max_tokens": 24,
+        "prefix_repeats": 2,
+        "slo_min_tok_s": 10 * SCALE,
+        "slo_max_ttft_p95_s": 2 / SCALE,
+    }
+    res = run_module(vllm_benchmark, args)
+    assert not res.get("failed"), res
+    levels = [r["max_concurrency"] for r in res["runs"]]
+    assert levels == [1, 2, 4, 8, 16]  # 16 users get under half the SLO's rate: the sweep stops there
+    assert res["capacity"]["users_at_slo"] == 2  # 9.1 tok/s each at 4 misses 10
+    assert res["capacity"]["first_failing"]["missed"] == ["tok_s_per_user"]
+    assert res["capacity"]["stopped"].startswith("SLO clearly broken at concurrency 16")
+    throughput = [r["output_throughput"] for r in res["runs"]]
+    assert throughput == sorted(throughput)  # more users, more tokens together, fewer each
+    assert all(r["completed"] == 2 * r["max_concurrency"] and r["failed"] == 0 for r in res["runs"])
