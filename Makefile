@@ -25,7 +25,7 @@ help:
 	@echo "Day 2, against INVENTORY=$(INVENTORY) (extra ansible-playbook arguments in ARGS='...'):"
 	@echo "  make status       - one screen: nodes, driver, image, Ray membership, endpoint (~20 s)"
 	@echo "  make verify       - network, Ray membership, fast path and endpoint checks; changes nothing (~1 min)"
-	@echo "  make benchmark    - concurrency 1/2/4 serving benchmark, JSON/Markdown/PNG report (~1 min on the sim)"
+	@echo "  make benchmark    - capacity sweep 1,2,4,8,... to the SLO, JSON/Markdown/PNG report (~6 min on the sim)"
 	@echo "  make upgrade      - new image ref/profile/driver with rollback; e.g. ARGS='-e spark_vllm_image_ref=sim-v2' (~4 min)"
 	@echo "  make teardown     - stop vLLM and Ray (images and weights stay); make sim brings them back (~10 s; ~90 s back)"
 	@echo "  make doctor       - one verdict per check (PASS/WARN/CRITICAL) with the next action (~1 min)"

@@ -1,4 +1,5 @@
-"""Filters for the fast-path checks (image CUDA vs driver, sameness across nodes, container RDMA needs).
+"""Filters for the fast-path checks (image CUDA vs driver, sameness across nodes, container RDMA needs, the
+NCCL bus-bandwidth gate).
 
 The parsing and version tables live in module_utils (cuda_compat.py); these wrap them for playbooks.
 """
@@ -11,6 +12,12 @@ from ansible_collections.sparkops.cluster.plugins.module_utils.cuda_compat impor
 )
 from ansible_collections.sparkops.cluster.plugins.module_utils.cuda_compat import (
     same_across_nodes as _same_across_nodes,
+)
+from ansible_collections.sparkops.cluster.plugins.module_utils.nccl_busbw import (
+    DEFAULT_MIN_BYTES,
+    DEFAULT_THRESHOLD_GBS,
+    busbw_verdict,
+    parse_busbw,
 )
 
 
@@ -64,10 +71,18 @@ def container_rdma_gaps(inspect):
     return gaps
 
 
+def nccl_busbw_verdict(text, threshold_gbs=DEFAULT_THRESHOLD_GBS, min_bytes=DEFAULT_MIN_BYTES):
+    """{verdict: PASS|FAIL, peak_busbw_gbs, message, world_size, rows} for the probe's (or nccl-tests') output."""
+    parsed = parse_busbw(str(text or ""))
+    verdict = busbw_verdict(parsed, float(threshold_gbs), int(min_bytes))
+    return {**verdict, "world_size": parsed.get("world_size"), "rows": len(parsed.get("rows") or [])}
+
+
 class FilterModule:
     def filters(self):
         return {
             "image_cuda_check": image_cuda_check,
             "same_across_nodes": same_across_nodes,
             "container_rdma_gaps": container_rdma_gaps,
+            "nccl_busbw_verdict": nccl_busbw_verdict,
         }

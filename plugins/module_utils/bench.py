@@ -65,6 +65,9 @@ class RequestResult:
     duration_s: float | None = None
     completion_tokens: int = 0
     error: str | None = None
+    # the gaps between content chunks (vLLM bench's ITL) and the usage chunk's prompt tokens (capacity.py)
+    itl_s: list | None = None
+    prompt_tokens: int = 0
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -350,6 +353,7 @@ def stream_chat(
     ttft = None
     chunks = 0
     usage_tokens = None
+    prompt_tokens, itl, last = 0, [], None
     try:
         with _http(
             "POST", url, _headers(api_key), timeout_s=timeout_s, validate_certs=validate_certs, body=data
@@ -379,13 +383,18 @@ def stream_chat(
                 usage = event.get("usage") if isinstance(event, dict) else None
                 if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
                     usage_tokens = usage["completion_tokens"]
+                    prompt_tokens = usage.get("prompt_tokens") if isinstance(usage.get("prompt_tokens"), int) else 0
                 for choice in event.get("choices") or []:
                     delta = choice.get("delta") or {}
                     text = delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
                     if text:
                         chunks += 1
+                        now = time.monotonic()
                         if ttft is None:
-                            ttft = time.monotonic() - start
+                            ttft = now - start
+                        else:
+                            itl.append(now - last)
+                        last = now
     except (TimeoutError, http.client.HTTPException, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
         return RequestResult(False, ttft, time.monotonic() - start, chunks, f"{type(exc).__name__}: {reason}")
@@ -393,4 +402,4 @@ def stream_chat(
     tokens = usage_tokens if usage_tokens is not None else chunks
     if ttft is None:
         return RequestResult(False, None, duration, tokens, "the stream ended without any content token")
-    return RequestResult(True, ttft, duration, tokens, None)
+    return RequestResult(True, ttft, duration, tokens, None, itl, prompt_tokens)

@@ -41,9 +41,21 @@ options:
   reference:
     description:
       - Concurrency -> aggregate tok/s to compare hardware figures with. The default is the two-Spark
-        reference (Qwen3-235B-A22B GPTQ-Int4, TP=2, EP=2). Not used with I(source=test-double).
+        reference (Qwen3-235B-A22B GPTQ-Int4, TP=2, EP=2); pass C({}) for any other profile. Not compared
+        with I(source=test-double) figures; the chart still draws it as the seed figures (the test double is
+        calibrated on them).
     type: dict
     default: {"1": 17.0, "2": 24.1, "4": 36.4}
+  runs:
+    description: The C(runs) list of M(sparkops.cluster.vllm_benchmark) (vLLM bench serve's keys), kept in the JSON.
+    type: list
+    elements: dict
+    required: false
+  capacity:
+    description: The C(capacity) object of M(sparkops.cluster.vllm_benchmark); kept in the JSON, its SLO and
+      users at SLO drawn on the chart and written in the Markdown.
+    type: dict
+    required: false
   output_dir:
     description: Directory for the report files; created when missing.
     type: path
@@ -248,12 +260,25 @@ def compare(results, reference, previous, threshold) -> tuple[list[dict], list[d
     return rows, regressions
 
 
+def _capacity_lines(capacity) -> list[str]:
+    if not capacity or not capacity.get("slo"):
+        return []
+    slo, fail = capacity["slo"], capacity.get("first_failing")
+    line = (
+        f"Capacity: **{capacity.get('users_at_slo') or 0} users at SLO** (>= {slo['min_tok_s_per_user']:g} tok/s "
+        f"per user, TTFT p95 <= {slo['max_ttft_p95_s']:g} s)"
+    )
+    if fail:
+        line += f"; first miss at {fail['max_concurrency']} ({', '.join(fail['missed'])})"
+    return [line + "." + (f" Sweep stopped: {capacity['stopped']}." if capacity.get("stopped") else "")]
+
+
 def _fmt(value, spec=".1f", suffix=""):
     return "—" if value is None else f"{value:{spec}}{suffix}"
 
 
 def render_markdown(  # noqa: PLR0913, PLR0917 - one call site, each part of the page named
-    cluster_name, timestamp, rows, threshold, previous_path, source=SOURCE_HARDWARE, model=None
+    cluster_name, timestamp, rows, threshold, previous_path, source=SOURCE_HARDWARE, model=None, capacity=None
 ) -> str:
     double = source == SOURCE_TEST_DOUBLE
     title = f"# Benchmark: {cluster_name} ({timestamp})"
@@ -261,11 +286,13 @@ def render_markdown(  # noqa: PLR0913, PLR0917 - one call site, each part of the
     lines.append(f"Figures: {SOURCE_LABELS[source]}." + (f" Model: `{model}`." if model else ""))
     if double:
         lines.append(
-            "These tok/s are the pace the test double is set to (SPARKOPS_TEST_DOUBLE_TOK_S); they exercise the "
-            "path and say nothing about real Sparks, so they are not compared with the two-Spark reference."
+            "These tok/s are the test double's pace (calibrated on the two-Spark seed figures at 1, 2 and 4 users, "
+            "extrapolated beyond; sim/standin/vllm_test_double.py PACING); they exercise the path and say nothing "
+            "about real Sparks, so they are not compared with the two-Spark reference."
         )
     lines += [
         f"Previous run: `{os.path.basename(previous_path)}`" if previous_path else "Previous run: none",
+        *_capacity_lines(capacity),
         (
             f"Delta: aggregate tok/s against the previous {source} run; "
             f"REGRESSION when it fell more than {threshold:.0%}."
@@ -319,8 +346,43 @@ def _spec_decode_lines(rows) -> list[str]:
     return lines
 
 
-def render_png(path, cluster_name, timestamp, rows, source=SOURCE_HARDWARE) -> str | None:
-    """Grouped bars (measured / reference / previous) by concurrency; returns why not when it can't."""
+def previous_curves(previous_doc: dict) -> dict[int, dict]:
+    """Concurrency -> the previous run's aggregate, per-user tok/s and TTFT p95 (what the chart draws)."""
+    out = {}
+    for level in previous_doc.get("results") or []:
+        c = _num(level.get("concurrency") if isinstance(level, dict) else None)
+        if c is not None:
+            out[int(c)] = {
+                "aggregate": _num(level.get("aggregate_tok_s")),
+                "user": _num(level.get("per_request_tok_s_mean")),
+                "ttft_p95": _num(level.get("ttft_p95_s")),
+            }
+    return out
+
+
+def _panel(ax, xs, series, ylabel, title):  # noqa: PLR0913, PLR0917 - one panel's parts
+    """One chart panel: each series (label, values, style) against concurrency on a doubling axis."""
+    for label, values, style in series:
+        points = [(x, v) for x, v in zip(xs, values, strict=True) if v is not None]
+        if points:
+            ax.plot(*zip(*points, strict=True), label=label, **style)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(xs)
+    ax.set_xticklabels([str(x) for x in xs])
+    ax.minorticks_off()
+    ax.set_xlabel("concurrent users")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10, loc="left")
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+
+
+def render_png(  # noqa: PLR0913, PLR0917 - one call site, each part of the chart named
+    path, cluster_name, timestamp, rows, source=SOURCE_HARDWARE, previous=None, seed=None, capacity=None
+) -> str | None:
+    """Three panels against concurrency: aggregate tok/s, per-user tok/s and TTFT p95, this run next to
+    the previous one and the seed figures, with the SLO's lines and the users at SLO; returns why not when
+    it can't draw."""
     try:
         import matplotlib  # noqa: PLC0415
 
@@ -328,39 +390,74 @@ def render_png(path, cluster_name, timestamp, rows, source=SOURCE_HARDWARE) -> s
         import matplotlib.pyplot as plt  # noqa: PLC0415
     except ImportError as exc:
         return f"matplotlib is not importable on the control node ({exc}); install it to get the chart"
-    labels = [str(r["concurrency"]) for r in rows]
-    series = [
-        ("measured", [r["aggregate_tok_s"] for r in rows]),
-        ("reference", [r["reference"] for r in rows]),
-        ("previous", [r["previous"] for r in rows]),
-    ]
-    series = [(name, vals) for name, vals in series if any(v is not None for v in vals)]
-    width = 0.8 / max(len(series), 1)
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    previous, seed, capacity = previous or {}, seed or {}, capacity or {}
+    xs = sorted({int(r["concurrency"]) for r in rows} | set(previous) | set(seed))
+    by_c = {int(r["concurrency"]): r for r in rows}
+    now = {"color": "tab:blue", "marker": "o", "linewidth": 2.2, "zorder": 3}  # over the others
+    before = {"color": "grey", "marker": "s", "linestyle": "--", "linewidth": 1.2, "markersize": 4}
+    seeds = {"color": "black", "marker": "x", "linestyle": ":", "markersize": 8, "linewidth": 1}
+    seed_label = "seed figures (2 Sparks, hardware)"
+
+    def line(key, prev_key, seed_of):
+        return [
+            ("this run", [(by_c.get(x) or {}).get(key) for x in xs], now),
+            ("previous run", [(previous.get(x) or {}).get(prev_key) for x in xs], before),
+            (seed_label, [seed_of(x) if x in seed else None for x in xs], seeds),
+        ]
+
+    slo = capacity.get("slo") or {}
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.6), dpi=100)
     try:
-        for i, (name, vals) in enumerate(series):
-            xs = [j + (i - (len(series) - 1) / 2) * width for j in range(len(rows))]
-            ax.bar(xs, [v if v is not None else 0 for v in vals], width, label=name)
-        ax.set_xticks(range(len(rows)))
-        ax.set_xticklabels(labels)
-        ax.set_xlabel("concurrent requests")
-        ax.set_ylabel("aggregate tok/s")
-        ax.set_title(f"{cluster_name} {timestamp}\n{SOURCE_LABELS[source]}", fontsize=10)
-        if source == SOURCE_TEST_DOUBLE:
-            ax.text(
-                0.5,
-                0.5,
-                "TEST DOUBLE",
-                transform=ax.transAxes,
-                ha="center",
-                va="center",
-                fontsize=40,
-                color="red",
-                alpha=0.25,
-                rotation=20,
+        _panel(axes[0], xs, line("aggregate_tok_s", "aggregate", seed.get), "tok/s, all users", "Aggregate output")
+        _panel(
+            axes[1],
+            xs,
+            line("per_request_tok_s_mean", "user", lambda x: seed[x] / x),
+            "tok/s per user",
+            "Each user's speed",
+        )
+        _panel(axes[2], xs, line("ttft_p95_s", "ttft_p95", lambda x: None), "seconds", "Time to first token, p95")
+        for ax, bound, below in ((axes[1], "min_tok_s_per_user", True), (axes[2], "max_ttft_p95_s", False)):
+            if slo.get(bound):
+                ax.axhline(slo[bound], color="tab:red", linewidth=1.5, label="SLO")
+                ymax = max(ax.get_ylim()[1], slo[bound] * 1.3)
+                ax.set_ylim(0, ymax)
+                ax.axhspan(*((0, slo[bound]) if below else (slo[bound], ymax)), color="tab:red", alpha=0.07)
+                ax.annotate(
+                    f"SLO {'>=' if below else '<='} {slo[bound]:g}",
+                    (0.99, slo[bound]),
+                    xycoords=("axes fraction", "data"),
+                    ha="right",
+                    va="bottom",
+                    color="tab:red",
+                    fontsize=9,
+                )
+        users = capacity.get("users_at_slo")
+        if users:
+            for ax in axes:
+                ax.axvline(users, color="tab:green", linewidth=1.2, linestyle="-.", label="users at SLO")
+            axes[0].annotate(
+                f"{users} users at SLO",
+                (users, 0.04),
+                xycoords=("data", "axes fraction"),
+                color="tab:green",
+                fontsize=9,
+                xytext=(4, 0),
+                textcoords="offset points",
             )
-        ax.legend()
-        fig.tight_layout()
+        axes[0].legend(fontsize=8, loc="upper left")
+        double = source == SOURCE_TEST_DOUBLE
+        head = f"{cluster_name} {timestamp}: " + (
+            f"{users} users at SLO" if users else ("no level met the SLO" if slo else "benchmark")
+        )
+        if slo:
+            head += f" (>= {slo['min_tok_s_per_user']:g} tok/s per user, TTFT p95 <= {slo['max_ttft_p95_s']:g} s)"
+        fig.suptitle(head, fontsize=12, x=0.01, ha="left")
+        fig.text(0.01, 0.905, SOURCE_LABELS[source], fontsize=9, color="tab:red" if double else "black")
+        axes[0].set_title(f"Aggregate output ({SOURCE_LABELS[source].split(' (')[0]})", fontsize=10, loc="left")
+        if double:
+            axes[0].text(0.98, 0.97, "TEST DOUBLE", transform=axes[0].transAxes, ha="right", va="top", color="tab:red")
+        fig.tight_layout(rect=(0, 0, 1, 0.93))
         fig.savefig(path, format="png")
     finally:
         plt.close(fig)
@@ -391,6 +488,8 @@ def main():
             "previous": {"type": "path", "required": False},
             "regression_threshold": {"type": "float", "default": 0.10},
             "timestamp": {"type": "str", "required": False},
+            "runs": {"type": "list", "elements": "dict", "required": False},
+            "capacity": {"type": "dict", "required": False},
         },
         supports_check_mode=True,
     )
@@ -412,6 +511,7 @@ def main():
         module.fail_json(msg=f"timestamp must look like 20261123T070200Z, got {timestamp!r}")
 
     source = p["source"]
+    seed = dict(reference)  # the chart's seed figures, for either source
     if source == SOURCE_TEST_DOUBLE:
         reference = {}  # the double's pace is a setting: comparing it with hardware means nothing
     # Printed paths without `..` (an inventory's reports dir can be given relative to it).
@@ -420,11 +520,12 @@ def main():
     json_path, md_path, png_path = stem + ".json", stem + ".md", stem + ".png"
 
     previous_path = p["previous"] or find_previous(out_dir, cluster, exclude=json_path, source=source)
-    previous = {}
+    previous, curves = {}, {}
     if previous_path:
         try:
             with open(previous_path, encoding="utf-8") as fh:
-                previous = previous_by_concurrency(json.load(fh))
+                previous_doc = json.load(fh)
+            previous, curves = previous_by_concurrency(previous_doc), previous_curves(previous_doc)
         except (OSError, ValueError) as exc:
             module.fail_json(
                 msg=f"cannot read the previous run {previous_path}: {exc}; fix or remove it, or set previous"
@@ -454,6 +555,8 @@ def main():
             "source_label": SOURCE_LABELS[source],
             "model": p["model"],
             "results": p["results"],
+            "runs": p["runs"],
+            "capacity": p["capacity"],
             "reference": {str(k): v for k, v in sorted(reference.items())} if reference else None,
             "previous_path": previous_path,
             "regression_threshold": p["regression_threshold"],
@@ -463,9 +566,11 @@ def main():
         _atomic_write(json_path, json.dumps(document, indent=2, sort_keys=True) + "\n")
         _atomic_write(
             md_path,
-            render_markdown(cluster, timestamp, rows, p["regression_threshold"], previous_path, source, p["model"]),
+            render_markdown(
+                cluster, timestamp, rows, p["regression_threshold"], previous_path, source, p["model"], p["capacity"]
+            ),
         )
-        skipped = render_png(png_path, cluster, timestamp, rows, source)
+        skipped = render_png(png_path, cluster, timestamp, rows, source, curves, seed, p["capacity"])
     except OSError as exc:
         module.fail_json(msg=f"cannot write the report under {out_dir}: {exc}; check the path and its permissions")
     result["png_path"] = None if skipped else png_path

@@ -8,6 +8,10 @@ DOCUMENTATION = r"""
 module: vllm_benchmark
 short_description: Measure tok/s, TTFT and prefix-cache hit rate of a vLLM server at several concurrencies
 description:
+  - With O(max_concurrency), sweeps concurrency upward (1, 2, 4, 8, ... up to it) and stops early once a
+    level breaks the SLO clearly (by O(slo_break_factor)); returns one record per level in C(runs) with the
+    keys C(vllm bench serve --save-result) writes (vLLM 0.19.0's vllm/benchmarks/serve.py, same meaning) and
+    a C(capacity) object with the SLO and C(users_at_slo).
   - Sends streamed chat completions of a fixed length (C(max_tokens), with vLLM's C(min_tokens) and
     C(ignore_eos) so every answer has exactly that many tokens) at each concurrency level, from as
     many threads as the level's concurrency.
@@ -34,10 +38,28 @@ options:
     type: str
     required: true
   concurrency:
-    description: Concurrency levels to run, in order.
+    description: Concurrency levels to run, in order (ignored when O(max_concurrency) is set).
     type: list
     elements: int
     default: [1, 2, 4]
+  max_concurrency:
+    description:
+      - Sweep 1, 2, 4, 8, ... up to this concurrency (included), stopping after the first level that
+        breaks the SLO clearly. Unset, O(concurrency) runs as given, every level.
+    type: int
+    required: false
+  slo_min_tok_s:
+    description: SLO, each user's decode rate (completion tokens over the request's whole time) at least this.
+    type: float
+    default: 10
+  slo_max_ttft_p95_s:
+    description: SLO, the 95th percentile time to first token at most this many seconds.
+    type: float
+    default: 2
+  slo_break_factor:
+    description: A level breaks the SLO clearly (the sweep stops) when it misses a bound by this factor.
+    type: float
+    default: 2
   requests_per_level:
     description: Requests sent at each level; default twice the level's concurrency.
     type: int
@@ -166,6 +188,38 @@ levels:
       errors: 0
       error_samples: []
       prefix_cache_hit_rate: 0.92
+runs:
+  description:
+    - One record per level run, with C(vllm bench serve --save-result)'s keys (C(max_concurrency),
+      C(num_prompts), C(duration), C(completed), C(failed), C(total_input_tokens), C(total_output_tokens),
+      C(request_throughput), C(output_throughput), C(total_token_throughput), and C(mean_/median_/std_/p95_/p99_)
+      for C(ttft), C(tpot), C(itl) and C(e2el) in ms) plus C(per_user_tok_s), C(prefix_cache_hit_rate) and
+      C(errors) (up to three messages).
+  returned: success
+  type: list
+  elements: dict
+  sample:
+    - max_concurrency: 4
+      completed: 8
+      failed: 0
+      output_throughput: 36.4
+      mean_ttft_ms: 310.2
+      p95_ttft_ms: 402.5
+      median_itl_ms: 109.9
+      per_user_tok_s: 9.1
+      prefix_cache_hit_rate: 0.92
+capacity:
+  description: The SLO, C(users_at_slo) (the highest concurrency that met it, every lower level meeting it
+    too; 0 when none did), C(first_failing) (concurrency and the bounds missed), C(peak_output_throughput)
+    and why the sweep C(stopped) (null when it ran every level).
+  returned: success
+  type: dict
+  sample:
+    slo: {min_tok_s_per_user: 10.0, max_ttft_p95_s: 2.0}
+    users_at_slo: 2
+    first_failing: {max_concurrency: 4, missed: [tok_s_per_user]}
+    peak_output_throughput: {max_concurrency: 16, output_throughput: 77.2}
+    stopped: null
 plan:
   description: The levels that would run (concurrency, requests, max_tokens); in check mode only this.
   returned: always
@@ -190,6 +244,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.sparkops.cluster.plugins.module_utils import capacity as cap
 from ansible_collections.sparkops.cluster.plugins.module_utils.bench import (
     RequestResult,
     chat_request_body,
@@ -242,6 +297,10 @@ def main():
             "api_key": {"type": "str", "required": False, "no_log": True},
             "model": {"type": "str", "required": True},
             "concurrency": {"type": "list", "elements": "int", "default": [1, 2, 4]},
+            "max_concurrency": {"type": "int", "required": False},
+            "slo_min_tok_s": {"type": "float", "default": cap.DEFAULT_SLO_MIN_TOK_S},
+            "slo_max_ttft_p95_s": {"type": "float", "default": cap.DEFAULT_SLO_MAX_TTFT_P95_S},
+            "slo_break_factor": {"type": "float", "default": cap.DEFAULT_BREAK_FACTOR},
             "requests_per_level": {"type": "int", "required": False},
             "max_tokens": {"type": "int", "default": 256, "no_log": False},  # a count, not a secret
             "prompt_prefix": {
@@ -266,7 +325,13 @@ def main():
         module.fail_json(
             msg=f"requests_per_level must be >= 1 (or unset for 2x concurrency), got {p['requests_per_level']}"
         )
-    for key in ("max_tokens", "request_timeout_s", "deadline_s"):
+    if p["max_concurrency"] is not None and p["max_concurrency"] < 1:
+        module.fail_json(
+            msg=f"max_concurrency must be >= 1 (or unset to run concurrency as given), got {p['max_concurrency']}"
+        )
+    if p["slo_break_factor"] < 1:
+        module.fail_json(msg=f"slo_break_factor must be 1 or more, got {p['slo_break_factor']}")
+    for key in ("max_tokens", "request_timeout_s", "deadline_s", "slo_min_tok_s", "slo_max_ttft_p95_s"):
         if p[key] <= 0:
             module.fail_json(msg=f"{key} must be above 0, got {p[key]}")
     for key in ("prefix_repeats", "warmup_requests"):
@@ -280,8 +345,9 @@ def main():
             "requests": p["requests_per_level"] or 2 * c,
             "max_tokens": p["max_tokens"],
         }
-        for c in p["concurrency"]
+        for c in (cap.sweep_levels(p["max_concurrency"]) if p["max_concurrency"] else p["concurrency"])
     ]
+    target = cap.slo(p["slo_min_tok_s"], p["slo_max_ttft_p95_s"])
     if module.check_mode:
         module.exit_json(changed=False, plan=plan, metrics_url=metrics_url, levels=[])
 
@@ -308,22 +374,25 @@ def main():
             metrics_url=metrics_url,
         )
 
-    levels = []
+    levels, runs, stopped = [], [], None
     metrics_seen = False
     for step in plan:
+        if time.monotonic() >= deadline:
+            stopped = f"deadline_s {p['deadline_s']:g} passed before concurrency {step['concurrency']}"
+            break
         before = fetch_metrics(metrics_url, **metric_kwargs)
         results, wall = _run_level(p, step["concurrency"], step["requests"], deadline)
         after = fetch_metrics(metrics_url, **metric_kwargs)
         metrics_seen = metrics_seen or after is not None
-        levels.append(
-            summarize_level(
-                step["concurrency"],
-                results,
-                wall,
-                prefix_cache_hit_rate(before, after),
-                spec_decode_acceptance(before, after),
-            )
-        )
+        hit_rate = prefix_cache_hit_rate(before, after)
+        spec = spec_decode_acceptance(before, after)
+        levels.append(summarize_level(step["concurrency"], results, wall, hit_rate, spec))
+        run = cap.vllm_bench_run(step["concurrency"], [r.as_dict() for r in results], wall, hit_rate)
+        run["spec_decode"] = spec  # MTP/EAGLE acceptance over the level (None without speculative decoding)
+        runs.append(run)
+        stopped = cap.next_step(runs, target, p["slo_break_factor"]) if p["max_concurrency"] else None
+        if stopped:
+            break
 
     if all(level["errors"] == level["requests"] for level in levels):
         samples = [s for level in levels for s in level["error_samples"]]
@@ -337,6 +406,8 @@ def main():
     module.exit_json(
         changed=False,
         levels=levels,
+        runs=runs,
+        capacity=cap.capacity(runs, target, stopped),
         plan=plan,
         metrics_url=metrics_url,
         metrics_available=metrics_seen,

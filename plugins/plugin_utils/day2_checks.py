@@ -343,6 +343,28 @@ def check_nccl(results: dict, hardware: str) -> dict:
     return verdict("NCCL transport", "cluster", PASS, ev)
 
 
+def check_nccl_busbw(report: dict | None, hardware: str) -> dict:
+    """report: the last NCCL gate's verdict (verify.yml writes reports/nccl_busbw.json)."""
+    name = "NCCL bus bandwidth"
+    if hardware != "dgx_spark":
+        return verdict(name, "cluster", NA, "not applicable: the stand-in image has no torch or NCCL, and no GPU")
+    if not report or report.get("verdict") not in ("PASS", "FAIL"):
+        return verdict(
+            name, "cluster", WARN, "no all_gather probe result yet", "ansible-playbook playbooks/verify.yml (runs it)"
+        )
+    ev = f"{report.get('message')} ({report.get('nodes', '?')} nodes, measured {report.get('measured', '?')})"
+    if report["verdict"] == "FAIL":
+        return verdict(
+            name,
+            "cluster",
+            CRITICAL,
+            ev,
+            "read NCCL's INFO log for NET/Socket, check NCCL_IB_HCA names both twins and the cables "
+            "(playbooks/provision.yml measures them); then playbooks/verify.yml",
+        )
+    return verdict(name, "cluster", PASS, ev)
+
+
 def check_ray(ray: dict, expected_nodes: int, expected_gpus: float) -> dict:
     if not ray or ray.get("failed") or ray.get("error"):
         return verdict(
@@ -567,6 +589,7 @@ def build_verdicts(inputs: dict) -> list[dict]:
         reads = {n: (f or {}).get("discover") for n, f in inputs["nodes"].items()}
         out.append(check_cabling(dict(inputs["discovery"], hardware=hw), reads))
     out.append(check_nccl(inputs.get("nccl") or {}, hw))
+    out.append(check_nccl_busbw(inputs.get("nccl_busbw"), hw))
     out.append(check_ray(inputs.get("ray") or {}, int(s["expected_nodes"]), float(s["expected_gpus"])))
     out.append(check_endpoint(inputs.get("health") or {}))
     out.append(check_exposure(inputs.get("exposure") or {}, s["serve_host"], s["mgmt_address"]))

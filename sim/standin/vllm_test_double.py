@@ -41,8 +41,9 @@ made by sim/record_vllm_contract.py). What it proves, when a deployment passes a
     families (vllm:*, http_*, process_*, python_*) with values that move: counters count requests and tokens, histograms
     observe the double's real timings (TTFT, inter-token, end-to-end, queue, prefill, decode);
     --disable-log-stats removes the vllm:* families, as in vLLM (no stat logger is made). Tokens
-    are paced at SPARKOPS_TEST_DOUBLE_TOK_S per request (default 40), prefix-cache hits counted per
-    16-token block.
+    come from an engine loop paced like a bandwidth-bound one (see PACING: a step's time grows with
+    the running batch, calibrated on the reference; prefill grows with uncached prompt tokens;
+    max_num_seqs and KV blocks make requests wait); prefix-cache hits counted per 16-token block.
 What it CANNOT prove: anything about GPUs, CUDA, NCCL/RDMA, model quality or real speed, memory
 fit, quantization or attention backends actually working, or that real vLLM's defaults match. Its
 "tokens" are words. Only the standard library and `ray` are used. Logs go to stdout.
@@ -52,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import gc
 import hashlib
 import importlib
@@ -502,6 +504,154 @@ def compile_log(args) -> None:
     log("Initial profiling/warmup run took 0.00 s")  # monitor.py:77-81
 
 
+# --- pacing: a bandwidth-bound engine, calibrated on the reference -----------------------------------
+# PACING, the ONE calibration of the simulated cluster's speed (every simulated profile uses it).
+# Source: the seeds' two-Spark figures (/work/shared/docs/spark-facts.md "Serving"; the reference profile
+# qwen3-235b-a22b-gptq-int4-tp2): vLLM 0.19.0, Qwen3-235B-A22B-GPTQ-Int4, TP=2/EP=2 on two Sparks, 17.0 tok/s
+# per request at 1, 12.1 at 2, 9.1 at 4 (17.0/24.1/36.4 aggregate). A decode step reads the weights and the
+# batch's KV once for the whole batch, so its time grows with the batch, and less than linearly (an MoE step
+# reads more distinct experts the more sequences it holds): step_s(batch) = STEP_A_S * batch ** STEP_P, fitted
+# by least squares on log(step time) at 1, 2, 4; fit error -0.9%, +1.9%, -0.9% (16.84, 12.32, 9.02 tok/s).
+# A line a + b*batch cannot come within 5% (its best, minimax, misses by 5.8%). Beyond 4 it is an
+# extrapolation (8: 6.6 tok/s each, 16: 4.8), not measured. PREFILL_TOK_S has no seed figure: an assumption
+# (22B active parameters, two GB10s), on the slow side. SPARKOPS_TEST_DOUBLE_TOK_S sets one request's rate
+# alone and scales the whole engine by the same factor (tests that need speed), keeping the batch curve.
+REFERENCE_TOK_S = {1: 17.0, 2: 12.1, 4: 9.1}
+STEP_A_S, STEP_P = 0.059366, 0.4508
+PREFILL_TOK_S = 1000.0
+
+
+def pace_scale() -> float:
+    """How many times faster than the calibration the engine runs (1 unless SPARKOPS_TEST_DOUBLE_TOK_S)."""
+    tok_s = os.environ.get("SPARKOPS_TEST_DOUBLE_TOK_S")
+    return float(tok_s) * STEP_A_S if tok_s else 1.0
+
+
+class Seq:
+    """One request in the engine: prompt tokens still to compute, tokens out, KV tokens and blocks held."""
+
+    def __init__(self, prompt: int, hit: int, n: int):
+        self.prompt, self.n, self.out = prompt, max(n, 1), 0  # a prefill yields a token even for n=0
+        self.todo = max(1, prompt - hit)  # vLLM recomputes at least the last prompt token on a full hit
+        self.kv, self.blocks, self.scheduled, self.gone = prompt - self.todo, 0, None, False
+
+
+class Scheduler:
+    """vLLM v1's continuous batching, reduced (vllm/v1/core/sched/scheduler.py:348-780): each step takes the
+    running requests first (a decode token each, or a prefill chunk) within max_num_batched_tokens, then
+    admits waiting ones in order while fewer than max_num_seqs run and their KV blocks fit (allocate_slots
+    None -> break, :757-765); a running request that cannot get a block preempts the last running one
+    (RECOMPUTE: its KV freed, back to the head of the queue, :500-506, :962-976) and nothing new is admitted
+    that step (:564). A step lasts step_s(batch) plus its prefill tokens over PREFILL_TOK_S."""
+
+    def __init__(self, max_num_seqs: int, max_batched: int, num_blocks: int, scale: float):
+        self.max_num_seqs, self.max_batched, self.num_blocks, self.scale = max_num_seqs, max_batched, num_blocks, scale
+        self.free = num_blocks
+        self.waiting: collections.deque[Seq] = collections.deque()
+        self.running: list[Seq] = []
+        self.cond = threading.Condition()
+        threading.Thread(target=self.loop, daemon=True, name="EngineCore").start()
+
+    def step_s(self, batch: int, prefill_tokens: int) -> float:
+        return (STEP_A_S * batch**STEP_P + prefill_tokens / PREFILL_TOK_S) / self.scale
+
+    def usage(self) -> float:
+        return 1.0 - self.free / self.num_blocks  # block_pool.py:487-498
+
+    def add(self, seq: Seq) -> None:
+        with self.cond:
+            self.waiting.append(seq)
+            self.cond.notify_all()
+
+    def wait(self, seq: Seq, count: int) -> None:
+        """Until the request has `count` tokens out (1: its prefill is done)."""
+        with self.cond:
+            self.cond.wait_for(lambda: seq.out >= min(count, seq.n) or seq.gone)
+
+    def drop(self, seq: Seq) -> None:
+        """A finished or aborted request leaves the engine and frees its blocks."""
+        with self.cond:
+            seq.gone = True
+            if seq in self.waiting:
+                self.waiting.remove(seq)
+            if seq in self.running:
+                self.running.remove(seq)
+            self.free += seq.blocks
+            seq.blocks = 0
+            self.cond.notify_all()
+
+    def _alloc(self, seq: Seq, tokens: int) -> bool:
+        need = -(-tokens // BLOCK) - seq.blocks
+        if need > self.free:
+            return False
+        self.free -= max(need, 0)
+        seq.blocks += max(need, 0)
+        return True
+
+    def schedule(self) -> list[tuple[Seq, int]]:
+        budget, plan, preempted, i = self.max_batched, [], False, 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            chunk = min(seq.todo, budget) if seq.todo else 1
+            while not self._alloc(seq, seq.kv + chunk):
+                victim = self.running.pop()
+                self.free += victim.blocks
+                victim.blocks, victim.kv, victim.todo = 0, 0, victim.prompt + victim.out
+                self.waiting.appendleft(victim)
+                preempted = True
+                if victim is seq:
+                    break
+            else:
+                plan.append((seq, chunk))
+                budget -= chunk
+                i += 1
+        while not preempted and self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
+            seq = self.waiting[0]
+            chunk = min(seq.todo, budget)
+            if not self._alloc(seq, seq.kv + chunk):
+                break  # no KV room: it waits
+            self.running.append(self.waiting.popleft())
+            seq.scheduled = seq.scheduled or time.monotonic()
+            plan.append((seq, chunk))
+            budget -= chunk
+        return plan
+
+    def loop(self) -> None:
+        clock = 0.0  # when the current step ends: steps follow each other on this clock, so the double's
+        # own overhead (threads, sockets) is absorbed within a step instead of slowing every step
+        while True:
+            with self.cond:
+                if not (self.waiting or self.running):
+                    self.cond.wait_for(lambda: self.waiting or self.running)
+                    clock = time.monotonic()  # idle until now: the next step starts now
+                plan = self.schedule()
+                if not plan:
+                    self.cond.wait(0.05)
+                    clock = time.monotonic()
+                    continue
+            # a lag behind the clock is made up within one step at most, never by a burst of short steps
+            clock = max(clock, time.monotonic() - self.step_s(1, 0)) + self.step_s(
+                len(plan), sum(c for s, c in plan if s.todo)
+            )
+            time.sleep(max(0.0, clock - time.monotonic()))
+            with self.cond:
+                for seq, chunk in plan:
+                    if seq.gone or seq not in self.running:
+                        continue
+                    if seq.todo:
+                        seq.todo -= chunk
+                        seq.kv += chunk
+                        seq.out += 0 if seq.todo else 1  # the step that ends a prefill samples a token
+                    else:
+                        seq.kv += 1
+                        seq.out += 1
+                    if seq.out >= seq.n:
+                        self.running.remove(seq)
+                        self.free += seq.blocks
+                        seq.blocks = 0
+                self.cond.notify_all()
+
+
 # --- the engine -------------------------------------------------------------------------------------
 
 
@@ -514,13 +664,13 @@ class Engine:
         self.name = self.names[0]
         keys = args.api_key or [os.environ.get("VLLM_API_KEY")]
         self.api_keys = [k for k in keys if k]
-        self.tok_s = float(os.environ.get("SPARKOPS_TEST_DOUBLE_TOK_S", "40"))
         self.max_model_len = args.max_model_len if args.max_model_len and args.max_model_len > 0 else 32768
         self.max_num_seqs = args.max_num_seqs or 256
         self.lock = threading.Lock()
-        self.running = self.waiting = 0
         self.blocks: dict[str, None] = {}
-        self.slots = threading.Semaphore(self.max_num_seqs)
+        # KV blocks: --num-gpu-blocks-override, else room for two max-length requests (no GPU to profile)
+        num_blocks = args.num_gpu_blocks_override or max(1024, 2 * -(-self.max_model_len // BLOCK))
+        self.sched = Scheduler(self.max_num_seqs, args.max_num_batched_tokens or 8192, num_blocks, pace_scale())
         self.dead: str | None = None
         self.workers: list = []
         self.ray = None
@@ -533,7 +683,7 @@ class Engine:
             "enable_prefix_caching": str(prefix),
             "engine": "0",
             "gpu_memory_utilization": str(args.gpu_memory_utilization or 0.9),
-            "num_gpu_blocks": "1024",
+            "num_gpu_blocks": str(num_blocks),
         }
         self.metrics = Metrics(contract, self.name, not args.disable_log_stats, cache_info)
         self.metrics.set("vllm:engine_sleep_state", 1, sleep_state="awake")
@@ -666,9 +816,10 @@ class Engine:
 
     def gauges(self) -> None:
         m = self.metrics
-        m.set("vllm:num_requests_running", self.running)
-        m.set("vllm:num_requests_waiting", self.waiting)
-        m.set("vllm:kv_cache_usage_perc", min(1.0, len(self.blocks) * BLOCK / (1024 * BLOCK)))
+        with self.sched.cond:
+            m.set("vllm:num_requests_running", len(self.sched.running))
+            m.set("vllm:num_requests_waiting", len(self.sched.waiting))
+            m.set("vllm:kv_cache_usage_perc", self.sched.usage())
 
 
 class EngineDead(Exception):
@@ -1012,12 +1163,9 @@ class Handler(BaseHTTPRequestHandler):
         max_tokens = int(req.get("max_tokens") or req.get("max_completion_tokens") or 16)
         n = max(0, min(max_tokens, e.max_model_len - len(prompt)))
         arrived = time.monotonic()
-        with e.lock:
-            e.waiting += 1
-        e.slots.acquire()
-        with e.lock:
-            e.waiting -= 1
-            e.running += 1
+        hit = e.prefix(prompt)
+        self.seq = Seq(len(prompt), hit, n)
+        e.sched.add(self.seq)  # waits in the engine's queue for a slot and KV blocks
         try:
             try:
                 e.step()  # the prefill step
@@ -1026,14 +1174,10 @@ class Handler(BaseHTTPRequestHandler):
                 self.error(500, "InternalServerError", ENGINE_DEAD_MESSAGE)
                 e.shutdown()
                 return None
-            scheduled = time.monotonic()
-            hit = e.prefix(prompt)
-            time.sleep(0.005 + (len(prompt) - hit) / 5000)  # prefill: cached blocks are free
-            self.generate(req, chat, prompt, hit, n, max_tokens, arrived, scheduled)
+            e.sched.wait(self.seq, 1)  # prefill done: cached blocks cost nothing
+            self.generate(req, chat, prompt, hit, n, max_tokens, arrived, self.seq.scheduled or arrived)
         finally:
-            with e.lock:
-                e.running -= 1
-            e.slots.release()
+            e.sched.drop(self.seq)  # finished, or the client went away: vLLM aborts it
         return None
 
     def generate(self, req, chat, prompt, hit, n, max_tokens, arrived, scheduled) -> None:  # noqa: PLR0913, PLR0917 - one request's facts
@@ -1045,8 +1189,7 @@ class Handler(BaseHTTPRequestHandler):
         times: list[float] = []
 
         def token(i: int) -> str:
-            if i:
-                time.sleep(1.0 / e.tok_s)
+            e.sched.wait(self.seq, i + 1)  # the engine step that makes token i
             if i % 8 == 0 and i:
                 e.step()  # decode steps call the workers too; a TP member lost mid-stream kills the engine
             times.append(time.monotonic())
@@ -1167,6 +1310,7 @@ def main(argv: list[str] | None = None) -> int:
     # vLLM binds its port before the engine starts and listens once it is up (api_server.py:541-548, :596):
     # until then a client's connection is refused.
     srv = ThreadingHTTPServer((args.host or "0.0.0.0", args.port or 8000), Handler, bind_and_activate=False)  # noqa: S104
+    srv.request_queue_size = 2048  # uvicorn's listen backlog (Config backlog=2048), not socketserver's 5
     srv.server_bind()
     engine.place()
     compile_log(args)

@@ -51,3 +51,20 @@ def test_same_across_nodes_names_the_odd_node():
     out = same_across_nodes({"a": "580.95.05", "b": "580.95.05", "c": "590.44.01"})
     assert not out["ok"]
     assert out["odd_nodes"] == ["c"]
+
+
+def test_nccl_busbw_verdict_filter_reads_the_probe_and_judges_it():
+    from ansible_collections.sparkops.cluster.plugins.filter.fastpath import nccl_busbw_verdict  # noqa: PLC0415
+    from conftest import FIXTURES  # noqa: PLC0415
+
+    one_gpu = nccl_busbw_verdict((FIXTURES / "nccl" / "busbw_probe_h200_ws1_default.txt").read_text())
+    assert one_gpu["verdict"] == "FAIL" and one_gpu["world_size"] == 1 and "world size 1" in one_gpu["message"]
+    two = (
+        "#  Rank  0 Group  0 Pid 1 on host-a device  0 [0000:01:00] GPU\n"
+        "#  Rank  1 Group  0 Pid 1 on host-b device  0 [0000:01:00] GPU\n"
+        "  1073741824     134217728     float    none      -1   40000.0   26.84   13.42      0\n"
+    )
+    assert nccl_busbw_verdict(two)["verdict"] == "FAIL"  # 13.42 GB/s < 21.875
+    passed = nccl_busbw_verdict(two, threshold_gbs="12.5")  # a templated threshold arrives as text
+    assert passed["verdict"] == "PASS" and passed["peak_busbw_gbs"] == 13.42 and passed["rows"] == 1
+    assert nccl_busbw_verdict(None)["message"].startswith("no bandwidth rows")

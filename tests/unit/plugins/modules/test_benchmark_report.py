@@ -232,8 +232,8 @@ def test_png_title_names_the_source(tmp_path, monkeypatch):
     real_savefig = plt.Figure.savefig
 
     def spy(fig, *args, **kwargs):
+        titles.append(" ".join(ax.get_title() + ax.get_title(loc="left") for ax in fig.axes))
         for ax in fig.axes:
-            titles.append(ax.get_title())
             texts.extend(t.get_text() for t in ax.texts)
         return real_savefig(fig, *args, **kwargs)
 
@@ -288,3 +288,63 @@ def test_spec_decode_acceptance_is_reported_only_for_a_spec_decode_profile(tmp_p
     assert doc["rows"][0]["spec_decode"]["acceptance_rate"] == 0.63
     assert res["rows"][0]["spec_decode"]["mean_acceptance_length"] == 2.26
     assert res["rows"][1]["spec_decode"] is None
+
+
+SWEEP = json.loads((Path(__file__).resolve().parents[3] / "fixtures" / "benchmark" / "double-sweep.json").read_text())
+
+
+def test_capacity_sweep_report_keeps_runs_and_capacity_and_draws_the_slo(tmp_path, monkeypatch):
+    """A recorded sweep of the test double (tests/fixtures/benchmark/double-sweep.json, README there) after a
+    previous run with max_num_seqs 8: the JSON keeps runs and capacity, the Markdown names the users at SLO,
+    and the chart draws this run, the previous one, the seed figures and the SLO lines."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    drawn = {}
+    real_savefig = plt.Figure.savefig
+
+    def spy(fig, *args, **kwargs):
+        drawn["suptitle"] = fig._suptitle.get_text()
+        drawn["lines"] = {
+            (i, line.get_label()): list(zip(line.get_xdata(), line.get_ydata(), strict=True))
+            for i, ax in enumerate(fig.axes)
+            for line in ax.get_lines()
+        }
+        return real_savefig(fig, *args, **kwargs)
+
+    monkeypatch.setattr(plt.Figure, "savefig", spy)
+    out = tmp_path / "out"
+    for timestamp, name in (("20261124T070000Z", "max_num_seqs_8"), ("20261125T070000Z", "max_num_seqs_16")):
+        sweep = SWEEP[name]
+        res = run_module(
+            benchmark_report,
+            {
+                "results": sweep["levels"],
+                "runs": sweep["runs"],
+                "capacity": sweep["capacity"],
+                "output_dir": str(out),
+                "cluster_name": "spark-sim",
+                "timestamp": timestamp,
+                "source": "test-double",
+                "model": "qwen3-235b-a22b",
+            },
+        )
+        assert not res.get("failed"), res
+    doc = json.loads(Path(res["json_path"]).read_text())
+    assert doc["capacity"]["users_at_slo"] == 2 and [r["max_concurrency"] for r in doc["runs"]] == [1, 2, 4, 8, 16]
+    assert doc["reference"] is None  # the double is not compared with hardware...
+    md = Path(res["markdown_path"]).read_text()
+    assert "Capacity: **2 users at SLO** (>= 10 tok/s per user, TTFT p95 <= 2 s); first miss at 4" in md
+    assert "Sweep stopped: SLO clearly broken at concurrency 16" in md
+    assert drawn["suptitle"].startswith("spark-sim 20261125T070000Z: 2 users at SLO")
+    lines = drawn["lines"]
+    # ...but the chart shows the seed figures it is paced on: aggregate 36.4 and 9.1 per user at 4
+    assert (4, 36.4) in lines[(0, "seed figures (2 Sparks, hardware)")]
+    assert (4, 9.1) in lines[(1, "seed figures (2 Sparks, hardware)")]
+    previous = dict(lines[(2, "previous run")])
+    now = dict(lines[(2, "this run")])
+    assert previous[16] > now[16]  # max_num_seqs 8 made 16 users queue
+    assert {y for _, y in lines[(1, "SLO")]} == {10.0} and {y for _, y in lines[(2, "SLO")]} == {2.0}
+    assert {x for x, _ in lines[(0, "users at SLO")]} == {2}
+    Path(tmp_path / "chart.png").write_bytes(Path(res["png_path"]).read_bytes())
+    assert Path(res["png_path"]).read_bytes().startswith(PNG_MAGIC)

@@ -354,3 +354,33 @@ def test_the_benchmark_reports_acceptance_per_level_for_a_spec_decode_server():
         assert sd["drafts"] == 8 * lvl["requests"], lvl
         assert sd["acceptance_rate"] == 0.75 and sd["mean_acceptance_length"] == 2.5
         assert sd["per_position"] == [0.875, 0.625]
+
+
+def test_check_mode_plans_the_sweep_and_bad_sweep_inputs_fail(server):
+    res = run_module(vllm_benchmark, _args(server, max_concurrency=12), check_mode=True)
+    assert [p["concurrency"] for p in res["plan"]] == [1, 2, 4, 8, 12] and server.bodies == []
+    for bad, words in (
+        ({"max_concurrency": 0}, "max_concurrency must be >= 1"),
+        ({"slo_break_factor": 0.5}, "slo_break_factor must be 1 or more"),
+        ({"slo_min_tok_s": 0}, "slo_min_tok_s must be above 0"),
+    ):
+        res = run_module(vllm_benchmark, _args(server, **bad))
+        assert res["failed"] and words in res["msg"], res
+    assert server.bodies == []
+
+
+@pytest.mark.timeout(60)
+def test_runs_carry_vllm_bench_keys_and_a_fixed_level_list_is_never_cut_short(server):
+    # the fake streams 8 tokens in ~0.21 s (~38 tok/s a user): an SLO of 200 tok/s breaks clearly at once,
+    # but fixed levels (no max_concurrency) all run; capacity still says 0 users at that SLO
+    res = run_module(vllm_benchmark, _args(server, concurrency=[1, 2], slo_min_tok_s=200))
+    assert not res.get("failed"), res
+    assert [r["max_concurrency"] for r in res["runs"]] == [1, 2]
+    run = res["runs"][1]
+    assert run["completed"] == 4 and run["failed"] == 0 and run["total_output_tokens"] == 32
+    assert run["mean_ttft_ms"] >= TTFT_S * 800 and run["median_itl_ms"] >= TOKEN_S * 800
+    assert run["prefix_cache_hit_rate"] == pytest.approx(0.75)
+    assert res["capacity"]["users_at_slo"] == 0 and res["capacity"]["stopped"] is None
+    swept = run_module(vllm_benchmark, _args(server, max_concurrency=4, slo_min_tok_s=200))
+    assert [r["max_concurrency"] for r in swept["runs"]] == [1]
+    assert swept["capacity"]["stopped"].startswith("SLO clearly broken at concurrency 1")

@@ -237,3 +237,33 @@ def test_doctor_shows_the_rules_sparkops_allow_rules_lets_through():
     }
     (shown,) = [x for x in d.build_verdicts(inputs) if x["check"] == "SM121 rules"]
     assert shown["verdict"] == "WARN" and "debug, ops, img:1" in shown["evidence"]
+
+
+def test_nccl_busbw_verdict_from_verify_s_report():
+    na = d.check_nccl_busbw({"verdict": "PASS"}, "simulated")
+    assert na["verdict"] == "N/A" and "no torch" in na["evidence"]
+    none = d.check_nccl_busbw({}, "dgx_spark")
+    assert none["verdict"] == "WARN" and "verify.yml" in none["action"]
+    report = {"verdict": "FAIL", "message": "best all_gather bus bandwidth 3.10 GB/s", "nodes": 2, "measured": "t"}
+    bad = d.check_nccl_busbw(report, "dgx_spark")
+    assert bad["verdict"] == "CRITICAL" and "3.10 GB/s" in bad["evidence"] and "NCCL_IB_HCA" in bad["action"]
+    assert d.check_nccl_busbw({**report, "verdict": "PASS"}, "dgx_spark")["verdict"] == "PASS"
+    inputs = {
+        "now_epoch": 0,
+        "settings": {
+            "hardware": "dgx_spark",
+            "driver_branch": "580",
+            "memory_floor_gib": 0.25,
+            "disk_headroom_gib": 1,
+            "weights_path": "/w",
+            "cable_threshold_gbps": 190,
+            "expected_nodes": 2,
+            "expected_gpus": 2,
+            "serve_host": "10.0.0.1",
+            "mgmt_address": "192.168.0.1",
+        },
+        "nodes": {},
+        "nccl_busbw": report,
+    }
+    (gate,) = [v for v in d.build_verdicts(inputs) if v["check"] == "NCCL bus bandwidth"]
+    assert gate["verdict"] == "CRITICAL"
