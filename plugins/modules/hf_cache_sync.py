@@ -454,7 +454,7 @@ class Rsyncd:
                 timeout=p["connect_timeout_s"] + 20,
                 address=t.address,
                 port=p["receiver_port"],
-                path=p["target_cache_dir"] or p["cache_dir"],
+                path=t.repo,  # the model's folder only
                 allow=t.source_address,
                 user=RSYNC_USER,
                 secret=self.secret,
@@ -474,9 +474,9 @@ class Rsyncd:
             self.t.close(kill=True)  # the node stops the daemon when its session's channel closes
         return False
 
-    def argv_env(self, repo_rel: str) -> tuple:
+    def argv_env(self) -> tuple:
         p = self.p
-        url = f"rsync://{RSYNC_USER}@{url_host(self.t.address)}:{p['receiver_port']}/hf/{repo_rel}/"
+        url = f"rsync://{RSYNC_USER}@{url_host(self.t.address)}:{p['receiver_port']}/hf/"
         env = dict(os.environ, RSYNC_PASSWORD=self.secret)
         return [*rsync_common(p), f"--address={self.t.source_address}", "./", url], env
 
@@ -553,6 +553,10 @@ class Receiver:
                 allow=t.source_address,
                 secret=self.secret,
                 io_timeout=p["io_timeout_s"],
+                # At most one connection per stream plus one: a flood of idle connections is closed
+                # at once, and one that does not answer the challenge is dropped after seconds.
+                max_conns=p["streams"] + 1,
+                handshake_timeout=min(p["connect_timeout_s"], p["io_timeout_s"]),
                 verify=p["hash_copied"] or p["verify"] == "full",
             )
         except SyncError as exc:
@@ -585,7 +589,7 @@ def transport(stack: contextlib.ExitStack, module: AnsibleModule, target: Target
         return stack.enter_context(Receiver(target, module)).stream
     if p["transport"] == "rsyncd":
         daemon = stack.enter_context(Rsyncd(target, module))
-        argv, env = daemon.argv_env(os.path.basename(target.repo))
+        argv, env = daemon.argv_env()
     else:
         argv = [
             *rsync_common(p),
@@ -605,6 +609,9 @@ def transport(stack: contextlib.ExitStack, module: AnsibleModule, target: Target
 def copy_files(module: AnsibleModule, target: Target, stream, files: dict, *, src_repo: str, progress) -> float:
     """Copy ``files`` (repo-relative path -> size) in parallel streams; seconds taken, or SyncError."""
     lists = hf_cache.plan_streams(files, module.params["streams"])
+    if module.params["transport"] == "tcp":
+        # The receiver writes only what is announced here, with these sizes (issue 23).
+        target.call("tcp_plan", files=files)
     start = time.monotonic()
     with ThreadPoolExecutor(max_workers=len(lists)) as pool:
         futures = [pool.submit(stream, names, src_repo, progress) for names in lists]
@@ -712,6 +719,17 @@ def follow_upstream(module: AnsibleModule, targets: list, src_repo: str, result:
             if not todo:
                 time.sleep(FOLLOW_POLL_S)
                 continue
+            for t, files in todo.items():
+                # Free space first, as the final pass does: a full disk is a clear error, not a failed write.
+                free = t.call("free", repo=t.repo)
+                need = sum(files.values())
+                if free["free_bytes"] - need < p["min_free_bytes_margin"]:
+                    raise SyncError(
+                        f"not enough space on {t.address} to forward what arrived, nothing more was copied: it "
+                        f"needs {gib(need)} plus {gib(p['min_free_bytes_margin'])} margin but has "
+                        f"{gib(free['free_bytes'])} free on {free['free_path']}. Free space or lower "
+                        "weight_cache_min_free_gib."
+                    )
 
             def forward(t: Target, files: dict) -> float:
                 return copy_files(
