@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -255,3 +256,200 @@ def test_remote_main_serves_several_actions_in_one_session(tmp_path):
     assert "refusing ref" in results[1]["error"]
     assert results[2]["refs_written"] == 1 and (repo / "refs" / "main").read_text() == "a" * 40
     assert results[3] == {"stopped": False}
+
+
+# --- links and files a sync creates stay inside the target's cache (issue 23) ----------------------
+
+BLOB = "b" * 64
+
+
+def _target(tmp_path):
+    repo = tmp_path / "cache" / f"models--{MODEL.replace('/', '--')}"
+    hf_cache.node_mkdirs({"repo": str(repo)})
+    return repo
+
+
+def _links(repo, links=None, refs=None):
+    return hf_cache.node_links({"repo": str(repo), "links": links or {}, "refs": refs or {}})
+
+
+def test_the_three_sync_attack_of_a_crafted_snapshot_is_refused_at_its_first_step(tmp_path):
+    # The audit's attack: sync 1 plants snapshots/R/d -> ../.. (the model's folder, "inside" as text);
+    # sync 2 sends snapshots/R/d/x -> ../../.. which, created through d, lands as <repo>/x pointing out of
+    # the cache; sync 3 writes snapshots/R/d/x/<victim>/cron.d/evil through both. Each step alone was
+    # accepted by the text check.
+    repo = _target(tmp_path)
+    victim = tmp_path / "victim" / "cron.d"
+    victim.mkdir(parents=True)
+    steps = [
+        {f"snapshots/{REVISION}/d": "../.."},
+        {f"snapshots/{REVISION}/d/x": "../../.."},
+        {f"snapshots/{REVISION}/d/x/victim/cron.d/evil": "../../../../../../blobs/" + BLOB},
+    ]
+    for links in steps[:2]:
+        with pytest.raises(ValueError, match="refusing link"):
+            _links(repo, links)
+    # The third is a well-formed deep snapshot link: it is created in real folders inside the snapshot.
+    assert _links(repo, steps[2])["links_created"] == 1
+    assert (repo / "snapshots" / REVISION / "d" / "x" / "victim" / "cron.d").is_dir()
+    assert not (repo / "snapshots" / REVISION / "d").is_symlink()
+    assert not os.path.lexists(repo / "x")
+    assert list(victim.iterdir()) == []
+
+
+def test_links_already_on_disk_are_never_followed(tmp_path):
+    # Even with the first two steps in place (planted by hand, as the old code let a sync do, or by a
+    # local user who can write into the cache), nothing is created through them.
+    repo = _target(tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    snap = repo / "snapshots" / REVISION
+    snap.mkdir(parents=True)
+    (snap / "d").symlink_to(outside)
+    with pytest.raises(ValueError, match="is a link or not a folder"):
+        _links(repo, {f"snapshots/{REVISION}/d/evil": "../../../blobs/" + BLOB})
+    (repo / "refs").rmdir()
+    (repo / "refs").symlink_to(outside)
+    with pytest.raises(ValueError, match="is a link or not a folder"):
+        _links(repo, refs={"main": REVISION})
+    (repo / "snapshots").rename(repo / "snapshots.real")
+    (repo / "snapshots").symlink_to(outside)
+    with pytest.raises(ValueError, match="is a link or not a folder"):
+        _links(repo, {f"snapshots/{REVISION}/a.json": "../../blobs/" + BLOB})
+    assert list(outside.iterdir()) == []
+
+
+def test_the_model_folder_itself_behind_a_link_is_refused(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (tmp_path / "cache").mkdir()
+    repo = tmp_path / "cache" / f"models--{MODEL.replace('/', '--')}"
+    repo.symlink_to(outside)
+    with pytest.raises(ValueError, match="is a link or not a folder"):
+        hf_cache.node_mkdirs({"repo": str(repo)})
+    with pytest.raises(ValueError, match="is a link or not a folder"):
+        _links(repo, refs={"main": REVISION})
+    assert list(outside.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("rel", "target"),
+    [
+        # issue 30 (:572): a "link" outside snapshots/ written over a blob
+        (f"blobs/{BLOB}", "../blobs/" + "c" * 64),
+        (f"refs/{BLOB}", "../blobs/" + BLOB),
+        (f"snapshots/{REVISION}", "../blobs/" + BLOB),
+        # targets that stay inside as text but are not a blob of this model
+        (f"snapshots/{REVISION}/a", "../../refs/main"),
+        (f"snapshots/{REVISION}/a", "../../snapshots/" + REVISION),
+        (f"snapshots/{REVISION}/a", "../../blobs/not-a-hash"),
+        (f"snapshots/{REVISION}/a", "../../blobs/" + BLOB + "/x"),
+        (f"snapshots/{REVISION}/sub/a", "../../blobs/" + BLOB),  # resolves to snapshots/blobs/...
+        (f"snapshots/{REVISION}/a", "../../../models--other--m/blobs/" + BLOB),
+        (f"snapshots/{REVISION}/a", "/abs/blobs/" + BLOB),
+        (f"snapshots/{REVISION}/a", "./../../blobs/" + BLOB),
+    ],
+)
+def test_only_snapshot_links_to_a_blob_of_the_same_model_are_accepted(tmp_path, rel, target):
+    repo = _target(tmp_path)
+    before = sorted(str(p) for p in repo.rglob("*"))
+    with pytest.raises(ValueError, match="refusing"):
+        _links(repo, {rel: target, f"snapshots/{REVISION}/ok.json": "../../blobs/" + BLOB})
+    assert sorted(str(p) for p in repo.rglob("*")) == before, "a refused set of links wrote something"
+
+
+def test_links_in_snapshot_subfolders_and_a_fixed_link(tmp_path):
+    repo = _target(tmp_path)
+    rel = f"snapshots/{REVISION}/original/consolidated.safetensors"
+    assert _links(repo, {rel: "../../../blobs/" + BLOB})["links_created"] == 1
+    assert os.readlink(repo / rel) == "../../../blobs/" + BLOB
+    other = "c" * 64
+    assert _links(repo, {rel: "../../../blobs/" + other})["links_fixed"] == 1
+    assert os.readlink(repo / rel) == "../../../blobs/" + other
+    # A folder where the link goes is refused, not replaced or filled.
+    (repo / "snapshots" / REVISION / "dir.json").mkdir()
+    with pytest.raises(ValueError, match="refusing to replace the folder"):
+        _links(repo, {f"snapshots/{REVISION}/dir.json": "../../blobs/" + BLOB})
+    assert [p.name for p in (repo / "snapshots" / REVISION).iterdir() if ".sparkops-tmp" in p.name] == []
+
+
+def test_the_hash_record_is_never_written_through_a_link(tmp_path):
+    model = make_model(tmp_path)
+    repo = model["repo"]
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (repo / ".sparkops").symlink_to(outside)
+    with pytest.raises(ValueError, match="is a link or not a folder"):
+        hf_cache.save_hash_record(str(repo), list(model["names"].values()))
+    assert list(outside.iterdir()) == []
+    (repo / ".sparkops").unlink()
+    (repo / ".sparkops").mkdir()
+    (repo / ".sparkops" / "hashed-blobs.json").symlink_to(outside / "record")
+    hf_cache.save_hash_record(str(repo), list(model["names"].values()))
+    assert not (repo / ".sparkops" / "hashed-blobs.json").is_symlink()  # replaced, not written through
+    assert list(outside.iterdir()) == []
+
+
+# --- issue 30: hf_cache survivors ----------------------------------------------------------------
+
+
+def test_files_in_snapshot_subfolders_are_in_the_manifest_and_count_for_completeness(tmp_path):
+    # gpt-oss ships original/: its files must be listed, copied and required like the others.
+    model = make_model(tmp_path)
+    repo = model["repo"]
+    data = b"original weights" * 100
+    name = hashlib.sha256(data).hexdigest()
+    (repo / "blobs" / name).write_bytes(data)
+    sub = repo / "snapshots" / REVISION / "original"
+    sub.mkdir()
+    (sub / "model.safetensors").symlink_to("../../../blobs/" + name)
+    (sub / "params.json").write_bytes(b"{}")  # a plain file in a subfolder
+    m = hf_cache.build_manifest(str(repo), "main")
+    assert m["links"][f"snapshots/{REVISION}/original/model.safetensors"] == "../../../blobs/" + name
+    assert m["files"] == {f"snapshots/{REVISION}/original/params.json": 2}
+    assert m["blobs"][name] == len(data)
+    write_listing(repo)
+    assert hf_cache.build_manifest(str(repo), "main")["complete"]
+    (repo / "blobs" / name).unlink()
+    m = hf_cache.build_manifest(str(repo), "main")
+    assert not m["complete"] and m["missing_blobs"] == [name]
+    assert m["missing_files"] == ["original/model.safetensors"]
+
+
+def test_full_verify_on_a_target_finds_a_same_size_corrupt_blob_and_check_mode_writes_no_record(tmp_path):
+    model = make_model(tmp_path)
+    repo = model["repo"]
+    names = model["names"]
+    bad = names["model-00002-of-00003.safetensors"]
+    path = repo / "blobs" / bad
+    data = bytearray(path.read_bytes())
+    data[100] ^= 1
+    path.write_bytes(bytes(data))
+    want = {n: (repo / "blobs" / n).stat().st_size for n in names.values()}
+    # Check mode (record=False): the hash is checked, nothing is written.
+    res = hf_cache.node_manifest({"repo": str(repo), "revision": "main", "hash": want, "record": False})
+    assert res["hash_failed"] == [bad]
+    assert not (repo / ".sparkops").exists(), "check mode wrote the hash record"
+    res = hf_cache.node_manifest({"repo": str(repo), "revision": "main", "hash": want})
+    assert res["hash_failed"] == [bad]
+    record = json.loads((repo / ".sparkops" / "hashed-blobs.json").read_text())["blobs"]
+    assert set(record) == set(names.values()) - {bad}
+    # A blob whose size already differs from the source's is not hashed (its size fails it anyway).
+    res = hf_cache.node_manifest({"repo": str(repo), "revision": "main", "hash": {bad: want[bad] + 1}})
+    assert res["hash_failed"] == []
+
+
+def test_nearest_existing_and_free_bytes(tmp_path):
+    deep = tmp_path / "a" / "b" / "c"
+    assert hf_cache.nearest_existing(str(deep)) == str(tmp_path)
+    (tmp_path / "a").mkdir()
+    assert hf_cache.nearest_existing(str(deep)) == str(tmp_path / "a")
+    assert hf_cache.nearest_existing(str(tmp_path)) == str(tmp_path)
+    assert hf_cache.nearest_existing("/") == "/"
+    st = os.statvfs(tmp_path)
+    got = hf_cache.free_bytes(str(deep))
+    # f_bavail (what a user may fill), not f_bfree (which counts root's reserve), times f_frsize.
+    assert abs(got - st.f_bavail * st.f_frsize) < 64 * 1024 * 1024
+    assert got % st.f_frsize == 0
+    res = hf_cache.node_free({"repo": str(deep)})
+    assert res["free_path"] == str(tmp_path / "a") and res["free_bytes"] > 0
