@@ -105,6 +105,7 @@ class HubServer:
         self.repos: dict = {}
         self.cut: dict = {}
         self.corrupt: set = set()
+        self.delay_s = 0.0  # each request waits this long first (a slow link, to watch a download run)
         self.log: list = []
         self.lock = threading.Lock()
         hub = self
@@ -208,6 +209,8 @@ class _Handler(BaseHTTPRequestHandler):
         self._route()
 
     def _route(self):
+        if self.server_hub.delay_s:
+            time.sleep(self.server_hub.delay_s)
         path = unquote(urlsplit(self.path).path)
         query = parse_qs(urlsplit(self.path).query)
         try:

@@ -58,9 +58,7 @@ def download(hub, client, tmp_path, cache) -> dict:
     return json.loads(lines[-1][len("SPARKOPS-HUB ") :])
 
 
-def test_a_hub_download_syncs_over_tcp_with_its_file_list_and_a_rerun_changes_nothing(
-    hub, hub_client, sshd, tmp_path
-):
+def test_a_hub_download_syncs_over_tcp_with_its_file_list_and_a_rerun_changes_nothing(hub, hub_client, sshd, tmp_path):
     src, dst = tmp_path / "src-hub", tmp_path / "dst-hub"
     dst.mkdir()
     res = download(hub, hub_client, tmp_path, src)

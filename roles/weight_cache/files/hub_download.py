@@ -18,8 +18,17 @@ Hub-speaking server in tests/system/test_hub_client.py):
    resumed. ``HF_HUB_ENABLE_HF_TRANSFER=1`` without the package makes 0.36 fail with a ValueError,
    which is why the role never sets it.
 
+Xet-backed repositories: 0.36.2 downloads a file with ``xet_get`` (hf_xet) instead of ``http_get`` when the
+Hub's HEAD answer carries ``X-Xet-Hash`` and a refresh route and hf_xet is importable (file_download.py
+1725-1743, utils/_xet.py ``parse_xet_file_data_from_response``, utils/_runtime.py ``is_xet_available``).
+``xet_get`` ignores what ``.incomplete`` holds (it passes no resume offset to ``hf_xet.download_files``); what
+an interrupted run keeps is hf_xet's chunk cache under ``HF_XET_CACHE`` (default ``$HF_HOME/xet``, lost with
+the ``--rm`` container), so the role mounts a persistent folder there (``weight_cache_xet_dir``). The result
+line says which path this client takes (``xet``).
+
 Prints one line ``SPARKOPS-HUB {json}``; exit 0 done, 2 revision or repo not found, 3 no access (401/403,
-gated), 1 anything else. The token comes from HF_TOKEN and is never printed.
+gated), 1 anything else. The token comes from the file named by HF_TOKEN_PATH (the role's 0600 tmpfs file,
+mounted read-only), never from the command line or the container's environment, and is never printed.
 """
 
 from __future__ import annotations
@@ -67,7 +76,15 @@ def main() -> int:
     use_transfer = has_transfer and not waiting and major < 1
     if use_transfer:
         os.environ["HF_HUB_ENABLE_HF_TRANSFER"] = "1"
+    try:
+        from huggingface_hub import constants as hub_constants  # noqa: PLC0415
+        from huggingface_hub.utils._runtime import is_xet_available  # noqa: PLC0415
+
+        xet = {"hf_xet": bool(is_xet_available()), "cache": getattr(hub_constants, "HF_XET_CACHE", None)}
+    except ImportError:  # a client without Xet support downloads over HTTP only
+        xet = {"hf_xet": False, "cache": None}
     base = {
+        "xet": xet,
         "model": args.model,
         "revision": args.revision,
         "client": f"huggingface_hub {huggingface_hub.__version__}",
