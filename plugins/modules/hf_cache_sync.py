@@ -21,22 +21,31 @@ description:
   - I(transport=tcp) (the default) starts, in that session, a temporary receiver on each target bound
     to the target's fast-link address only, accepting only I(source_address), which must answer a
     challenge with a one-time secret (random, per run, sent over the SSH session, never logged; it never
-    crosses the fast link). The source sends each blob with C(sendfile(2)); the target writes it with
-    coreutils C(dd oflag=direct conv=fsync) under a temporary name and renames it when complete. Only
-    C(blobs/<hash name>) can be written. O_DIRECT bypasses the page cache, which is where a copy spent
-    its time (benchmarks/weight_sync.py), and leaves no cached weights behind on a Spark, whose unified
-    memory counts them against vLLM's KV cache. On a filesystem without O_DIRECT it writes through the
-    cache and drops what it wrote (C(oflag=nocache)).
+    crosses the fast link), and drops a connection that has not answered within I(connect_timeout_s);
+    it takes at most I(streams)+1 connections at a time. The source announces what it will send
+    (names and sizes) and sends each file with C(sendfile(2)); the target writes only those, with
+    O_DIRECT for blobs, under a temporary name, and renames it when complete. Blobs by hash name, the
+    Hub's file list (C(.sparkops/<commit>.json)), C(trees/<commit>.json) and plain files in a snapshot
+    can be written, blobs with mode 0444 and the others 0644 whatever the source's files have. O_DIRECT
+    bypasses the page cache, which is where a copy spent its time (benchmarks/weight_sync.py), and leaves
+    no cached weights behind on a Spark, whose unified memory counts them against vLLM's KV cache. On a
+    filesystem without O_DIRECT it writes through the cache and drops what it wrote.
+  - On a target nothing is created through a link already there (every folder on the way is opened
+    without following links), and snapshot links are accepted only in huggingface_hub's form, pointing
+    at C(blobs/<hash>) of the same model; whatever the source's snapshot holds, nothing is created
+    outside the target's model folder.
   - I(transport=rsyncd) starts a temporary rsync daemon instead (same binding, C(hosts allow) and
-    one-time password; rsync's daemon auth is a challenge-response); rsync writes through the page cache.
+    one-time password; rsync's daemon auth is a challenge-response), write-only, exporting the model's
+    folder only, links munged; rsync writes through the page cache.
   - Both leave the weights unencrypted on the private fast-link cable (they are public model files);
     in exchange no CPU goes to a cipher, which measured (benchmarks/weight_sync.py, 2 cores) 1.7-2.8
     times the copy rate of I(transport=ssh). Every copied blob is hashed on the target (I(hash_copied);
     with C(tcp) as it arrives), so what arrived is checked against its name, whatever carried it.
   - I(transport=ssh) encrypts with I(ssh_cipher) (AES-GCM is the cheapest on the GB10's Arm cores);
     use it where the fast link is shared with machines you do not trust.
-  - Before anything is copied, every target's free space is checked against what the copy needs
-    plus I(min_free_bytes_margin); the module fails naming the target and the figures.
+  - Before anything is copied (and, with I(follow), before each forward), every target's free space is
+    checked against what the copy needs plus I(min_free_bytes_margin); the module fails naming the
+    target and the figures.
   - The source must be complete first (every file of the revision as the Hub listed it at download
     time, or as C(model.safetensors.index.json) names them, and no interrupted download); the list
     files travel with the model and each target must be complete by them after the copy.
