@@ -641,7 +641,8 @@ def repo_subdir(repo: str, parts, create: bool = True, where: str = ""):
 
 def _write_file_at(dir_fd: int, name: str, data: bytes, mode: int = 0o644) -> None:
     """``data`` into ``name`` in ``dir_fd`` by a new temporary file renamed over it (never through a link)."""
-    tmp = f".{name}.sparkops-tmp"
+    # Unique per process and thread (two writers of the hash record never share a temporary file).
+    tmp = f".{name}.{os.getpid()}.{threading.get_ident()}.sparkops-tmp"
     with contextlib.suppress(FileNotFoundError):
         os.unlink(tmp, dir_fd=dir_fd)  # unlink never follows: a link there is removed, not its target
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode, dir_fd=dir_fd)
