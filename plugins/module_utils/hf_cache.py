@@ -142,6 +142,11 @@ def _walk_snapshot(repo_path: str, rev: str, links: dict, files: dict) -> None:
                 files[rel] = os.path.getsize(full)
 
 
+def _real_dir(path: str) -> bool:
+    """A folder, not a link to one."""
+    return os.path.isdir(path) and not os.path.islink(path)
+
+
 def _completeness_unknown() -> dict:
     """The completeness fields of a manifest before anything is known (a fresh dict each call)."""
     return {
@@ -177,13 +182,16 @@ def build_manifest(repo_path: str, revision: str | None = None, all_blobs: bool 
     refs = _read_refs(repo_path)
     snap_root = os.path.join(repo_path, "snapshots")
     if revision is None:
-        revs = sorted(os.listdir(snap_root)) if os.path.isdir(snap_root) else []
+        revs = sorted(os.listdir(snap_root)) if _real_dir(snap_root) else []
+        revs = [r for r in revs if _real_dir(os.path.join(snap_root, r))]
         manifest["refs"] = refs
         manifest["revision_found"] = bool(revs)
     else:
         commit = _resolve(repo_path, refs, revision)
         manifest["revision"] = commit if (revision in refs or GIT_SHA1_RE.match(commit)) else None
-        found = bool(manifest["revision"]) and os.path.isdir(os.path.join(snap_root, commit))
+        # A snapshot folder that is a link is not a snapshot: walking it would list (and a sync send)
+        # whatever it points at, e.g. / on a crafted source.
+        found = bool(manifest["revision"]) and _real_dir(snap_root) and _real_dir(os.path.join(snap_root, commit))
         manifest["revision_found"] = found
         revs = [commit] if found else []
         manifest["refs"] = {k: v for k, v in refs.items() if v == commit}

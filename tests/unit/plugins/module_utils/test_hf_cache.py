@@ -453,3 +453,21 @@ def test_nearest_existing_and_free_bytes(tmp_path):
     assert got % st.f_frsize == 0
     res = hf_cache.node_free({"repo": str(deep)})
     assert res["free_path"] == str(tmp_path / "a") and res["free_bytes"] > 0
+
+
+def test_a_snapshot_folder_that_is_a_link_is_not_walked(tmp_path):
+    # A crafted source: snapshots/<rev> -> / would list (and a sync would send) the whole filesystem.
+    model = make_model(tmp_path)
+    repo = model["repo"]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "secret").write_bytes(b"not a model file")
+    other = "2" * 40
+    (repo / "snapshots" / other).symlink_to(elsewhere)
+    m = hf_cache.build_manifest(str(repo), other)
+    assert not m["revision_found"] and m["files"] == {} and m["links"] == {}
+    everything = hf_cache.build_manifest(str(repo))
+    assert not any(other in rel for rel in everything["files"]) and everything["revision_found"]
+    (repo / "snapshots" / REVISION).rename(repo / "real-snapshot")
+    (repo / "snapshots" / REVISION).symlink_to(repo / "real-snapshot")
+    assert not hf_cache.build_manifest(str(repo), "main")["revision_found"]
