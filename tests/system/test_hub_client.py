@@ -24,6 +24,7 @@ from module_runner import run_module
 
 MODEL = "sparkops-test/tiny-hub"
 GATED = "sparkops-test/gated"
+XET_MODEL = "sparkops-test/xet-backed"
 TOKEN = "hf_sparkopsTestToken0123456789"
 SCRIPT = ROOT / "roles" / "weight_cache" / "files" / "hub_download.py"
 # Larger than the clients' download chunk (10 MiB, constants.DOWNLOAD_CHUNK_SIZE): a cut keeps only whole
@@ -51,6 +52,7 @@ def hub():
     with HubServer() as server:
         server.add_repo(MODEL, model_files())
         server.add_repo(GATED, model_files(), gated=True, tokens=(TOKEN,))
+        server.add_repo(XET_MODEL, model_files(), xet=True)
         yield server
 
 
@@ -317,5 +319,40 @@ def test_the_xet_chunk_cache_goes_where_the_role_mounts_it(hub, hub_client, tmp_
     rc, res, proc = script(hub, hub_client, tmp_path, tmp_path / "hub", HF_XET_CACHE=str(xet_dir))
     assert rc == 0, (res, proc.stderr[-1500:])
     assert res["xet"]["cache"] == str(xet_dir)
-    # The pinned clients are installed with their hf_xet dependency: on the real Hub they would use it.
-    assert res["xet"]["hf_xet"] is True
+    # The pinned clients are installed with their hf_xet dependency; the script turns Xet off unless asked.
+    assert res["xet"]["hf_xet"] is False
+    rc, res, proc = script(hub, hub_client, tmp_path, tmp_path / "hub2", HF_XET_CACHE=str(xet_dir),
+                           HF_HUB_DISABLE_XET="0")  # fmt: skip
+    assert rc == 0 and res["xet"]["hf_xet"] is True, (res, proc.stderr[-1500:])
+
+
+def test_a_xet_backed_repo_resumes_over_http_with_the_script(hub, hub_client, tmp_path):
+    # The path the image's client takes for a Xet-backed repository (most of the Hub's): with hf_xet
+    # importable and the HEAD answer carrying X-Xet-Hash and a refresh route, 0.36.2 calls xet_get
+    # (file_download.py 1725), which cannot resume. The plain client shows it took that path: it asked
+    # for a Xet token (this hub has no CAS, so it fails). The role's script turns Xet off, so the same
+    # repository downloads over HTTP and a cut shard resumes from its .incomplete.
+    cache = tmp_path / "hub"
+    proc = hf_download(hub, hub_client, tmp_path, tmp_path / "plain", model=XET_MODEL)
+    assert proc.returncode != 0
+    assert hub.requests("GET", f"/api/models/{XET_MODEL}/xet-read-token/"), "the client did not take xet_get"
+    sha = shard_sha(SHARDS[1])
+    hub.cut[sha] = 15 << 20
+    hub.log.clear()
+    rc, res, proc = script(hub, hub_client, tmp_path, cache, model=XET_MODEL)
+    assert rc != 0 and res["xet"]["hf_xet"] is False, res
+    assert not hub.requests("GET", f"/api/models/{XET_MODEL}/xet-read-token/")
+    partial = repo_dir(cache, XET_MODEL) / "blobs" / f"{sha}.incomplete"
+    done = partial.stat().st_size if keeps_partial_blobs(hub_client) else 0
+    if keeps_partial_blobs(hub_client):
+        assert 0 < done < SHARD_BYTES
+    del hub.cut[sha]
+    hub.log.clear()
+    rc, res, proc = script(hub, hub_client, tmp_path, cache, model=XET_MODEL)
+    assert rc == 0, (res, proc.stderr[-2000:])
+    gets = [(g["range"], g["status"]) for g in hub.requests("GET", f"/cdn-lfs/{sha}")]
+    assert gets == ([(f"bytes={done}-", 206)] if done else [(None, 200)]), gets
+    assert not hub.requests("GET", f"/api/models/{XET_MODEL}/xet-read-token/")
+    m = run_module(hf_cache_manifest, {"cache_dir": str(cache), "model": XET_MODEL, "revision": "main",
+                                       "verify": "full"})  # fmt: skip
+    assert m["complete"] and m["hash_failed"] == [], m["message"]

@@ -64,6 +64,7 @@ def test_the_roles_download_never_shows_the_token(client, tmp_path):
                         "weight_cache_xet_dir": str(tmp_path / "hf" / "xet"),
                         "weight_cache_download_timeout_s": 300,
                         "weight_cache_token_file": str(token_file),
+                        "weight_cache_use_xet": False,
                         "sparkops_state_dir": str(state),
                         "sparkops_image": "fake/serving-image:test",
                         "sparkops_profile": {"model": MODEL, "revision": "main"},
@@ -125,6 +126,7 @@ def test_the_roles_download_never_shows_the_token(client, tmp_path):
     assert len(runs) == 1 and TOKEN not in json.dumps(runs)
     assert "HF_TOKEN_PATH=/run/secrets/hf_token" in runs[0]
     assert f"{token_file}:/run/secrets/hf_token:ro" in runs[0]
+    assert "HF_HUB_DISABLE_XET=1" in runs[0]
     assert not any(a.startswith("HF_TOKEN=") or a == "HF_TOKEN" for a in runs[0])
     # The client read the file (the gated Hub answered), and the file is gone.
     assert heads and all(r["authorization"] and r["status"] != 401 for r in heads)

@@ -63,5 +63,8 @@ def test_the_xet_cache_is_persistent_beside_the_hub_cache():
     run = next(t for t in tasks(download_block()["block"]) if "ansible.builtin.command" in t)
     argv = run["ansible.builtin.command"]["argv"]
     assert "weight_cache_xet_dir ~ ':/xet'" in argv and "'HF_XET_CACHE=/xet'" in argv
+    # Xet off by default: http_get resumes an interrupted file, xet_get does not (hub_download.py).
+    assert defaults["weight_cache_use_xet"] is False
+    assert "'HF_HUB_DISABLE_XET=' ~ ('0' if weight_cache_use_xet | bool else '1')" in argv
     spec = yaml.safe_load((ROLE / "meta" / "argument_specs.yml").read_text())
     assert any("weight_cache_xet_dir" in ep.get("options", {}) for ep in spec["argument_specs"].values())
