@@ -940,9 +940,7 @@ def receivable_path(rel) -> bool:
     snapshot. Only what the source also announced for this copy (the plan) is received."""
     if not isinstance(rel, str) or not _safe_rel(rel):
         return False
-    parts = rel.split("/")
-    if any(p in ("", ".", "..") or "\0" in p for p in parts):
-        return False
+    parts = rel.split("/")  # _safe_rel refused empty, "." and ".." components already
     if len(parts) == 2 and parts[0] == "blobs":
         return bool(hash_kind(parts[1]))
     if len(parts) == 2 and parts[0] in (RECORD_DIR, "trees"):

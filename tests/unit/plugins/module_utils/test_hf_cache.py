@@ -471,3 +471,40 @@ def test_a_snapshot_folder_that_is_a_link_is_not_walked(tmp_path):
     (repo / "snapshots" / REVISION).rename(repo / "real-snapshot")
     (repo / "snapshots" / REVISION).symlink_to(repo / "real-snapshot")
     assert not hf_cache.build_manifest(str(repo), "main")["revision_found"]
+
+
+def test_an_interrupted_lfs_shard_counts_by_its_sha256_not_the_pointers_git_id(tmp_path):
+    # The Hub lists an LFS file with blob_id = the git id of its pointer and lfs.sha256 = the blob's
+    # name; the partial download is <sha256>.incomplete and must count as this revision's.
+    model = make_model(tmp_path)
+    repo, shard = model["repo"], "model-00002-of-00003.safetensors"
+    name = model["names"][shard]
+    write_listing(repo, **{shard: {"size": 256 * 1024, "blob_id": "e" * 40, "lfs_sha256": name}})
+    (repo / "snapshots" / REVISION / shard).unlink()
+    (repo / "blobs" / name).rename(repo / "blobs" / (name + ".incomplete"))
+    (repo / "blobs" / ("f" * 64 + ".incomplete")).write_bytes(b"another revision's")
+    m = hf_cache.build_manifest(str(repo), "main")
+    assert m["incomplete_downloads"] == {name: 256 * 1024}
+
+
+def test_partial_downloads_and_links_in_blobs_are_not_blobs(tmp_path):
+    model = make_model(tmp_path)
+    repo = model["repo"]
+    (repo / "blobs" / ("a" * 64 + ".incomplete")).write_bytes(b"partial")
+    (repo / "blobs" / ("b" * 64)).symlink_to("/etc/hostname")
+    m = hf_cache.build_manifest(str(repo), "main", all_blobs=True)
+    assert set(m["blobs"]) == set(model["names"].values())
+
+
+def test_a_plain_file_where_the_source_has_a_link_is_fixed(tmp_path):
+    src = make_model(tmp_path / "src")
+    dst = make_model(tmp_path / "dst")
+    link = dst["repo"] / "snapshots" / REVISION / "config.json"
+    data = link.read_bytes()
+    link.unlink()
+    link.write_bytes(data)  # a copy instead of the link (huggingface_hub without symlink support)
+    d = hf_cache.diff_manifests(
+        hf_cache.build_manifest(str(src["repo"]), REVISION), hf_cache.build_manifest(str(dst["repo"]), REVISION)
+    )
+    assert list(d["links_fix"]) == [f"snapshots/{REVISION}/config.json"] and d["links_create"] == {}
+    assert not d["in_sync"]
