@@ -508,3 +508,14 @@ def test_a_plain_file_where_the_source_has_a_link_is_fixed(tmp_path):
     )
     assert list(d["links_fix"]) == [f"snapshots/{REVISION}/config.json"] and d["links_create"] == {}
     assert not d["in_sync"]
+
+
+def test_an_absent_model_still_names_a_commit_revision_and_only_blob_links_count(tmp_path):
+    absent = str(tmp_path / "models--x--y")
+    assert hf_cache.build_manifest(absent, REVISION)["revision"] == REVISION
+    assert hf_cache.build_manifest(absent, "main")["revision"] is None
+    assert hf_cache.build_manifest(absent)["revision"] is None
+    rel = f"snapshots/{REVISION}/a"
+    assert hf_cache._blob_of(rel, "../../blobs/" + "a" * 64) == "a" * 64
+    for target in ("../../refs/main", "../../blobs/..", "../../blobs/.", "../../snapshots/x", "/abs/blobs/x"):
+        assert hf_cache._blob_of(rel, target) is None, target
