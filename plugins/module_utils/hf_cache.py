@@ -142,6 +142,11 @@ def _walk_snapshot(repo_path: str, rev: str, links: dict, files: dict) -> None:
                 files[rel] = os.path.getsize(full)
 
 
+def _real_dir(path: str) -> bool:
+    """A folder, not a link to one."""
+    return os.path.isdir(path) and not os.path.islink(path)
+
+
 def _completeness_unknown() -> dict:
     """The completeness fields of a manifest before anything is known (a fresh dict each call)."""
     return {
@@ -177,13 +182,16 @@ def build_manifest(repo_path: str, revision: str | None = None, all_blobs: bool 
     refs = _read_refs(repo_path)
     snap_root = os.path.join(repo_path, "snapshots")
     if revision is None:
-        revs = sorted(os.listdir(snap_root)) if os.path.isdir(snap_root) else []
+        revs = sorted(os.listdir(snap_root)) if _real_dir(snap_root) else []
+        revs = [r for r in revs if _real_dir(os.path.join(snap_root, r))]
         manifest["refs"] = refs
         manifest["revision_found"] = bool(revs)
     else:
         commit = _resolve(repo_path, refs, revision)
         manifest["revision"] = commit if (revision in refs or GIT_SHA1_RE.match(commit)) else None
-        found = bool(manifest["revision"]) and os.path.isdir(os.path.join(snap_root, commit))
+        # A snapshot folder that is a link is not a snapshot: walking it would list (and a sync send)
+        # whatever it points at, e.g. / on a crafted source.
+        found = bool(manifest["revision"]) and _real_dir(snap_root) and _real_dir(os.path.join(snap_root, commit))
         manifest["revision_found"] = found
         revs = [commit] if found else []
         manifest["refs"] = {k: v for k, v in refs.items() if v == commit}
@@ -328,16 +336,16 @@ def save_hash_record(repo_path: str, names) -> None:
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     for name in names:
         try:
-            st = os.stat(os.path.join(repo_path, "blobs", name))
+            st = os.lstat(os.path.join(repo_path, "blobs", name))
         except OSError:
             continue
+        if not stat.S_ISREG(st.st_mode):
+            continue  # a link or folder under a blob's name was never hashed
         record[name] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "hashed_at": now}
-    folder = os.path.join(repo_path, RECORD_DIR)
-    os.makedirs(folder, exist_ok=True)
-    tmp = os.path.join(folder, f".{HASH_RECORD}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump({"format": "sparkops-hashed-blobs/1", "blobs": dict(sorted(record.items()))}, f, indent=1)
-    os.replace(tmp, os.path.join(folder, HASH_RECORD))
+    data = json.dumps({"format": "sparkops-hashed-blobs/1", "blobs": dict(sorted(record.items()))}, indent=1)
+    # Walked and written without following links: .sparkops may have been swapped for one (issue 23).
+    with repo_subdir(repo_path, [RECORD_DIR], where=f"{RECORD_DIR}/{HASH_RECORD}") as fd:
+        _write_file_at(fd, HASH_RECORD, data.encode())
 
 
 def hash_record_status(repo_path: str, names) -> dict:
@@ -553,47 +561,183 @@ RSYNC_TEMP_RE = re.compile(r"^\.[0-9a-f]{40,64}\.[A-Za-z0-9]{6}$")
 def node_mkdirs(args: dict) -> dict:
     """Create the model's folders and remove temporary files a killed rsync left in ``blobs/``."""
     repo = os.path.abspath(os.path.expanduser(args["repo"]))
-    for sub in ("blobs", "snapshots", "refs"):
-        os.makedirs(os.path.join(repo, sub), exist_ok=True)
+    for sub in ("snapshots", "refs"):
+        with repo_subdir(repo, [sub]):
+            pass  # created, and not a link
     removed = []
-    with os.scandir(os.path.join(repo, "blobs")) as it:
-        for entry in it:
-            if RSYNC_TEMP_RE.match(entry.name) and entry.is_file(follow_symlinks=False):
-                os.unlink(entry.path)
-                removed.append(entry.name)
+    with repo_subdir(repo, ["blobs"]) as fd:
+        for name in os.listdir(fd):
+            if RSYNC_TEMP_RE.match(name) and stat.S_ISREG(os.lstat(name, dir_fd=fd).st_mode):
+                os.unlink(name, dir_fd=fd)
+                removed.append(name)
     return {"repo": repo, "stale_temp_removed": sorted(removed)}
 
 
+# --- writing on a target without following links (issue 23) ---------------------------------------
+#
+# What a target writes into its cache is named by the source (snapshot paths, link targets). Checking a
+# path as text is not enough: a folder on the way may already be a link (planted by an earlier sync of a
+# crafted snapshot, or by anyone who can write into the cache), and the kernel follows it. So every
+# write below walks from the model's folder one component at a time with O_NOFOLLOW, creates what is
+# missing with mkdir(dir_fd=...), and writes, links and renames relative to the last folder's fd: a link
+# anywhere on the way makes the walk fail instead of leading out of the cache.
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+
+def _open_component(name: str, dir_fd: int, create: bool, where: str) -> int:
+    if name in ("", ".", "..") or "/" in name or "\0" in name:
+        raise ValueError(f"refusing {where!r}: {name!r} is not a plain folder name")
+    for _attempt in range(2):
+        try:
+            return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+        except FileNotFoundError:
+            if not create:
+                raise
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(name, 0o755, dir_fd=dir_fd)
+        except OSError as exc:  # ELOOP (a link) or ENOTDIR (a file)
+            raise ValueError(
+                f"refusing {where!r}: {name!r} on the way is a link or not a folder on this node "
+                "(nothing is written through links; remove it and run again)"
+            ) from exc
+    return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+
+
+def open_repo(repo: str, create: bool = True) -> int:
+    """An fd of the model's folder ``repo`` (``<cache>/models--org--name``), itself not a link.
+
+    The cache folder above it is the node's own (configured, may sit behind a link); the model's
+    folder and everything in it is what a sync writes, so it is never followed."""
+    parent, name = os.path.split(os.path.abspath(repo))
+    if create:
+        os.makedirs(parent, exist_ok=True)
+    pfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        return _open_component(name, pfd, create, repo)
+    finally:
+        os.close(pfd)
+
+
+def open_subdir(repo_fd: int, parts, create: bool = True, where: str = "") -> int:
+    """An fd of ``repo/parts...``, walked without following any link (see above); the caller closes it."""
+    fd = os.dup(repo_fd)
+    try:
+        for part in parts:
+            nfd = _open_component(part, fd, create, where or "/".join(parts))
+            os.close(fd)
+            fd = nfd
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+@contextlib.contextmanager
+def repo_subdir(repo: str, parts, create: bool = True, where: str = ""):
+    """``open_repo`` then ``open_subdir`` as a context: yields the folder's fd."""
+    rfd = open_repo(repo, create)
+    try:
+        fd = open_subdir(rfd, list(parts), create, where)
+    finally:
+        os.close(rfd)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _write_file_at(dir_fd: int, name: str, data: bytes, mode: int = 0o644) -> None:
+    """``data`` into ``name`` in ``dir_fd`` by a new temporary file renamed over it (never through a link)."""
+    # Unique per process and thread (two writers of the hash record never share a temporary file).
+    tmp = f".{name}.{os.getpid()}.{threading.get_ident()}.sparkops-tmp"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp, dir_fd=dir_fd)  # unlink never follows: a link there is removed, not its target
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode, dir_fd=dir_fd)
+    try:
+        with os.fdopen(fd, "wb", closefd=False) as f:
+            f.write(data)
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+    _replace_at(dir_fd, tmp, name)
+
+
+def _replace_at(dir_fd: int, tmp: str, name: str) -> None:
+    """Rename ``tmp`` over ``name`` (both in ``dir_fd``); a folder there is refused, not filled."""
+    try:
+        if stat.S_ISDIR(os.lstat(name, dir_fd=dir_fd).st_mode):
+            os.unlink(tmp, dir_fd=dir_fd)
+            raise ValueError(f"refusing to replace the folder {name!r} with a file or link")
+    except FileNotFoundError:
+        pass
+    os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+
+
+def canonical_link_target(rel: str) -> str | None:
+    """The only target accepted for the snapshot link ``rel`` (``snapshots/<rev>/<path>``): the one
+    huggingface_hub writes (os.path.relpath to the blob), ``../`` up to the model's folder then
+    ``blobs/<hash>``. None when ``rel`` is not such a path."""
+    parts = rel.split("/")
+    if len(parts) < 3 or parts[0] != "snapshots" or not _safe_rel(rel) or any(p in ("", ".", "..") for p in parts):
+        return None
+    return "../" * (len(parts) - 1) + "blobs/"
+
+
+def link_target_ok(rel: str, target: str) -> bool:
+    """Whether ``rel -> target`` is a snapshot link to a blob of the same model, in canonical form."""
+    prefix = canonical_link_target(rel)
+    return prefix is not None and target.startswith(prefix) and bool(hash_kind(target[len(prefix) :]))
+
+
 def node_links(args: dict) -> dict:
-    """Create or fix snapshot links (relative targets inside the repo only) and write refs."""
+    """Create or fix snapshot links and write refs, never through a link already on disk.
+
+    A link is accepted only at ``snapshots/<rev>/<path>`` and only pointing at ``blobs/<hash>`` of the
+    same model in the form huggingface_hub writes (:func:`link_target_ok`); its folders are walked
+    without following links (:func:`open_subdir`). Refs are written the same way under ``refs/``.
+    Everything is checked before anything is written.
+    """
     repo = os.path.abspath(os.path.expanduser(args["repo"]))
     done = {"links_created": 0, "links_fixed": 0, "refs_written": 0}
-    for rel, target in sorted(args.get("links", {}).items()):
-        if not rel.startswith("snapshots/") or not _safe_rel(rel):
-            raise ValueError(f"refusing snapshot path {rel!r}: not a relative path under snapshots/")
-        resolved = os.path.normpath(os.path.join(os.path.dirname(rel), target))
-        if os.path.isabs(target) or resolved.startswith(".."):
-            raise ValueError(f"refusing link {rel} -> {target}: the target leaves the model's directory")
-        full = os.path.join(repo, rel)
-        os.makedirs(os.path.dirname(full), exist_ok=True)
-        existed = os.path.lexists(full)
-        if existed and os.path.islink(full) and os.readlink(full) == target:
-            continue
-        tmp = full + ".sparkops-tmp"
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
-        os.symlink(target, tmp)
-        os.replace(tmp, full)
-        done["links_fixed" if existed else "links_created"] += 1
-    for name, value in sorted(args.get("refs", {}).items()):
-        if not REF_RE.match(name) or not _safe_rel(name) or not GIT_SHA1_RE.match(value):
+    links = sorted((args.get("links") or {}).items())
+    refs = sorted((args.get("refs") or {}).items())
+    for rel, target in links:
+        if canonical_link_target(rel) is None:
+            raise ValueError(f"refusing snapshot path {rel!r}: not a relative path under snapshots/<revision>/")
+        if not isinstance(target, str) or not link_target_ok(rel, target):
+            raise ValueError(
+                f"refusing link {rel} -> {target}: a snapshot link must point at blobs/<hash> of the same model "
+                f"({canonical_link_target(rel)}<hash>); the target leaves the model's blobs"
+            )
+    for name, value in refs:
+        if (
+            not isinstance(name, str)
+            or not REF_RE.match(name)
+            or not _safe_rel(name)
+            or not GIT_SHA1_RE.match(str(value))
+        ):
             raise ValueError(f"refusing ref {name!r} = {value!r}")
-        full = os.path.join(repo, "refs", name)
-        os.makedirs(os.path.dirname(full), exist_ok=True)
-        tmp = full + ".sparkops-tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(value)
-        os.replace(tmp, full)
+    for rel, target in links:
+        parts = rel.split("/")
+        with repo_subdir(repo, parts[:-1], where=rel) as fd:
+            name = parts[-1]
+            try:
+                st = os.lstat(name, dir_fd=fd)
+            except FileNotFoundError:
+                st = None
+            if st is not None and stat.S_ISLNK(st.st_mode) and os.readlink(name, dir_fd=fd) == target:
+                continue
+            tmp = f".{name}.sparkops-tmp"
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp, dir_fd=fd)
+            os.symlink(target, tmp, dir_fd=fd)
+            _replace_at(fd, tmp, name)
+            done["links_fixed" if st is not None else "links_created"] += 1
+    for name, value in refs:
+        parts = ["refs", *name.split("/")]
+        with repo_subdir(repo, parts[:-1], where=f"refs/{name}") as fd:
+            _write_file_at(fd, parts[-1], str(value).encode())
         done["refs_written"] += 1
     return done
 
@@ -626,11 +770,11 @@ def _stop_group(proc, grace_s: float = 5.0) -> None:
 class TemporaryRsyncd:
     """A temporary rsync daemon on this node, started by :func:`remote_main` and stopped by it.
 
-    Bound to ``address``:``port`` only, one module ``hf`` with path = the cache, ``hosts allow`` =
-    the source, password auth with a one-time secret, no chroot, no symlink munging, running as
-    the ssh user. It lives until the source sends ``rsyncd_stop`` or closes the channel (the copy
-    is done, failed, or the source was killed): :meth:`stop` kills the daemon's process group and
-    removes its temporary files.
+    Bound to ``address``:``port`` only, one module ``hf`` with path = the model's folder (``path``),
+    write-only, ``hosts allow`` = the source, password auth with a one-time secret, no chroot but
+    symlinks munged, running as the ssh user. It lives until the source sends ``rsyncd_stop`` or
+    closes the channel (the copy is done, failed, or the source was killed): :meth:`stop` kills the
+    daemon's process group and removes its temporary files.
     """
 
     def __init__(self, args: dict):
@@ -655,7 +799,9 @@ class TemporaryRsyncd:
                 f"address = {args['address']}\nport = {int(args['port'])}\n"
                 f"lock file = {os.path.join(tmp, 'rsyncd.lock')}\nlog file = {log}\n"
                 f"[hf]\n  path = {args['path']}\n  comment = sparkops hf_cache_sync (temporary)\n"
-                f"  read only = no\n  list = no\n  use chroot = no\n  munge symlinks = no\n"
+                # Write-only, one model's folder, links munged (stored as /rsyncd-munged/...: never
+                # followed) - without a chroot a stored link would lead the daemon out (issue 23).
+                f"  read only = no\n  write only = yes\n  list = no\n  use chroot = no\n  munge symlinks = yes\n"
                 # uid/gid only matter to a daemon started as root: keep the ssh user's identity.
                 + (f"  uid = {os.getuid()}\n  gid = {os.getgid()}\n" if os.getuid() == 0 else "")
                 + f"  hosts allow = {args['allow']}\n  hosts deny = *\n"
@@ -773,48 +919,80 @@ def direct_io_ok(directory: str) -> bool:
         os.unlink(probe)
 
 
-def _temp_name(blob_dir: str, name: str) -> str:
-    """A new empty ``.<name>.XXXXXX`` (rsync's pattern: node_mkdirs removes a cut transfer's leftover)."""
+def _temp_name_at(dir_fd: int, name: str) -> str:
+    """A new empty ``.<name>.XXXXXX`` in ``dir_fd`` (rsync's pattern: node_mkdirs removes a cut
+    transfer's leftover in blobs/), created with O_EXCL|O_NOFOLLOW: never an existing file or link."""
     alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
     for _attempt in range(100):
         suffix = "".join(secrets.choice(alphabet) for _position in range(6))
-        path = os.path.join(blob_dir, f".{name}.{suffix}")
+        tmp = f".{name}.{suffix}"
         try:
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-            return path
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dir_fd))
+            return tmp
         except FileExistsError:
             continue
-    raise RuntimeError(f"no free temporary name for {name} in {blob_dir}")
+    raise RuntimeError(f"no free temporary name for {name}")
+
+
+def receivable_path(rel) -> bool:
+    """Whether transport=tcp may write ``rel`` at all: a blob by its hash name, the Hub's file list
+    (``.sparkops/<commit>.json``, huggingface_hub 1.x's ``trees/<commit>.json``) or a plain file in a
+    snapshot. Only what the source also announced for this copy (the plan) is received."""
+    if not isinstance(rel, str) or not _safe_rel(rel):
+        return False
+    parts = rel.split("/")  # _safe_rel refused empty, "." and ".." components already
+    if len(parts) == 2 and parts[0] == "blobs":
+        return bool(hash_kind(parts[1]))
+    if len(parts) == 2 and parts[0] in (RECORD_DIR, "trees"):
+        return bool(GIT_SHA1_RE.match(parts[1].removesuffix(".json"))) and parts[1].endswith(".json")
+    return canonical_link_target(rel) is not None
+
+
+# Blobs are content-addressed and never written again: read-only for everyone, whatever the sender's
+# file had (the sent mode bits once made a blob -rwsrwsrwx on the target). Other files: 0644.
+BLOB_MODE = 0o444
+FILE_MODE = 0o644
+MAX_REFUSALS_KEPT = 20
 
 
 class TemporaryReceiver:
     """The target's end of transport=tcp, started by :func:`remote_main` and stopped by it.
 
-    Listens on ``address``:``port`` only, accepts connections from ``allow`` only, and asks each for
-    the HMAC of a random challenge under the one-time ``secret``. A connection then carries blobs one
-    after another: a header (``blobs/<hash name>``, size, mtime, mode), the bytes, and the receiver's
-    answer after each. Only ``blobs/<sha256 or git sha1>`` may be written, under ``repo``; each goes to
-    ``.<name>.XXXXXX``, must have its full size and (``verify``) hash to its name, is flushed, and is
-    then renamed; the names verified are added to the node's hash record at the stop. It lives until
-    ``tcp_stop`` or the end of the session.
+    Listens on ``address``:``port`` only, accepts connections from ``allow`` only and at most
+    ``max_conns`` at a time (the source's streams plus one; more are closed at once), and asks each for
+    the HMAC of a random challenge under the one-time ``secret`` within ``handshake_timeout`` seconds.
+    A connection then carries files one after another: a header (path, size, mtime), the bytes, and
+    the receiver's answer after each (an error answer for anything malformed, then the connection ends).
+    Only paths in the plan (``plan`` at the start, more by :meth:`allow`: path -> size) are written,
+    with exactly that size, and only paths :func:`receivable_path` accepts; each goes to a new
+    temporary file in its folder, walked without following links (:func:`open_subdir`), must have its
+    full size and (``verify``, blobs) hash to its name, is flushed, gets a fixed mode (0444 for a
+    blob) and is then renamed; the blobs verified are added to the node's hash record at the stop.
+    It lives until ``tcp_stop`` or the end of the session.
     """
 
     def __init__(self, args: dict):
         self.repo = os.path.abspath(os.path.expanduser(args["repo"]))
+        with repo_subdir(self.repo, ["blobs"]):
+            pass  # created, and not a link
         self.blob_dir = os.path.join(self.repo, "blobs")
-        os.makedirs(self.blob_dir, exist_ok=True)
         self.secret = args["secret"]
-        self.allow = ipaddress_normal(args["allow"])
+        self.allow_addr = ipaddress_normal(args["allow"])
         self.io_timeout = float(args.get("io_timeout", 300))
+        self.handshake_timeout = float(args.get("handshake_timeout", 10))
+        self.max_conns = max(1, int(args.get("max_conns", 8)))
         self.verify = bool(args.get("verify", True))
         # Without O_DIRECT (tmpfs, for one) it writes through the cache and drops what it wrote.
         self.direct = direct_io_ok(self.blob_dir)
         self.lock = threading.Lock()
+        self.plan: dict = {}
+        self.allow(args.get("plan") or {})
         self.stats = {"files": 0, "bytes": 0, "refused": [], "errors": []}
         self.verified: list = []
         self.workers: list = []
         self.conns: set = set()
         self.stopping = False
+        self.stopped: dict | None = None
         fam = socket.AF_INET6 if ":" in args["address"] else socket.AF_INET
         self.sock = socket.socket(fam, socket.SOCK_STREAM)
         try:
@@ -827,87 +1005,143 @@ class TemporaryReceiver:
         self.acceptor = threading.Thread(target=self._accept, daemon=True)
         self.acceptor.start()
 
+    def allow(self, files: dict) -> dict:
+        """Add ``files`` (path -> size) to what may be received; ValueError (nothing added) for a bad one."""
+        if not isinstance(files, dict):
+            raise ValueError("the plan must map paths to sizes")
+        for rel, size in files.items():
+            if not receivable_path(rel) or not isinstance(size, int) or isinstance(size, bool) or size < 0:
+                raise ValueError(f"refusing to plan {rel!r} ({size!r} bytes): not a file a model's cache holds")
+        with self.lock:
+            self.plan.update(files)
+            return {"planned": len(self.plan)}
+
+    def _refuse(self, why: str) -> None:
+        with self.lock:
+            if len(self.stats["refused"]) < MAX_REFUSALS_KEPT:
+                self.stats["refused"].append(why)
+
     def _accept(self) -> None:
         while not self.stopping:
             try:
                 conn, peer = self.sock.accept()
             except OSError:
                 return  # the socket was closed: stop() was called
-            if ipaddress_normal(peer[0]) != self.allow:
+            try:
+                if ipaddress_normal(peer[0]) != self.allow_addr:
+                    self._refuse(peer[0])
+                    conn.close()
+                    continue
                 with self.lock:
-                    self.stats["refused"].append(peer[0])
-                conn.close()
-                continue
-            t = threading.Thread(target=self._serve, args=(conn,), daemon=True)
-            with self.lock:
-                self.workers.append(t)
-                self.conns.add(conn)
-            t.start()
+                    full = len(self.conns) >= self.max_conns
+                    if not full:
+                        self.conns.add(conn)
+                if full:  # before any thread or buffer is spent on it
+                    self._refuse(f"{peer[0]}: more than {self.max_conns} connections")
+                    conn.close()
+                    continue
+                t = threading.Thread(target=self._serve, args=(conn,), daemon=True)
+                with self.lock:
+                    self.workers = [w for w in self.workers if w.is_alive()]
+                    self.workers.append(t)
+                t.start()
+            except Exception as exc:  # noqa: BLE001 - e.g. no thread could start: drop this one, keep accepting
+                self._refuse(f"{peer[0]}: {type(exc).__name__}: {exc}")
+                with self.lock:
+                    self.conns.discard(conn)
+                with contextlib.suppress(OSError):
+                    conn.close()
 
     def _serve(self, conn) -> None:
-        conn.settimeout(self.io_timeout)  # a stalled stream fails after io_timeout
         try:
+            conn.settimeout(self.handshake_timeout)  # an idle connection is dropped in seconds
             nonce = secrets.token_bytes(AUTH_NONCE_BYTES)
             conn.sendall(nonce)
             if not hmac.compare_digest(_recv_exact(conn, AUTH_ANSWER_BYTES), tcp_auth(self.secret, nonce)):
-                with self.lock:
-                    self.stats["refused"].append("wrong secret")
+                self._refuse("wrong secret")
                 return
-            while (meta := _recv_msg(conn)) is not None:
+            conn.settimeout(self.io_timeout)  # a stalled stream fails after io_timeout
+            while True:
                 try:
-                    size = self._receive(conn, meta)
-                except (OSError, ValueError, RuntimeError, EOFError) as exc:
+                    meta = _recv_msg(conn)
+                    if meta is None:
+                        return
+                    rel, size = self._check(meta)
+                    self._receive(conn, rel, size, meta)
+                except Exception as exc:  # noqa: BLE001 - every failure is answered, never a traceback
+                    if self.stopping:
+                        return  # stop() woke this read: nothing to answer
+                    msg = str(exc) if isinstance(exc, (ValueError, RuntimeError)) else f"{type(exc).__name__}: {exc}"
                     with self.lock:
-                        self.stats["errors"].append(str(exc))
+                        self.stats["errors"].append(msg)
                     with contextlib.suppress(OSError):
-                        _send_msg(conn, {"error": str(exc)})
+                        _send_msg(conn, {"error": msg})
                     return  # the stream's position is lost: the sender fails this stream
                 with self.lock:
                     self.stats["files"] += 1
                     self.stats["bytes"] += size
-                    if self.verify:
-                        self.verified.append(meta["name"].removeprefix("blobs/"))
-                _send_msg(conn, {"ok": meta["name"]})
-        except (OSError, ValueError, EOFError) as exc:
+                    if self.verify and rel.startswith("blobs/"):
+                        self.verified.append(rel.removeprefix("blobs/"))
+                _send_msg(conn, {"ok": rel})
+        except Exception as exc:  # noqa: BLE001 - the connection ends; the sender sees it closed
             if not self.stopping:
                 with self.lock:
-                    self.stats["errors"].append(f"connection from {self.allow}: {exc}")
+                    self.stats["errors"].append(f"connection from {self.allow_addr}: {type(exc).__name__}: {exc}")
         finally:
             with self.lock:
                 self.conns.discard(conn)
-            conn.close()
-
-    def _receive(self, conn, meta: dict) -> int:
-        rel, size = meta.get("name", ""), meta.get("size")
-        name = rel.removeprefix("blobs/")
-        if rel != f"blobs/{name}" or not hash_kind(name) or not isinstance(size, int) or size < 0:
-            raise ValueError(f"refusing {rel!r} ({size!r} bytes): only blobs/<hash name> are received")
-        h = blob_hasher(name, size) if self.verify else None
-        tmp = _temp_name(self.blob_dir, name)
-        try:
-            fd = os.open(tmp, os.O_WRONLY | (os.O_DIRECT if self.direct else 0))
-            try:
-                self._write_from(conn, fd, size, h)
-            finally:
-                os.close(fd)
-            if h is not None and h.hexdigest() != name:
-                raise RuntimeError(f"{rel}: the received bytes hash to {h.hexdigest()}, not to the blob's name")
-            os.chmod(tmp, int(meta.get("mode", 0o644)) & 0o7777)
-            mtime = float(meta.get("mtime", time.time()))
-            os.utime(tmp, (mtime, mtime))
-            os.replace(tmp, os.path.join(self.blob_dir, name))
-        except BaseException:
             with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        dir_fd = os.open(self.blob_dir, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)  # the rename survives a power cut too
-        finally:
-            os.close(dir_fd)
+                conn.close()
+
+    def _check(self, meta) -> tuple:
+        """(path, size) of a header that names a planned file with its planned size; ValueError else."""
+        if not isinstance(meta, dict):
+            raise ValueError(f"malformed header {str(meta)[:80]!r}: not a sparkops sender")
+        rel, size = meta.get("name"), meta.get("size")
+        if not receivable_path(rel) or not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise ValueError(
+                f"refusing {str(rel)[:200]!r} ({size!r} bytes): only blobs/<hash name>, the Hub's file list "
+                "and snapshot files are received"
+            )
+        with self.lock:
+            planned = self.plan.get(rel)
+        if planned is None:
+            raise ValueError(f"refusing {rel!r}: not in this copy's plan")
+        if planned != size:
+            raise ValueError(f"refusing {rel!r}: {size} bytes announced, the plan says {planned}")
+        mtime = meta.get("mtime", time.time())
+        if not isinstance(mtime, (int, float)) or isinstance(mtime, bool) or not 0 <= mtime < 2**33:
+            raise ValueError(f"refusing {rel!r}: mtime {mtime!r} is not a time")
+        return rel, size
+
+    def _receive(self, conn, rel: str, size: int, meta: dict) -> int:
+        parts = rel.split("/")
+        name = parts[-1]
+        is_blob = parts[0] == "blobs"
+        h = blob_hasher(name, size) if self.verify and is_blob else None
+        direct = self.direct and is_blob
+        with repo_subdir(self.repo, parts[:-1], where=rel) as dfd:
+            tmp = _temp_name_at(dfd, name)
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_NOFOLLOW | (os.O_DIRECT if direct else 0), dir_fd=dfd)
+                try:
+                    self._write_from(conn, fd, size, h, direct)
+                    if h is not None and h.hexdigest() != name:
+                        raise RuntimeError(f"{rel}: the received bytes hash to {h.hexdigest()}, not to the blob's name")
+                    os.fchmod(fd, BLOB_MODE if is_blob else FILE_MODE)
+                    mtime = float(meta.get("mtime", time.time()))
+                    os.utime(fd, (mtime, mtime))
+                finally:
+                    os.close(fd)
+                _replace_at(dfd, tmp, name)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp, dir_fd=dfd)
+                raise
+            os.fsync(dfd)  # the rename survives a power cut too
         return size
 
-    def _write_from(self, conn, fd: int, size: int, h) -> None:
+    def _write_from(self, conn, fd: int, size: int, h, direct: bool) -> None:
         """``size`` bytes from ``conn`` into ``fd`` through one page-aligned buffer (O_DIRECT wants
         aligned memory and lengths), hashing them on the way; then on disk (fsync)."""
         with mmap.mmap(-1, TCP_CHUNK) as buf:
@@ -924,7 +1158,7 @@ class TemporaryReceiver:
                         got += n
                     if h is not None:
                         h.update(view[:want])
-                    if self.direct and want % DIRECT_ALIGN:
+                    if direct and want % DIRECT_ALIGN:
                         # The file's unaligned end: O_DIRECT would refuse it, so this write is buffered.
                         fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
                     done = 0
@@ -934,26 +1168,40 @@ class TemporaryReceiver:
             finally:
                 view.release()
         os.fsync(fd)
-        if not self.direct:  # written through the cache: do not leave the weights in it
+        if not direct:  # written through the cache: do not leave the weights in it
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
     def stop(self) -> dict:
+        """Stop listening, end every connection, record what was verified; never raises (a second
+        call returns the first call's answer)."""
+        if self.stopped is not None:
+            return self.stopped
         self.stopping = True
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
-        self.sock.close()
+        with contextlib.suppress(OSError):
+            self.sock.close()
         with self.lock:
             workers, conns = list(self.workers), list(self.conns)
         for conn in conns:  # the source is done (its streams ended) or gone: wake any blocked read
             with contextlib.suppress(OSError):
                 conn.shutdown(socket.SHUT_RDWR)
         for t in workers:
-            t.join(timeout=30)
-        self.acceptor.join(timeout=5)
+            with contextlib.suppress(RuntimeError):
+                t.join(timeout=30)
+        with contextlib.suppress(RuntimeError):
+            self.acceptor.join(timeout=5)
         with self.lock:
             verified = sorted(set(self.verified))
-        save_hash_record(self.repo, verified)  # what a later sizes check on this node relies on
-        return {"stopped": True, "write": self.write_mode(), "verified": verified, **self.stats}
+        try:
+            save_hash_record(self.repo, verified)  # what a later sizes check on this node relies on
+        except (OSError, ValueError) as exc:
+            with self.lock:
+                self.stats["errors"].append(f"the hash record was not written: {exc}")
+        with self.lock:
+            stats = {k: (list(v) if isinstance(v, list) else v) for k, v in self.stats.items()}
+        self.stopped = {"stopped": True, "write": self.write_mode(), "verified": verified, **stats}
+        return self.stopped
 
     def write_mode(self) -> str:
         return "O_DIRECT" if self.direct else "buffered, then dropped from the page cache"
@@ -982,7 +1230,7 @@ def send_stream(channel: dict, files: list, repo: str, progress) -> tuple:
             for rel in files:
                 path = os.path.join(repo, rel)
                 st = os.stat(path)
-                meta = {"name": rel, "size": st.st_size, "mtime": st.st_mtime, "mode": stat.S_IMODE(st.st_mode)}
+                meta = {"name": rel, "size": st.st_size, "mtime": st.st_mtime}  # the receiver sets the mode
                 _send_msg(conn, meta)
                 with open(path, "rb") as f:
                     sent = conn.sendfile(f, 0, st.st_size) if st.st_size else 0
@@ -999,7 +1247,13 @@ def send_stream(channel: dict, files: list, repo: str, progress) -> tuple:
         return 1, f"{where}: {type(exc).__name__}: {exc}"
 
 
-NODE_ACTIONS = {"manifest": node_manifest, "mkdirs": node_mkdirs, "links": node_links}
+def node_free(args: dict) -> dict:
+    """Free bytes where the model's folder is (follow mode asks before each forward)."""
+    repo = os.path.abspath(os.path.expanduser(args["repo"]))
+    return {"free_bytes": free_bytes(repo), "free_path": nearest_existing(repo)}
+
+
+NODE_ACTIONS = {"manifest": node_manifest, "mkdirs": node_mkdirs, "links": node_links, "free": node_free}
 
 
 def remote_main(control=None, out=None) -> int:
@@ -1033,6 +1287,10 @@ def remote_main(control=None, out=None) -> int:
                         raise RuntimeError("a receiver already runs in this session")
                     receiver = TemporaryReceiver(args)
                     result = {"write": receiver.write_mode()}
+                elif action == "tcp_plan":
+                    if receiver is None:
+                        raise RuntimeError("no receiver runs in this session (tcp_start first)")
+                    result = receiver.allow(args.get("files"))
                 elif action == "tcp_stop":
                     result = receiver.stop() if receiver is not None else {"stopped": False}
                     receiver = None

@@ -21,22 +21,31 @@ description:
   - I(transport=tcp) (the default) starts, in that session, a temporary receiver on each target bound
     to the target's fast-link address only, accepting only I(source_address), which must answer a
     challenge with a one-time secret (random, per run, sent over the SSH session, never logged; it never
-    crosses the fast link). The source sends each blob with C(sendfile(2)); the target writes it with
-    coreutils C(dd oflag=direct conv=fsync) under a temporary name and renames it when complete. Only
-    C(blobs/<hash name>) can be written. O_DIRECT bypasses the page cache, which is where a copy spent
-    its time (benchmarks/weight_sync.py), and leaves no cached weights behind on a Spark, whose unified
-    memory counts them against vLLM's KV cache. On a filesystem without O_DIRECT it writes through the
-    cache and drops what it wrote (C(oflag=nocache)).
+    crosses the fast link), and drops a connection that has not answered within I(connect_timeout_s);
+    it takes at most I(streams)+1 connections at a time. The source announces what it will send
+    (names and sizes) and sends each file with C(sendfile(2)); the target writes only those, with
+    O_DIRECT for blobs, under a temporary name, and renames it when complete. Blobs by hash name, the
+    Hub's file list (C(.sparkops/<commit>.json)), C(trees/<commit>.json) and plain files in a snapshot
+    can be written, blobs with mode 0444 and the others 0644 whatever the source's files have. O_DIRECT
+    bypasses the page cache, which is where a copy spent its time (benchmarks/weight_sync.py), and leaves
+    no cached weights behind on a Spark, whose unified memory counts them against vLLM's KV cache. On a
+    filesystem without O_DIRECT it writes through the cache and drops what it wrote.
+  - On a target nothing is created through a link already there (every folder on the way is opened
+    without following links), and snapshot links are accepted only in huggingface_hub's form, pointing
+    at C(blobs/<hash>) of the same model; whatever the source's snapshot holds, nothing is created
+    outside the target's model folder.
   - I(transport=rsyncd) starts a temporary rsync daemon instead (same binding, C(hosts allow) and
-    one-time password; rsync's daemon auth is a challenge-response); rsync writes through the page cache.
+    one-time password; rsync's daemon auth is a challenge-response), write-only, exporting the model's
+    folder only, links munged; rsync writes through the page cache.
   - Both leave the weights unencrypted on the private fast-link cable (they are public model files);
     in exchange no CPU goes to a cipher, which measured (benchmarks/weight_sync.py, 2 cores) 1.7-2.8
     times the copy rate of I(transport=ssh). Every copied blob is hashed on the target (I(hash_copied);
     with C(tcp) as it arrives), so what arrived is checked against its name, whatever carried it.
   - I(transport=ssh) encrypts with I(ssh_cipher) (AES-GCM is the cheapest on the GB10's Arm cores);
     use it where the fast link is shared with machines you do not trust.
-  - Before anything is copied, every target's free space is checked against what the copy needs
-    plus I(min_free_bytes_margin); the module fails naming the target and the figures.
+  - Before anything is copied (and, with I(follow), before each forward), every target's free space is
+    checked against what the copy needs plus I(min_free_bytes_margin); the module fails naming the
+    target and the figures.
   - The source must be complete first (every file of the revision as the Hub listed it at download
     time, or as C(model.safetensors.index.json) names them, and no interrupted download); the list
     files travel with the model and each target must be complete by them after the copy.
@@ -454,7 +463,7 @@ class Rsyncd:
                 timeout=p["connect_timeout_s"] + 20,
                 address=t.address,
                 port=p["receiver_port"],
-                path=p["target_cache_dir"] or p["cache_dir"],
+                path=t.repo,  # the model's folder only
                 allow=t.source_address,
                 user=RSYNC_USER,
                 secret=self.secret,
@@ -474,9 +483,9 @@ class Rsyncd:
             self.t.close(kill=True)  # the node stops the daemon when its session's channel closes
         return False
 
-    def argv_env(self, repo_rel: str) -> tuple:
+    def argv_env(self) -> tuple:
         p = self.p
-        url = f"rsync://{RSYNC_USER}@{url_host(self.t.address)}:{p['receiver_port']}/hf/{repo_rel}/"
+        url = f"rsync://{RSYNC_USER}@{url_host(self.t.address)}:{p['receiver_port']}/hf/"
         env = dict(os.environ, RSYNC_PASSWORD=self.secret)
         return [*rsync_common(p), f"--address={self.t.source_address}", "./", url], env
 
@@ -553,6 +562,10 @@ class Receiver:
                 allow=t.source_address,
                 secret=self.secret,
                 io_timeout=p["io_timeout_s"],
+                # At most one connection per stream plus one: a flood of idle connections is closed
+                # at once, and one that does not answer the challenge is dropped after seconds.
+                max_conns=p["streams"] + 1,
+                handshake_timeout=min(p["connect_timeout_s"], p["io_timeout_s"]),
                 verify=p["hash_copied"] or p["verify"] == "full",
             )
         except SyncError as exc:
@@ -585,7 +598,7 @@ def transport(stack: contextlib.ExitStack, module: AnsibleModule, target: Target
         return stack.enter_context(Receiver(target, module)).stream
     if p["transport"] == "rsyncd":
         daemon = stack.enter_context(Rsyncd(target, module))
-        argv, env = daemon.argv_env(os.path.basename(target.repo))
+        argv, env = daemon.argv_env()
     else:
         argv = [
             *rsync_common(p),
@@ -605,6 +618,9 @@ def transport(stack: contextlib.ExitStack, module: AnsibleModule, target: Target
 def copy_files(module: AnsibleModule, target: Target, stream, files: dict, *, src_repo: str, progress) -> float:
     """Copy ``files`` (repo-relative path -> size) in parallel streams; seconds taken, or SyncError."""
     lists = hf_cache.plan_streams(files, module.params["streams"])
+    if module.params["transport"] == "tcp":
+        # The receiver writes only what is announced here, with these sizes (issue 23).
+        target.call("tcp_plan", files=files)
     start = time.monotonic()
     with ThreadPoolExecutor(max_workers=len(lists)) as pool:
         futures = [pool.submit(stream, names, src_repo, progress) for names in lists]
@@ -712,6 +728,17 @@ def follow_upstream(module: AnsibleModule, targets: list, src_repo: str, result:
             if not todo:
                 time.sleep(FOLLOW_POLL_S)
                 continue
+            for t, files in todo.items():
+                # Free space first, as the final pass does: a full disk is a clear error, not a failed write.
+                free = t.call("free", repo=t.repo)
+                need = sum(files.values())
+                if free["free_bytes"] - need < p["min_free_bytes_margin"]:
+                    raise SyncError(
+                        f"not enough space on {t.address} to forward what arrived, nothing more was copied: it "
+                        f"needs {gib(need)} plus {gib(p['min_free_bytes_margin'])} margin but has "
+                        f"{gib(free['free_bytes'])} free on {free['free_path']}. Free space or lower "
+                        "weight_cache_min_free_gib."
+                    )
 
             def forward(t: Target, files: dict) -> float:
                 return copy_files(

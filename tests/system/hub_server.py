@@ -80,6 +80,11 @@ class HubRepo:
     refs: dict = field(default_factory=dict)  # branch -> commit sha
     gated: bool = False
     tokens: tuple = ()  # tokens that may read a gated repo
+    # Xet-backed: HEAD on an LFS file also says X-Xet-Hash and X-Xet-Refresh-Route, as the Hub does for a
+    # repository stored on Xet (0.36.2 utils/_xet.py parse_xet_file_data_from_response reads them). This
+    # server has no CAS: the refresh route answers 404, so a client that takes xet_get fails (and the log
+    # shows it asked), while a client with Xet disabled downloads over HTTP (the 302 to the CDN).
+    xet: bool = False
 
     def add_commit(self, files: dict, ref: str = "main", sha: str | None = None) -> str:
         """Add a commit of ``files`` (path -> bytes); returns its sha (derived from the content unless given)."""
@@ -106,6 +111,7 @@ class HubServer:
         self.repos: dict = {}
         self.cut: dict = {}
         self.corrupt: set = set()
+        self.delay_s = 0.0  # each request waits this long first (a slow link, to watch a download run)
         self.log: list = []
         self.echo = False
         self.lock = threading.Lock()
@@ -127,9 +133,16 @@ class HubServer:
         return f"http://{host}:{port}"
 
     def add_repo(
-        self, repo_id: str, files: dict, *, gated: bool = False, tokens: tuple = (), commit: str | None = None
+        self,
+        repo_id: str,
+        files: dict,
+        *,
+        gated: bool = False,
+        tokens: tuple = (),
+        xet: bool = False,
+        commit: str | None = None,
     ) -> HubRepo:
-        repo = HubRepo(repo_id, gated=gated, tokens=tokens)
+        repo = HubRepo(repo_id, gated=gated, tokens=tokens, xet=xet)
         repo.add_commit(files, sha=commit)
         self.repos[repo_id] = repo
         return repo
@@ -218,6 +231,8 @@ class _Handler(BaseHTTPRequestHandler):
         self._route()
 
     def _route(self):
+        if self.server_hub.delay_s:
+            time.sleep(self.server_hub.delay_s)
         path = unquote(urlsplit(self.path).path)
         query = parse_qs(urlsplit(self.path).query)
         try:
@@ -310,6 +325,11 @@ class _Handler(BaseHTTPRequestHandler):
                 "X-Linked-Etag": f'"{f.sha256}"',
                 "X-Linked-Size": len(f.data),
             }
+            if repo.xet:
+                headers["X-Xet-Hash"] = hashlib.sha256(b"xet:" + f.data).hexdigest()
+                # Absolute on huggingface.co as the Hub sends it; the client rewrites that prefix to its
+                # endpoint (0.36.2 utils/_xet.py parse_xet_file_data_from_response, HUGGINGFACE_CO_URL_HOME).
+                headers["X-Xet-Refresh-Route"] = f"https://huggingface.co/api/models/{repo_id}/xet-read-token/{commit}"
             return self._send(302, b"", headers, ctype="text/plain")
         return self._body(f.data, {**common, "ETag": f'"{f.oid}"'}, f.etag)
 

@@ -107,7 +107,7 @@ def follow_args(sshd, chain, **kw):
     return args
 
 
-@pytest.mark.parametrize("transport", ["rsyncd", "ssh"])
+@pytest.mark.parametrize("transport", ["tcp", "rsyncd", "ssh"])
 def test_follower_forwards_while_it_receives_and_ends_identical(sshd, chain, transport):
     up = Upstream(chain["src"], chain["b"], wait_for_c=chain["c_repo"])
     up.start()
@@ -155,6 +155,17 @@ def test_follow_gives_up_after_follow_timeout(sshd, chain):
     assert took < 2 + 8
     up.stall_after = 0  # let the thread end soon
     up.join(timeout=60)
+
+
+def test_follow_checks_free_space_before_it_forwards(sshd, chain):
+    # issue 23: the final pass refused a short disk before copying, the follow copied first.
+    up = Upstream(chain["src"], chain["b"], delay_s=0.05, stall_after=3)  # B never completes: only the follow copies
+    up.start()
+    res = run_module(hf_cache_sync, follow_args(sshd, chain, min_free_bytes_margin=1 << 60, io_timeout_s=5))
+    up.join(timeout=60)
+    assert res["failed"], res
+    assert "not enough space on 127.0.0.2 to forward" in res["msg"] and "free on" in res["msg"], res["msg"]
+    assert _complete_blobs(chain["c_repo"]) == {}, "a blob was forwarded before the space was checked"
 
 
 def test_per_target_source_address_must_be_local_and_name_a_target(sshd, chain):

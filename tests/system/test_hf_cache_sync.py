@@ -266,6 +266,42 @@ def test_temporary_daemon_accepts_only_the_source_with_the_secret(sshd, caches, 
         target.close()
 
 
+def test_temporary_daemon_is_write_only_on_the_model_folder_with_links_munged(sshd, caches, tmp_path):
+    # issue 23: the daemon ran without a chroot and without munging, read-write, on the whole cache.
+    target, p = _session(sshd, caches)
+    port = p["receiver_port"]
+    repo = caches["dst"] / f"models--{MODEL.replace('/', '--')}"
+    (caches["dst"] / "other-model").mkdir()
+    (caches["dst"] / "other-model" / "secret").write_bytes(b"not yours")
+    env = dict(os.environ, RSYNC_PASSWORD="s3cret")
+    url = f"rsync://sparkops@127.0.0.2:{port}/hf/"
+    try:
+        target.call("mkdirs", repo=target.repo)
+        target.call(
+            "rsyncd_start", address="127.0.0.2", port=port, path=target.repo, allow="127.0.0.1",
+            user="sparkops", secret="s3cret", io_timeout=60,
+        )  # fmt: skip
+        (tmp_path / "up").mkdir()
+        (tmp_path / "up" / "escape").symlink_to("/")
+        (tmp_path / "up" / "file").write_bytes(b"x")
+        push = subprocess.run(
+            ["rsync", "--address=127.0.0.1", "--timeout=20", "-rl", f"{tmp_path / 'up'}/", url],
+            env=env, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert push.returncode == 0, push.stderr
+        # Written into the model's folder, not the cache; the link stored munged (never followed).
+        assert (repo / "file").read_bytes() == b"x" and not (caches["dst"] / "file").exists()
+        assert os.readlink(repo / "escape").startswith("/rsyncd-munged/")
+        pull = subprocess.run(
+            ["rsync", "--address=127.0.0.1", "--timeout=20", "-r", url, str(tmp_path / "down")],
+            env=env, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert pull.returncode != 0 and "write only" in pull.stderr.lower() + pull.stdout.lower(), pull.stderr
+        assert not (tmp_path / "down" / "file").exists()
+    finally:
+        target.close()
+
+
 def test_temporary_daemon_stops_when_the_session_closes(sshd, caches):
     # As when the module dies mid-copy: no rsyncd_stop, only the channel's EOF.
     target, p = _session(sshd, caches)

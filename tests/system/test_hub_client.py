@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 from ansible_collections.sparkops.cluster.plugins.module_utils import hf_cache
@@ -23,6 +24,7 @@ from module_runner import run_module
 
 MODEL = "sparkops-test/tiny-hub"
 GATED = "sparkops-test/gated"
+XET_MODEL = "sparkops-test/xet-backed"
 TOKEN = "hf_sparkopsTestToken0123456789"
 SCRIPT = ROOT / "roles" / "weight_cache" / "files" / "hub_download.py"
 # Larger than the clients' download chunk (10 MiB, constants.DOWNLOAD_CHUNK_SIZE): a cut keeps only whole
@@ -50,10 +52,11 @@ def hub():
     with HubServer() as server:
         server.add_repo(MODEL, model_files())
         server.add_repo(GATED, model_files(), gated=True, tokens=(TOKEN,))
+        server.add_repo(XET_MODEL, model_files(), xet=True)
         yield server
 
 
-def client_env(hub, client, tmp_path, token=None, **extra) -> dict:
+def client_env(hub, client, tmp_path, token=None, token_file=None, **extra) -> dict:
     _version, path = client
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))}
     env.update(
@@ -67,6 +70,8 @@ def client_env(hub, client, tmp_path, token=None, **extra) -> dict:
     )
     if token:
         env["HF_TOKEN"] = token
+    if token_file:  # as the role passes it: a 0600 file named by HF_TOKEN_PATH, never the token itself
+        env["HF_TOKEN_PATH"] = str(token_file)
     return env
 
 
@@ -85,6 +90,10 @@ def script(hub, client, tmp_path, cache, *, model=MODEL, revision="main", **kw):
     proc = subprocess.run(
         argv, env=client_env(hub, client, tmp_path, **kw), capture_output=True, text=True, timeout=180, check=False
     )
+    return _result(proc)
+
+
+def _result(proc):
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("SPARKOPS-HUB ")]
     assert lines, f"no result line (rc {proc.returncode}): {proc.stdout[-800:]} {proc.stderr[-2000:]}"
     return proc.returncode, json.loads(lines[-1][len("SPARKOPS-HUB ") :]), proc
@@ -262,3 +271,88 @@ def test_hf_transfer_is_never_forced_on_a_client_without_it(hub, hub_client, tmp
         assert proc.returncode != 0 and "hf_transfer" in proc.stdout + proc.stderr  # issue 12's ValueError
     rc, res, proc = script(hub, hub_client, tmp_path, tmp_path / "hub2", HF_HUB_ENABLE_HF_TRANSFER="1")
     assert rc == 0 and res["hf_transfer"] is False, (res, proc.stderr[-1500:])
+
+
+def test_the_token_reaches_the_client_by_file_and_never_a_process_listing(hub, hub_client, tmp_path):
+    # issue 23: the role put the token in the remote shell's environment (command line, ps, -vvv) and in
+    # `docker run -e HF_TOKEN`. Now: a 0600 file, HF_TOKEN_PATH names it. Sampled while the download runs.
+    secrets_dir = tmp_path / "run-sparkops"
+    secrets_dir.mkdir(mode=0o700)
+    token_file = secrets_dir / "hf-token"
+    token_file.write_text(TOKEN)
+    token_file.chmod(0o600)
+    cache = tmp_path / "hub"
+    argv = [sys.executable, str(SCRIPT), "--model", GATED, "--revision", "main", "--cache-dir", str(cache)]
+    env = client_env(hub, hub_client, tmp_path, token_file=token_file)
+    hub.delay_s = 0.2  # each response waits: the download lasts long enough to be sampled many times
+    samples, seen_running = [], 0
+    with subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline:
+            # Arguments and environment of every process (`ps e`), as any user (args) or root (env) sees them.
+            listing = subprocess.run(
+                ["ps", "axwwe", "-o", "pid=,args="], capture_output=True, text=True, timeout=10, check=False
+            ).stdout
+            if str(SCRIPT) in listing and proc.poll() is None:
+                seen_running += 1
+            samples.append(listing)
+            time.sleep(0.05)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, (out[-800:], err[-1500:])
+    assert seen_running >= 3, f"the download was sampled only {seen_running} times while it ran"
+    assert not any(TOKEN in s for s in samples), "the token appeared in a process listing"
+    assert any("HF_TOKEN_PATH=" in s for s in samples), "the sample cannot see environments: it proves nothing"
+    assert TOKEN not in out + err
+    # The client read the file: the Hub got the token (a gated repo answers 401 without it).
+    heads = hub.requests("HEAD", f"/{GATED}/resolve/")
+    assert heads and all(r["authorization"] and r["status"] != 401 for r in heads)
+
+
+def test_the_xet_chunk_cache_goes_where_the_role_mounts_it(hub, hub_client, tmp_path):
+    # What this file's download tests cover: huggingface_hub takes xet_get only when the HEAD answer
+    # carries X-Xet-Hash and a refresh route AND hf_xet is importable (0.36.2 file_download.py 1725-1743).
+    # This hub speaks no Xet (no CAS server), so every download here runs http_get, the path that resumes
+    # blobs/*.incomplete; for a Xet-backed repository on the real Hub, what survives an interruption is
+    # hf_xet's chunk cache, which the role keeps at weight_cache_xet_dir (HF_XET_CACHE) instead of the
+    # --rm container. This test pins that the client honours the variable the role sets.
+    xet_dir = tmp_path / "xet"
+    rc, res, proc = script(hub, hub_client, tmp_path, tmp_path / "hub", HF_XET_CACHE=str(xet_dir))
+    assert rc == 0, (res, proc.stderr[-1500:])
+    assert res["xet"]["cache"] == str(xet_dir)
+    # The pinned clients are installed with their hf_xet dependency; the script turns Xet off unless asked.
+    assert res["xet"]["hf_xet"] is False
+    rc, res, proc = script(hub, hub_client, tmp_path, tmp_path / "hub2", HF_XET_CACHE=str(xet_dir),
+                           HF_HUB_DISABLE_XET="0")  # fmt: skip
+    assert rc == 0 and res["xet"]["hf_xet"] is True, (res, proc.stderr[-1500:])
+
+
+def test_a_xet_backed_repo_resumes_over_http_with_the_script(hub, hub_client, tmp_path):
+    # The path the image's client takes for a Xet-backed repository (most of the Hub's): with hf_xet
+    # importable and the HEAD answer carrying X-Xet-Hash and a refresh route, 0.36.2 calls xet_get
+    # (file_download.py 1725), which cannot resume. The plain client shows it took that path: it asked
+    # for a Xet token (this hub has no CAS, so it fails). The role's script turns Xet off, so the same
+    # repository downloads over HTTP and a cut shard resumes from its .incomplete.
+    cache = tmp_path / "hub"
+    proc = hf_download(hub, hub_client, tmp_path, tmp_path / "plain", model=XET_MODEL)
+    assert proc.returncode != 0
+    assert hub.requests("GET", f"/api/models/{XET_MODEL}/xet-read-token/"), "the client did not take xet_get"
+    sha = shard_sha(SHARDS[1])
+    hub.cut[sha] = 15 << 20
+    hub.log.clear()
+    rc, res, proc = script(hub, hub_client, tmp_path, cache, model=XET_MODEL)
+    assert rc != 0 and res["xet"]["hf_xet"] is False, res
+    assert not hub.requests("GET", f"/api/models/{XET_MODEL}/xet-read-token/")
+    partial = repo_dir(cache, XET_MODEL) / "blobs" / f"{sha}.incomplete"
+    done = partial.stat().st_size if keeps_partial_blobs(hub_client) else 0
+    if keeps_partial_blobs(hub_client):
+        assert 0 < done < SHARD_BYTES
+    del hub.cut[sha]
+    hub.log.clear()
+    rc, res, proc = script(hub, hub_client, tmp_path, cache, model=XET_MODEL)
+    assert rc == 0, (res, proc.stderr[-2000:])
+    gets = [(g["range"], g["status"]) for g in hub.requests("GET", f"/cdn-lfs/{sha}")]
+    assert gets == ([(f"bytes={done}-", 206)] if done else [(None, 200)]), gets
+    assert not hub.requests("GET", f"/api/models/{XET_MODEL}/xet-read-token/")
+    m = run_module(hf_cache_manifest, {"cache_dir": str(cache), "model": XET_MODEL, "revision": "main",
+                                       "verify": "full"})  # fmt: skip
+    assert m["complete"] and m["hash_failed"] == [], m["message"]

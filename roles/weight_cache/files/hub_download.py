@@ -18,8 +18,21 @@ Hub-speaking server in tests/system/test_hub_client.py):
    resumed. ``HF_HUB_ENABLE_HF_TRANSFER=1`` without the package makes 0.36 fail with a ValueError,
    which is why the role never sets it.
 
+Xet-backed repositories: 0.36.2 downloads a file with ``xet_get`` (hf_xet) instead of ``http_get`` when the
+Hub's HEAD answer carries ``X-Xet-Hash`` and a refresh route and hf_xet is importable (file_download.py
+1725-1743, utils/_xet.py ``parse_xet_file_data_from_response``, utils/_runtime.py ``is_xet_available``).
+``xet_get`` ignores what ``.incomplete`` holds (it passes no resume offset to ``hf_xet.download_files``), and
+hf_xet's chunk cache, the only thing a second run could reuse, is off by default since hf_xet 1.2 and
+ignored since 1.3 (xet-core PRs 535/559, issue 715; huggingface_hub PR 4883): an interrupted Xet download
+starts over. So this script sets ``HF_HUB_DISABLE_XET=1`` unless the caller set it (the role passes
+``weight_cache_use_xet``): the client then takes ``http_get`` for Xet-backed files too, through the
+resolve URL's redirect, and resumes ``.incomplete`` with a Range request - the path the tests cut and
+resume. ``HF_XET_CACHE`` still goes to a persistent folder (``weight_cache_xet_dir``) for whoever turns
+Xet on. The result line says which path this client takes (``xet``).
+
 Prints one line ``SPARKOPS-HUB {json}``; exit 0 done, 2 revision or repo not found, 3 no access (401/403,
-gated), 1 anything else. The token comes from HF_TOKEN and is never printed.
+gated), 1 anything else. The token comes from the file named by HF_TOKEN_PATH (the role's 0600 tmpfs file,
+mounted read-only), never from the command line or the container's environment, and is never printed.
 """
 
 from __future__ import annotations
@@ -55,6 +68,11 @@ def main() -> int:
     if not (has_transfer and not waiting):
         os.environ.pop("HF_HUB_ENABLE_HF_TRANSFER", None)
 
+    # Xet off unless the caller asked for it (weight_cache_use_xet): xet_get cannot resume (see above),
+    # http_get resumes blobs/*.incomplete with a Range request, and the Hub serves Xet-backed files over
+    # HTTP too (the resolve URL's redirect), which is what every client without hf_xet does.
+    os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
+
     import huggingface_hub  # noqa: PLC0415 - after the environment is settled (read at import)
     from huggingface_hub import HfApi, snapshot_download  # noqa: PLC0415
 
@@ -67,7 +85,15 @@ def main() -> int:
     use_transfer = has_transfer and not waiting and major < 1
     if use_transfer:
         os.environ["HF_HUB_ENABLE_HF_TRANSFER"] = "1"
+    try:
+        from huggingface_hub import constants as hub_constants  # noqa: PLC0415
+        from huggingface_hub.utils._runtime import is_xet_available  # noqa: PLC0415
+
+        xet = {"hf_xet": bool(is_xet_available()), "cache": getattr(hub_constants, "HF_XET_CACHE", None)}
+    except ImportError:  # a client without Xet support downloads over HTTP only
+        xet = {"hf_xet": False, "cache": None}
     base = {
+        "xet": xet,
         "model": args.model,
         "revision": args.revision,
         "client": f"huggingface_hub {huggingface_hub.__version__}",

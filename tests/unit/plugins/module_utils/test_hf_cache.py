@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -255,3 +256,266 @@ def test_remote_main_serves_several_actions_in_one_session(tmp_path):
     assert "refusing ref" in results[1]["error"]
     assert results[2]["refs_written"] == 1 and (repo / "refs" / "main").read_text() == "a" * 40
     assert results[3] == {"stopped": False}
+
+
+# --- links and files a sync creates stay inside the target's cache (issue 23) ----------------------
+
+BLOB = "b" * 64
+
+
+def _target(tmp_path):
+    repo = tmp_path / "cache" / f"models--{MODEL.replace('/', '--')}"
+    hf_cache.node_mkdirs({"repo": str(repo)})
+    return repo
+
+
+def _links(repo, links=None, refs=None):
+    return hf_cache.node_links({"repo": str(repo), "links": links or {}, "refs": refs or {}})
+
+
+def test_the_three_sync_attack_of_a_crafted_snapshot_is_refused_at_its_first_step(tmp_path):
+    # The audit's attack: sync 1 plants snapshots/R/d -> ../.. (the model's folder, "inside" as text);
+    # sync 2 sends snapshots/R/d/x -> ../../.. which, created through d, lands as <repo>/x pointing out of
+    # the cache; sync 3 writes snapshots/R/d/x/<victim>/cron.d/evil through both. Each step alone was
+    # accepted by the text check.
+    repo = _target(tmp_path)
+    victim = tmp_path / "victim" / "cron.d"
+    victim.mkdir(parents=True)
+    steps = [
+        {f"snapshots/{REVISION}/d": "../.."},
+        {f"snapshots/{REVISION}/d/x": "../../.."},
+        {f"snapshots/{REVISION}/d/x/victim/cron.d/evil": "../../../../../../blobs/" + BLOB},
+    ]
+    for links in steps[:2]:
+        with pytest.raises(ValueError, match="refusing link"):
+            _links(repo, links)
+    # The third is a well-formed deep snapshot link: it is created in real folders inside the snapshot.
+    assert _links(repo, steps[2])["links_created"] == 1
+    assert (repo / "snapshots" / REVISION / "d" / "x" / "victim" / "cron.d").is_dir()
+    assert not (repo / "snapshots" / REVISION / "d").is_symlink()
+    assert not os.path.lexists(repo / "x")
+    assert list(victim.iterdir()) == []
+
+
+def test_links_already_on_disk_are_never_followed(tmp_path):
+    # Even with the first two steps in place (planted by hand, as the old code let a sync do, or by a
+    # local user who can write into the cache), nothing is created through them.
+    repo = _target(tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    snap = repo / "snapshots" / REVISION
+    snap.mkdir(parents=True)
+    (snap / "d").symlink_to(outside)
+    with pytest.raises(ValueError, match="is a link or not a folder"):
+        _links(repo, {f"snapshots/{REVISION}/d/evil": "../../../blobs/" + BLOB})
+    (repo / "refs").rmdir()
+    (repo / "refs").symlink_to(outside)
+    with pytest.raises(ValueError, match="is a link or not a folder"):
+        _links(repo, refs={"main": REVISION})
+    (repo / "snapshots").rename(repo / "snapshots.real")
+    (repo / "snapshots").symlink_to(outside)
+    with pytest.raises(ValueError, match="is a link or not a folder"):
+        _links(repo, {f"snapshots/{REVISION}/a.json": "../../blobs/" + BLOB})
+    assert list(outside.iterdir()) == []
+
+
+def test_the_model_folder_itself_behind_a_link_is_refused(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (tmp_path / "cache").mkdir()
+    repo = tmp_path / "cache" / f"models--{MODEL.replace('/', '--')}"
+    repo.symlink_to(outside)
+    with pytest.raises(ValueError, match="is a link or not a folder"):
+        hf_cache.node_mkdirs({"repo": str(repo)})
+    with pytest.raises(ValueError, match="is a link or not a folder"):
+        _links(repo, refs={"main": REVISION})
+    assert list(outside.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("rel", "target"),
+    [
+        # issue 30 (:572): a "link" outside snapshots/ written over a blob
+        (f"blobs/{BLOB}", "../blobs/" + "c" * 64),
+        (f"refs/{BLOB}", "../blobs/" + BLOB),
+        (f"snapshots/{REVISION}", "../blobs/" + BLOB),
+        # targets that stay inside as text but are not a blob of this model
+        (f"snapshots/{REVISION}/a", "../../refs/main"),
+        (f"snapshots/{REVISION}/a", "../../snapshots/" + REVISION),
+        (f"snapshots/{REVISION}/a", "../../blobs/not-a-hash"),
+        (f"snapshots/{REVISION}/a", "../../blobs/" + BLOB + "/x"),
+        (f"snapshots/{REVISION}/sub/a", "../../blobs/" + BLOB),  # resolves to snapshots/blobs/...
+        (f"snapshots/{REVISION}/a", "../../../models--other--m/blobs/" + BLOB),
+        (f"snapshots/{REVISION}/a", "/abs/blobs/" + BLOB),
+        (f"snapshots/{REVISION}/a", "./../../blobs/" + BLOB),
+    ],
+)
+def test_only_snapshot_links_to_a_blob_of_the_same_model_are_accepted(tmp_path, rel, target):
+    repo = _target(tmp_path)
+    before = sorted(str(p) for p in repo.rglob("*"))
+    with pytest.raises(ValueError, match="refusing"):
+        _links(repo, {rel: target, f"snapshots/{REVISION}/ok.json": "../../blobs/" + BLOB})
+    assert sorted(str(p) for p in repo.rglob("*")) == before, "a refused set of links wrote something"
+
+
+def test_links_in_snapshot_subfolders_and_a_fixed_link(tmp_path):
+    repo = _target(tmp_path)
+    rel = f"snapshots/{REVISION}/original/consolidated.safetensors"
+    assert _links(repo, {rel: "../../../blobs/" + BLOB})["links_created"] == 1
+    assert os.readlink(repo / rel) == "../../../blobs/" + BLOB
+    other = "c" * 64
+    assert _links(repo, {rel: "../../../blobs/" + other})["links_fixed"] == 1
+    assert os.readlink(repo / rel) == "../../../blobs/" + other
+    # A folder where the link goes is refused, not replaced or filled.
+    (repo / "snapshots" / REVISION / "dir.json").mkdir()
+    with pytest.raises(ValueError, match="refusing to replace the folder"):
+        _links(repo, {f"snapshots/{REVISION}/dir.json": "../../blobs/" + BLOB})
+    assert [p.name for p in (repo / "snapshots" / REVISION).iterdir() if ".sparkops-tmp" in p.name] == []
+
+
+def test_the_hash_record_is_never_written_through_a_link(tmp_path):
+    model = make_model(tmp_path)
+    repo = model["repo"]
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (repo / ".sparkops").symlink_to(outside)
+    with pytest.raises(ValueError, match="is a link or not a folder"):
+        hf_cache.save_hash_record(str(repo), list(model["names"].values()))
+    assert list(outside.iterdir()) == []
+    (repo / ".sparkops").unlink()
+    (repo / ".sparkops").mkdir()
+    (repo / ".sparkops" / "hashed-blobs.json").symlink_to(outside / "record")
+    hf_cache.save_hash_record(str(repo), list(model["names"].values()))
+    assert not (repo / ".sparkops" / "hashed-blobs.json").is_symlink()  # replaced, not written through
+    assert list(outside.iterdir()) == []
+
+
+# --- issue 30: hf_cache survivors ----------------------------------------------------------------
+
+
+def test_files_in_snapshot_subfolders_are_in_the_manifest_and_count_for_completeness(tmp_path):
+    # gpt-oss ships original/: its files must be listed, copied and required like the others.
+    model = make_model(tmp_path)
+    repo = model["repo"]
+    data = b"original weights" * 100
+    name = hashlib.sha256(data).hexdigest()
+    (repo / "blobs" / name).write_bytes(data)
+    sub = repo / "snapshots" / REVISION / "original"
+    sub.mkdir()
+    (sub / "model.safetensors").symlink_to("../../../blobs/" + name)
+    (sub / "params.json").write_bytes(b"{}")  # a plain file in a subfolder
+    m = hf_cache.build_manifest(str(repo), "main")
+    assert m["links"][f"snapshots/{REVISION}/original/model.safetensors"] == "../../../blobs/" + name
+    assert m["files"] == {f"snapshots/{REVISION}/original/params.json": 2}
+    assert m["blobs"][name] == len(data)
+    write_listing(repo)
+    assert hf_cache.build_manifest(str(repo), "main")["complete"]
+    (repo / "blobs" / name).unlink()
+    m = hf_cache.build_manifest(str(repo), "main")
+    assert not m["complete"] and m["missing_blobs"] == [name]
+    assert m["missing_files"] == ["original/model.safetensors"]
+
+
+def test_full_verify_on_a_target_finds_a_same_size_corrupt_blob_and_check_mode_writes_no_record(tmp_path):
+    model = make_model(tmp_path)
+    repo = model["repo"]
+    names = model["names"]
+    bad = names["model-00002-of-00003.safetensors"]
+    path = repo / "blobs" / bad
+    data = bytearray(path.read_bytes())
+    data[100] ^= 1
+    path.write_bytes(bytes(data))
+    want = {n: (repo / "blobs" / n).stat().st_size for n in names.values()}
+    # Check mode (record=False): the hash is checked, nothing is written.
+    res = hf_cache.node_manifest({"repo": str(repo), "revision": "main", "hash": want, "record": False})
+    assert res["hash_failed"] == [bad]
+    assert not (repo / ".sparkops").exists(), "check mode wrote the hash record"
+    res = hf_cache.node_manifest({"repo": str(repo), "revision": "main", "hash": want})
+    assert res["hash_failed"] == [bad]
+    record = json.loads((repo / ".sparkops" / "hashed-blobs.json").read_text())["blobs"]
+    assert set(record) == set(names.values()) - {bad}
+    # A blob whose size already differs from the source's is not hashed (its size fails it anyway).
+    res = hf_cache.node_manifest({"repo": str(repo), "revision": "main", "hash": {bad: want[bad] + 1}})
+    assert res["hash_failed"] == []
+
+
+def test_nearest_existing_and_free_bytes(tmp_path):
+    deep = tmp_path / "a" / "b" / "c"
+    assert hf_cache.nearest_existing(str(deep)) == str(tmp_path)
+    (tmp_path / "a").mkdir()
+    assert hf_cache.nearest_existing(str(deep)) == str(tmp_path / "a")
+    assert hf_cache.nearest_existing(str(tmp_path)) == str(tmp_path)
+    assert hf_cache.nearest_existing("/") == "/"
+    st = os.statvfs(tmp_path)
+    got = hf_cache.free_bytes(str(deep))
+    # f_bavail (what a user may fill), not f_bfree (which counts root's reserve), times f_frsize.
+    assert abs(got - st.f_bavail * st.f_frsize) < 64 * 1024 * 1024
+    assert got % st.f_frsize == 0
+    res = hf_cache.node_free({"repo": str(deep)})
+    assert res["free_path"] == str(tmp_path / "a") and res["free_bytes"] > 0
+
+
+def test_a_snapshot_folder_that_is_a_link_is_not_walked(tmp_path):
+    # A crafted source: snapshots/<rev> -> / would list (and a sync would send) the whole filesystem.
+    model = make_model(tmp_path)
+    repo = model["repo"]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "secret").write_bytes(b"not a model file")
+    other = "2" * 40
+    (repo / "snapshots" / other).symlink_to(elsewhere)
+    m = hf_cache.build_manifest(str(repo), other)
+    assert not m["revision_found"] and m["files"] == {} and m["links"] == {}
+    everything = hf_cache.build_manifest(str(repo))
+    assert not any(other in rel for rel in everything["files"]) and everything["revision_found"]
+    (repo / "snapshots" / REVISION).rename(repo / "real-snapshot")
+    (repo / "snapshots" / REVISION).symlink_to(repo / "real-snapshot")
+    assert not hf_cache.build_manifest(str(repo), "main")["revision_found"]
+
+
+def test_an_interrupted_lfs_shard_counts_by_its_sha256_not_the_pointers_git_id(tmp_path):
+    # The Hub lists an LFS file with blob_id = the git id of its pointer and lfs.sha256 = the blob's
+    # name; the partial download is <sha256>.incomplete and must count as this revision's.
+    model = make_model(tmp_path)
+    repo, shard = model["repo"], "model-00002-of-00003.safetensors"
+    name = model["names"][shard]
+    write_listing(repo, **{shard: {"size": 256 * 1024, "blob_id": "e" * 40, "lfs_sha256": name}})
+    (repo / "snapshots" / REVISION / shard).unlink()
+    (repo / "blobs" / name).rename(repo / "blobs" / (name + ".incomplete"))
+    (repo / "blobs" / ("f" * 64 + ".incomplete")).write_bytes(b"another revision's")
+    m = hf_cache.build_manifest(str(repo), "main")
+    assert m["incomplete_downloads"] == {name: 256 * 1024}
+
+
+def test_partial_downloads_and_links_in_blobs_are_not_blobs(tmp_path):
+    model = make_model(tmp_path)
+    repo = model["repo"]
+    (repo / "blobs" / ("a" * 64 + ".incomplete")).write_bytes(b"partial")
+    (repo / "blobs" / ("b" * 64)).symlink_to("/etc/hostname")
+    m = hf_cache.build_manifest(str(repo), "main", all_blobs=True)
+    assert set(m["blobs"]) == set(model["names"].values())
+
+
+def test_a_plain_file_where_the_source_has_a_link_is_fixed(tmp_path):
+    src = make_model(tmp_path / "src")
+    dst = make_model(tmp_path / "dst")
+    link = dst["repo"] / "snapshots" / REVISION / "config.json"
+    data = link.read_bytes()
+    link.unlink()
+    link.write_bytes(data)  # a copy instead of the link (huggingface_hub without symlink support)
+    d = hf_cache.diff_manifests(
+        hf_cache.build_manifest(str(src["repo"]), REVISION), hf_cache.build_manifest(str(dst["repo"]), REVISION)
+    )
+    assert list(d["links_fix"]) == [f"snapshots/{REVISION}/config.json"] and d["links_create"] == {}
+    assert not d["in_sync"]
+
+
+def test_an_absent_model_still_names_a_commit_revision_and_only_blob_links_count(tmp_path):
+    absent = str(tmp_path / "models--x--y")
+    assert hf_cache.build_manifest(absent, REVISION)["revision"] == REVISION
+    assert hf_cache.build_manifest(absent, "main")["revision"] is None
+    assert hf_cache.build_manifest(absent)["revision"] is None
+    rel = f"snapshots/{REVISION}/a"
+    assert hf_cache._blob_of(rel, "../../blobs/" + "a" * 64) == "a" * 64
+    for target in ("../../refs/main", "../../blobs/..", "../../blobs/.", "../../snapshots/x", "/abs/blobs/x"):
+        assert hf_cache._blob_of(rel, target) is None, target

@@ -52,6 +52,11 @@ def repos(tmp_path):
     return tmp_path / "src" / "models--org--m", tmp_path / "dst" / "models--org--m"
 
 
+def plan_of(src, files) -> dict:
+    """What the source announces with tcp_plan before a copy: path -> size."""
+    return {rel: (src / rel).stat().st_size for rel in files}
+
+
 @contextlib.contextmanager
 def receiver(dst, **kw):
     args = {"repo": str(dst), "address": "127.0.0.1", "port": free_port(), "allow": "127.0.0.1", "secret": SECRET}
@@ -83,14 +88,15 @@ def test_blobs_arrive_whole_under_their_names_with_mode_mtime_and_no_temp_left(r
     src, dst = repos
     files = [blob(src, size) for size in SIZES]
     progress = Progress()
-    with receiver(dst) as (rcv, port):
+    with receiver(dst, plan=plan_of(src, files)) as (rcv, port):
         rc, msg = hf_cache.send_stream(channel(port), files, str(src), progress)
         assert (rc, msg) == (0, "")
     stopped = rcv.stop()  # a second stop is harmless and reports the same
     for rel in files:
         got = dst / rel
         assert got.read_bytes() == (src / rel).read_bytes(), rel
-        assert got.stat().st_mode & 0o777 == 0o640 and got.stat().st_mtime == 1_700_000_000
+        # A fixed read-only mode whatever the source's file had (0640 here); the sent mtime.
+        assert got.stat().st_mode & 0o7777 == 0o444 and got.stat().st_mtime == 1_700_000_000
     assert sorted(progress.sizes) == sorted(SIZES)
     assert stopped["files"] == len(SIZES) and stopped["bytes"] == sum(SIZES) and stopped["errors"] == []
     assert temp_files(dst) == []
@@ -103,7 +109,7 @@ def test_blobs_arrive_whole_under_their_names_with_mode_mtime_and_no_temp_left(r
 def test_with_o_direct_the_received_weights_are_not_left_in_the_page_cache(repos):
     src, dst = repos
     rel = blob(src, 8 << 20)
-    with receiver(dst) as (rcv, port):
+    with receiver(dst, plan=plan_of(src, [rel])) as (rcv, port):
         if not rcv.direct:
             pytest.skip(f"{dst} is on a filesystem without O_DIRECT (tmpfs?): the buffered path is used")
         assert hf_cache.send_stream(channel(port), [rel], str(src), Progress()) == (0, "")
@@ -118,11 +124,11 @@ def test_with_o_direct_the_received_weights_are_not_left_in_the_page_cache(repos
 def test_wrong_secret_or_wrong_source_is_refused_and_nothing_is_written(repos):
     src, dst = repos
     rel = blob(src, 5000)
-    with receiver(dst) as (rcv, port):
+    with receiver(dst, plan=plan_of(src, [rel])) as (rcv, port):
         rc, msg = hf_cache.send_stream(channel(port, secret="a guess"), [rel], str(src), Progress())
         assert rc == 1 and "127.0.0.1" in msg
     assert rcv.stats["refused"] == ["wrong secret"]
-    with receiver(dst, allow="127.0.0.2") as (rcv, port):
+    with receiver(dst, allow="127.0.0.2", plan=plan_of(src, [rel])) as (rcv, port):
         rc, msg = hf_cache.send_stream(channel(port), [rel], str(src), Progress())
         assert rc == 1
     assert rcv.stats["refused"] == ["127.0.0.1"]
@@ -150,7 +156,7 @@ def raw_client(port: int):
 @contextlib.contextmanager
 def half_sent_blob(dst, name: str, first_bytes: bytes, io_timeout: float):
     """A receiver, and a connection to it that announced a 1 MiB blob and sent only ``first_bytes``."""
-    with receiver(dst, io_timeout=io_timeout) as (rcv, port):
+    with receiver(dst, io_timeout=io_timeout, plan={name: 1 << 20}) as (rcv, port):
         conn = raw_client(port)
         with conn:
             hf_cache._send_msg(conn, {"name": name, "size": 1 << 20})
@@ -160,9 +166,19 @@ def half_sent_blob(dst, name: str, first_bytes: bytes, io_timeout: float):
 
 @pytest.mark.parametrize(
     "name",
-    ["../../outside", "blobs/../../outside", "snapshots/" + "a" * 40 + "/x", "blobs/not-a-hash", "blobs/" + "A" * 64],
+    [
+        "../../outside",
+        "blobs/../../outside",
+        "snapshots/x",
+        "blobs/not-a-hash",
+        "blobs/" + "A" * 64,
+        ".sparkops/hashed-blobs.json",
+        "refs/main",
+        "/etc/cron.d/x",
+        "trees/../../x.json",
+    ],
 )
-def test_only_blobs_with_hash_names_can_be_written(repos, tmp_path, name):
+def test_only_files_a_cache_holds_can_be_written(repos, tmp_path, name):
     dst = repos[1]
     with receiver(dst) as (rcv, port):
         conn = raw_client(port)
@@ -170,9 +186,11 @@ def test_only_blobs_with_hash_names_can_be_written(repos, tmp_path, name):
             hf_cache._send_msg(conn, {"name": name, "size": 3})
             conn.sendall(b"bad")
             answer = hf_cache._recv_msg(conn)
-    assert "only blobs/<hash name> are received" in answer["error"]
+    assert "only blobs/<hash name>, the Hub's file list and snapshot files are received" in answer["error"]
     assert rcv.stats["files"] == 0
     assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == []
+    with pytest.raises(ValueError, match="refusing to plan"):
+        rcv.allow({name: 3})
 
 
 def test_bytes_that_do_not_hash_to_the_name_never_get_it(repos):
@@ -182,7 +200,7 @@ def test_bytes_that_do_not_hash_to_the_name_never_get_it(repos):
     data = bytearray((src / rel).read_bytes())
     data[40000] ^= 0x01  # what a bad cable or bad memory does: the same size, another content
     (src / rel).write_bytes(bytes(data))
-    with receiver(dst) as (rcv, port):
+    with receiver(dst, plan=plan_of(src, [good, rel])) as (rcv, port):
         rc, msg = hf_cache.send_stream(channel(port), [good, rel], str(src), Progress())
     assert rc == 1 and "not to the blob's name" in msg
     assert (dst / good).exists() and not (dst / rel).exists() and temp_files(dst) == []
@@ -193,7 +211,7 @@ def test_without_verify_nothing_is_hashed_or_recorded(repos):
     src, dst = repos
     rel = blob(src, 3000)
     (src / rel).write_bytes(b"x" * 3000)  # would fail a hash
-    with receiver(dst, verify=False) as (rcv, port):
+    with receiver(dst, verify=False, plan=plan_of(src, [rel])) as (rcv, port):
         assert hf_cache.send_stream(channel(port), [rel], str(src), Progress()) == (0, "")
     assert (dst / rel).read_bytes() == b"x" * 3000
     assert rcv.stop()["verified"] == [] and not (dst / ".sparkops").exists()
@@ -215,7 +233,7 @@ def test_streams_run_side_by_side(repos):
     src, dst = repos
     files = [blob(src, 300000 + i, seed=i) for i in range(6)]
     results = []
-    with receiver(dst) as (rcv, port):
+    with receiver(dst, plan=plan_of(src, files)) as (rcv, port):
         threads = [
             threading.Thread(
                 target=lambda part: results.append(hf_cache.send_stream(channel(port), part, str(src), Progress())),
@@ -236,7 +254,7 @@ def test_remote_main_starts_and_stops_the_receiver_and_stops_it_at_eof(repos):
     rel = blob(src, 10000)
     port = free_port()
     start = {"action": "tcp_start", "repo": str(dst), "address": "127.0.0.1", "port": port}
-    start |= {"allow": "127.0.0.1", "secret": SECRET, "io_timeout": 20}
+    start |= {"allow": "127.0.0.1", "secret": SECRET, "io_timeout": 20, "plan": plan_of(src, [rel])}
     control_r, control_w = os.pipe()
     out = io.StringIO()
     session = threading.Thread(target=hf_cache.remote_main, args=(os.fdopen(control_r, "rb"), out))
@@ -273,3 +291,143 @@ def test_stop_does_not_wait_for_a_stalled_sender(repos):
         rcv.stop()
         assert time.monotonic() - started < 10
     assert temp_files(dst) == [] and not (dst / name).exists()
+
+
+COMMIT = "c" * 40
+
+
+def plain(directory, rel: str, data: bytes) -> str:
+    (directory / rel).parent.mkdir(parents=True, exist_ok=True)
+    (directory / rel).write_bytes(data)
+    os.chmod(directory / rel, 0o6777)  # whatever the source holds, the target gets a fixed mode
+    return rel
+
+
+def test_the_hubs_file_list_tree_cache_and_snapshot_files_arrive_too(repos):
+    # issue 22: with the defaults (source hub, transport tcp) the Hub's file list is on every copy list.
+    src, dst = repos
+    files = [
+        blob(src, 5000),
+        plain(src, f".sparkops/{COMMIT}.json", b'{"files": {}}'),
+        plain(src, f"trees/{COMMIT}.json", b'{"format_version": 1}'),
+        plain(src, f"snapshots/{COMMIT}/original/params.json", b"{}"),
+    ]
+    with receiver(dst, plan=plan_of(src, files)) as (rcv, port):
+        assert hf_cache.send_stream(channel(port), files, str(src), Progress()) == (0, "")
+    stopped = rcv.stop()
+    assert stopped["files"] == 4 and stopped["errors"] == []
+    for rel in files:
+        assert (dst / rel).read_bytes() == (src / rel).read_bytes(), rel
+        want = 0o444 if rel.startswith("blobs/") else 0o644
+        assert (dst / rel).stat().st_mode & 0o7777 == want, rel
+    # Only blobs are hashed by name; the others are checked by size after the copy.
+    assert stopped["verified"] == [files[0].removeprefix("blobs/")]
+    assert sorted(p.name for p in dst.rglob(".*") if p.is_file() and "sparkops-tmp" in p.name) == []
+
+
+def test_only_the_planned_names_with_the_planned_sizes_are_received(repos):
+    src, dst = repos
+    planned, unplanned = blob(src, 3000), blob(src, 4000, seed=2)
+    with receiver(dst, plan=plan_of(src, [planned])) as (rcv, port):
+        rc, msg = hf_cache.send_stream(channel(port), [unplanned], str(src), Progress())
+        assert rc == 1 and "not in this copy's plan" in msg
+        conn = raw_client(port)
+        with conn:
+            hf_cache._send_msg(conn, {"name": planned, "size": 2999})
+            conn.sendall(b"x" * 2999)
+            answer = hf_cache._recv_msg(conn)
+        assert "2999 bytes announced, the plan says 3000" in answer["error"]
+        # A later tcp_plan (follow mode forwards in rounds) adds to what may come.
+        rcv.allow(plan_of(src, [unplanned]))
+        assert hf_cache.send_stream(channel(port), [unplanned], str(src), Progress()) == (0, "")
+    assert not (dst / planned).exists() and (dst / unplanned).exists()
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"not json at all",
+        b"[1, 2, 3]",
+        b'"a string"',
+        b'{"name": "blobs/' + b"d" * 64 + b'", "size": true}',
+        b'{"name": "blobs/' + b"d" * 64 + b'", "size": 3, "mtime": "yesterday"}',
+        b'{"name": ["blobs"], "size": 3}',
+        b"\xff\xfe\x00",
+    ],
+)
+def test_every_malformed_header_is_answered_with_an_error_and_the_receiver_goes_on(repos, raw):
+    src, dst = repos
+    rel = blob(src, 3)
+    plan = plan_of(src, [rel]) | {"blobs/" + "d" * 64: 3}
+    with receiver(dst, plan=plan) as (rcv, port):
+        conn = raw_client(port)
+        with conn:
+            conn.sendall(hf_cache.TCP_HEADER.pack(len(raw)) + raw)
+            answer = hf_cache._recv_msg(conn)
+        assert set(answer) == {"error"} and answer["error"]
+        assert "Traceback" not in answer["error"]
+        # The next sender is served as usual.
+        assert hf_cache.send_stream(channel(port), [rel], str(src), Progress()) == (0, "")
+    assert rcv.stop()["errors"] == [answer["error"]]
+
+
+def test_an_oversized_header_is_answered_with_an_error(repos):
+    dst = repos[1]
+    with receiver(dst) as (rcv, port):
+        conn = raw_client(port)
+        with conn:
+            conn.sendall(hf_cache.TCP_HEADER.pack(1 << 30))
+            answer = hf_cache._recv_msg(conn)
+    assert "not a sparkops sender" in answer["error"]
+
+
+def test_a_flood_of_idle_connections_is_capped_and_timed_out_and_the_sender_is_served(repos):
+    src, dst = repos
+    rel = blob(src, 7000)
+    with receiver(dst, plan=plan_of(src, [rel]), max_conns=3, handshake_timeout=1) as (rcv, port):
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(40)]
+        try:
+            started = time.monotonic()
+            # The first 3 get a challenge; the other 37 are closed at once, without one.
+            closed = 0
+            for s in idle[3:]:
+                s.settimeout(5)
+                if s.recv(64) == b"":
+                    closed += 1
+            assert closed == 37 and time.monotonic() - started < 4
+            assert len(idle[0].recv(64)) == hf_cache.AUTH_NONCE_BYTES
+            # The 3 that never answer are dropped after the handshake deadline...
+            for s in idle[:3]:
+                s.settimeout(5)
+                while s.recv(64):
+                    pass
+            assert time.monotonic() - started < 4
+            # ... and the real sender is served.
+            assert hf_cache.send_stream(channel(port), [rel], str(src), Progress()) == (0, "")
+        finally:
+            for s in idle:
+                s.close()
+    stopped = rcv.stop()
+    assert stopped["files"] == 1 and len(stopped["refused"]) <= hf_cache.MAX_REFUSALS_KEPT
+    assert any("more than 3 connections" in r for r in stopped["refused"])
+    assert len(rcv.workers) <= 4
+
+
+def test_nothing_is_written_through_a_link_swapped_into_the_target(repos, tmp_path):
+    # issue 23: .sparkops or a snapshot folder replaced by a link to elsewhere (by a local user, or by a
+    # crafted snapshot of an earlier sync) must not lead the receiver's write or the hash record out.
+    src, dst = repos
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    files = [blob(src, 100), plain(src, f".sparkops/{COMMIT}.json", b"{}"), plain(src, f"snapshots/{COMMIT}/a", b"1")]
+    (dst / "blobs").mkdir(parents=True)
+    (dst / ".sparkops").symlink_to(outside)
+    (dst / "snapshots").symlink_to(outside)
+    with receiver(dst, plan=plan_of(src, files)) as (rcv, port):
+        for rel in files[1:]:
+            rc, msg = hf_cache.send_stream(channel(port), [rel], str(src), Progress())
+            assert rc == 1 and "is a link or not a folder" in msg, msg
+        assert hf_cache.send_stream(channel(port), files[:1], str(src), Progress()) == (0, "")
+    stopped = rcv.stop()  # the hash record cannot be written through the link: reported, no crash
+    assert any("hash record was not written" in e for e in stopped["errors"])
+    assert list(outside.iterdir()) == []
