@@ -244,7 +244,10 @@ def parse_ib_write_bw(text: str | None) -> dict:
 
     peak_measured = None
     if result_row is not None:
-        peak_measured = not (warning_no_peak or (result_row["bw_peak"] == 0 and (result_row["bw_avg"] or 0) > 0))
+        # perftest prints a peak of 0.00 when it did not measure one (duration runs); a 0 peak is a
+        # measured zero only next to a 0 average (a NaN average, None here, says nothing either).
+        avg = result_row["bw_avg"]
+        peak_measured = not (warning_no_peak or (result_row["bw_peak"] == 0 and (avg is None or avg > 0)))
     elif warning_no_peak:
         peak_measured = False
 

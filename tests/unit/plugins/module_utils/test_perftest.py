@@ -338,3 +338,70 @@ def test_one_way_result_is_noted():
     one_way = parse("spark-eugr_client_q4_rdmacm_gbits.txt")
     v = pt.cable_verdict([one_way, one_way], threshold_gbps=100)
     assert v["verdict"] == "healthy" and any("one way" in n for n in v["notes"])
+
+
+# --- partial input and the repair advice --------------------------------------------------------------
+
+
+ROW_HEADER = " #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]\n"
+
+
+@pytest.mark.parametrize(
+    ("row", "avg", "peak", "measured"),
+    [
+        (" 1048576    38096            0.00               -nan 		   0.025397\n", None, None, False),
+        (" 1048576    38096            0.00               213.05 		   0.025397\n", 213.05, None, False),
+        (" 1048576    38096            0.00               0.00 		   0.000000\n", 0.0, 0.0, True),
+        (" 1048576    38096            214.10             213.05 		   0.025397\n", 213.05, 214.10, True),
+    ],
+)
+def test_zero_peak_is_measured_only_next_to_a_zero_average(row, avg, peak, measured):
+    r = pt.parse_ib_write_bw(ROW_HEADER + row)
+    assert (r["bw_avg_gbps"], r["bw_peak_gbps"], r["bw_peak_measured"]) == (avg, peak, measured)
+    if avg is None:
+        assert pt.failure_reason(r) == "no_result"
+        v = pt.cable_verdict([twin(HEALTHY, "rocep1s0f1"), r | {"device": "roceP2p1s0f1"}])
+        assert (v["verdict"], v["reason"]) == ("failed", "no_result")
+
+
+def test_peak_warning_without_rows_is_not_measured():
+    r = pt.parse_ib_write_bw(" Warning: BW peak won't be measured in this run.\n")
+    assert r["bw_peak_measured"] is False and r["rows"] == []
+    assert pt.parse_ib_write_bw("")["bw_peak_measured"] is None
+
+
+def test_degraded_advice_starts_with_rebooting_both_ends():
+    """The repair that clears a degraded Spark cable is a reboot of both ends; restarting the link does not."""
+    v = pt.cable_verdict([twin(HEALTHY, "rocep1s0f1"), twin(DEGRADED, "roceP2p1s0f1")])
+    assert v["advice"] == [
+        "Reboot the Sparks at both ends of this cable, then measure again.",
+        "Restarting the link or the network driver does not clear this state.",
+        "If the cable is still degraded after the reboot, reseat it at both ends (and try another cable).",
+    ]
+
+
+@pytest.mark.parametrize(
+    "results",
+    [
+        "list",
+        "dict",
+    ],
+)
+def test_a_missing_twin_fails_the_cable_without_a_crash(results):
+    good = twin(HEALTHY, "rocep1s0f1")
+    given = [good, None] if results == "list" else {"rocep1s0f1": good, "roceP2p1s0f1": None}
+    v = pt.cable_verdict(given)
+    assert (v["verdict"], v["reason"]) == ("failed", "no_result")
+    assert v["twins"][1]["verdict"] == "failed" and v["twins"][1]["gbps"] is None
+    assert v["total_gbps"] is None and v["min_gbps"] == 213.05
+    assert v["advice"] == [pt.REASON_ADVICE["no_result"]]
+    device = "?" if results == "list" else "roceP2p1s0f1"
+    assert f"{device} failed (no_result)" in v["message"]
+
+
+def test_no_results_at_all_fail_the_cable():
+    for given in (None, [], {}):
+        v = pt.cable_verdict(given)
+        assert (v["verdict"], v["reason"], v["twins"]) == ("failed", "no_result", [])
+        assert v["total_gbps"] is None and v["min_gbps"] is None
+        assert "no twin results" in v["message"]
