@@ -76,6 +76,7 @@ CMP_SWAP = {
 CMP_FLIP = {ast.Lt: ast.Gt, ast.LtE: ast.GtE, ast.Gt: ast.Lt, ast.GtE: ast.LtE}
 CALL_SWAP = {"max": "min", "min": "max", "any": "all", "all": "any"}
 PRAGMA = "pragma: no mutate"
+SELF_TEST = "test_mutation_tool.py"  # the mutator's own tests name modules; they run the mutator
 
 
 @dataclass(frozen=True)
@@ -262,7 +263,7 @@ def tests_for(path: str, root: Path = ROOT) -> list[str]:
     pattern = re.compile(rf"(\b{pkg}\b[ .]+import\b[^\n]*\b{name}\b|\b{pkg}\.{name}\b|{pkg}/{name}\.py)")
     found = set(EXTRA_TESTS.get(path, []))
     for test in sorted((root / "tests" / "unit").rglob("test_*.py")):
-        if pattern.search(test.read_text()):
+        if test.name != SELF_TEST and pattern.search(test.read_text()):
             found.add(str(test.relative_to(root)))
     return sorted(t for t in found if (root / t).exists())
 
@@ -304,7 +305,9 @@ def run_tests(workdir: Path, tests: list[str], timeout: float) -> tuple[str, flo
     return ("pass" if res.returncode == 0 else "fail"), time.monotonic() - start
 
 
-def check_module(path: str, workdir: Path, args) -> tuple[int, int, list[Mutant]] | None:
+def check_module(path: str, workdir: Path, args) -> tuple[int, int, list[Mutant] | None] | None:
+    """(killed, run, survivors) of one module; survivors None when its tests fail unmutated; None when
+    not scored (--list, or no tests)."""
     # Read from the copy: the checkout may change while a run goes on.
     root = ROOT if args.list else workdir
     tests = tests_for(path, root)
@@ -326,7 +329,7 @@ def check_module(path: str, workdir: Path, args) -> tuple[int, int, list[Mutant]
         verdict, took = run_tests(workdir, tests, args.timeout or 300)
         if verdict != "pass":
             print(f"   the tests fail on the unmutated module ({verdict}): fix them first")
-            return 0, 0, []
+            return 0, 0, None
         timeout = args.timeout or max(10.0, 5 * took)
         killed, survivors = 0, []
         for n, m in enumerate(chosen, 1):
@@ -377,7 +380,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print("\nmutation score per module (killed/run):")
     low = []
+    broken = []
     for path, (killed, total, survivors) in results.items():
+        if survivors is None:
+            print(f"    -    tests fail unmutated  {path}")
+            broken.append(path)
+            continue
         pct = 100.0 * killed / total if total else 0.0
         print(f"  {pct:5.1f}%  {killed}/{total}  {path}")
         for m in survivors:
@@ -386,8 +394,9 @@ def main(argv: list[str] | None = None) -> int:
             low.append(path)
     if low:
         print(f"below {args.fail_under}%: {' '.join(low)}")
-        return 1
-    return 0
+    if broken:
+        print(f"not scored, their tests fail without a mutation: {' '.join(broken)}")
+    return 2 if broken else (1 if low else 0)
 
 
 if __name__ == "__main__":
