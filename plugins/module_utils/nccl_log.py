@@ -105,8 +105,6 @@ def parse_nccl_transport(log_text: str) -> dict:
         if vm:
             ep["nccl_version"] = ep["nccl_version"] or vm.group(1)
             _add(versions, vm.group(1))
-            if im is None:
-                continue
         if any(marker in msg for marker in _PLUGIN_MARKERS):
             _add(plugin_lines, msg)
         if using:
@@ -155,10 +153,9 @@ def parse_nccl_transport(log_text: str) -> dict:
         ep["channel_net_devs"].sort()
         ep["ranks"].sort()
     # Drop endpoints that carry nothing about the transport (e.g. a host seen only in unrelated lines).
+    # (HCAs and socket interfaces come with a "Using" line, which always sets a transport.)
     endpoints = {
-        k: v
-        for k, v in endpoints.items()
-        if v["transport"] or v["hcas"] or v["socket_ifs"] or v["gid_index"] is not None or v["ib_no_device"]
+        k: v for k, v in endpoints.items() if v["transport"] or v["gid_index"] is not None or v["ib_no_device"]
     }
     hosts: dict[str, dict] = {}
     for ep in endpoints.values():
@@ -193,7 +190,7 @@ def transport_verdict(parsed: dict, expected_hcas=None) -> dict:
     transport lines.
     """
     expected = [h for h in (expected_hcas or []) if h]
-    endpoints = parsed.get("endpoints") or {}
+    endpoints = parsed.get("endpoints")
     problems = []
     if not endpoints:
         return {

@@ -134,7 +134,7 @@ def diff(old: dict, new: dict, ignore: tuple = ("written_at", "history")) -> lis
         elif a != b:
             out.append(f"{path}: {json.dumps(a)} -> {json.dumps(b)}")
 
-    walk(old or {}, new or {}, "")
+    walk(old, new, "")  # no lock (None) is an empty one: walk() reads None beside a dict as {}
     return out
 
 

@@ -257,7 +257,7 @@ def sample(mutants: list[Mutant], n: int | None, seed: int) -> list[Mutant]:
 
 
 def tests_for(path: str, root: Path = ROOT) -> list[str]:
-    """The unit test files that import the module by name, and the ones EXTRA_TESTS names."""
+    """The unit test files that import the module by name, and the ones EXTRA_TESTS names (its own first)."""
     module = Path(path)
     pkg, name = module.parent.name, module.stem
     pattern = re.compile(rf"(\b{pkg}\b[ .]+import\b[^\n]*\b{name}\b|\b{pkg}\.{name}\b|{pkg}/{name}\.py)")
@@ -265,7 +265,8 @@ def tests_for(path: str, root: Path = ROOT) -> list[str]:
     for test in sorted((root / "tests" / "unit").rglob("test_*.py")):
         if test.name != SELF_TEST and pattern.search(test.read_text()):
             found.add(str(test.relative_to(root)))
-    return sorted(t for t in found if (root / t).exists())
+    # The module's own test file first: most mutants die there, and -x stops at the first failure.
+    return sorted((t for t in found if (root / t).exists()), key=lambda t: (Path(t).stem != f"test_{name}", t))
 
 
 def default_modules() -> list[str]:

@@ -240,9 +240,11 @@ def test_ib_hca_env_and_several_gid_indexes():
 
 def test_plugin_lines_of_every_marker():
     p = parse("nccl_tests373_ibext_merged_roce.log")
-    assert "Plugin Path : /opt/hpcx/nccl_rdma_sharp_plugin/lib/libnccl-net.so" in p["plugin_lines"]
-    assert "Using non-device net plugin version 0" in p["plugin_lines"]
-    assert p["plugin_lines"].count("Using non-device net plugin version 0") == 1
+    assert p["plugin_lines"] == [  # each once, and no other line
+        "Plugin Path : /opt/hpcx/nccl_rdma_sharp_plugin/lib/libnccl-net.so",
+        "P2P plugin IBext_v8",
+        "Using non-device net plugin version 0",
+    ]
 
 
 def test_prefixless_lines_without_an_address_are_unknown():
@@ -290,3 +292,15 @@ def test_a_passing_verdict_has_no_problems():
     }
     no_hcas = nl.transport_verdict(nl.parse_nccl_transport(info("h", 1, "Using network IB")))
     assert no_hcas["message"] == "NCCL used IB verbs (RDMA) on all 1 endpoint(s)"
+
+
+def test_the_last_using_line_wins_when_there_are_no_channels():
+    """Two communicators in one process: the later choice is the transport."""
+    ib = info("h", 1, "NET/IB : Using [0]rocep1s0f1:1/RoCE [1]roceP2p1s0f1:1/RoCE [RO]; OOB enp1s0f1np1:10.0.0.1<0>")
+    sock = info("h", 1, "NET/Socket : Using [0]enP7s7:192.168.0.111<0>")
+    assert nl.parse_nccl_transport(sock + "\n" + ib)["endpoints"]["h:1"]["transport"] == "IB"
+    assert nl.parse_nccl_transport(ib + "\n" + sock)["endpoints"]["h:1"]["transport"] == "Socket"
+    only_ib = nl.parse_nccl_transport(ib)
+    assert only_ib["endpoints"]["h:1"]["hcas"] == TWINS
+    # No channel lines: nothing says fewer devices than the twins carried the traffic.
+    assert nl.transport_verdict(only_ib, TWINS)["ok"] is True

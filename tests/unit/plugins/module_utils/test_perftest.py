@@ -55,9 +55,10 @@ def parse(name: str) -> dict:
 def test_units_gbits_is_decimal_and_byte_units_are_mebibytes():
     assert pt.to_gbps(111.71, "Gb/sec") == 111.71
     # 2^20 byte/s = 8 * 1048576 bit/s = 0.008388608 Gb/s, for both the old and the new spelling.
-    assert pt.to_gbps(1000.0, "MB/sec") == pytest.approx(8.388608)
-    assert pt.to_gbps(1000.0, "MiB/sec") == pytest.approx(8.388608)
+    assert pt.to_gbps(1000.0, "MB/sec") == pytest.approx(8.388608, rel=1e-12)
+    assert pt.to_gbps(1000.0, "MiB/sec") == pytest.approx(8.388608, rel=1e-12)
     assert pt.to_gbps(None, "Gb/sec") is None
+    assert pt.to_gbps(5.0, None) is None
     with pytest.raises(ValueError, match="unknown perftest unit"):
         pt.to_gbps(1.0, "GB/sec")
 
@@ -405,3 +406,30 @@ def test_no_results_at_all_fail_the_cable():
         assert (v["verdict"], v["reason"], v["twins"]) == ("failed", "no_result", [])
         assert v["total_gbps"] is None and v["min_gbps"] is None
         assert "no twin results" in v["message"]
+
+
+# Every reason a twin can fail for, named here and not read from pt.REASONS: an explicit reason (the
+# ib_write_bw module's) is honoured only when it is one of these.
+ALL_REASONS = [
+    "not_installed",
+    "server_not_started",
+    "peer_unreachable",
+    "timed_out",
+    "no_result",
+    "qp_setup_failed",
+    "no_rdma_device",
+    "below_floor",
+]
+
+
+@pytest.mark.parametrize("reason", ALL_REASONS)
+def test_an_explicit_reason_is_honoured_and_has_advice(reason):
+    assert pt.failure_reason({"reason": reason, "bw_avg_gbps": 200.0}) == reason
+    assert pt.REASON_ADVICE[reason].endswith(".")
+    v = pt.cable_verdict([twin(HEALTHY, "rocep1s0f1"), {"device": "roceP2p1s0f1", "reason": reason}])
+    assert (v["verdict"], v["reason"], v["advice"]) == ("failed", reason, [pt.REASON_ADVICE[reason]])
+
+
+def test_an_unknown_reason_is_not_taken_at_its_word():
+    assert pt.failure_reason({"reason": "cosmic_rays", "bw_avg_gbps": 200.0}) is None
+    assert pt.failure_reason({"reason": "cosmic_rays"}) == "no_result"

@@ -231,3 +231,23 @@ def test_locked_revision_needs_every_match_and_a_resolved_one():
 
 def test_dumps_is_sorted_indented_json_with_a_newline():
     assert lf.dumps({"b": 1, "a": {"d": 2, "c": 3}}) == '{\n  "a": {\n    "c": 3,\n    "d": 2\n  },\n  "b": 1\n}\n'
+
+
+def test_the_written_format_is_lock_version_1():
+    """Locks already written say lock_version 1: a change of LOCK_VERSION refuses every one of them."""
+    assert lf.LOCK_VERSION == 1
+    assert lf.parse_lock('{"lock_version": 1, "image": {"ref": "x"}}') == {"lock_version": 1, "image": {"ref": "x"}}
+    assert '"lock_version": 1' in lf.dumps(lf.merge({}, {}))
+
+
+def test_a_section_that_is_not_a_mapping_is_read_as_missing():
+    lock = {"lock_version": 1, "image": "sourcerepo", "model": ["profile"]}
+    problems = lf.conflicts(lock, WANTED)
+    assert problems[0] == 'image.source: the lock has null, the inventory asks for "eugr"'
+    assert len(problems) == 7  # every wanted key but the empty registry_ref
+
+
+def test_merge_writes_tuples_as_lists():
+    lock = lf.merge({}, {"image": {"build_args": ("--a", "b")}})
+    assert lock["image"]["build_args"] == ["--a", "b"] and type(lock["image"]["build_args"]) is list
+    assert lf.dumps(lock) == lf.dumps(json.loads(lf.dumps(lock)))
