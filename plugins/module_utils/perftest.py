@@ -67,7 +67,8 @@ REASON_ADVICE = {
 # One result row: #bytes, #iterations, BW peak, BW average, MsgRate (+ optional per-port columns).
 _NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|-?nan|-?inf"
 _ROW = re.compile(rf"^\s*(\d+)\s+(\d+)\s+({_NUM})\s+({_NUM})\s+({_NUM})(?:\s+.*)?$", re.IGNORECASE)
-_HEADER = re.compile(r"#bytes\s+#?iterations\s+BW peak\[([^\]]+)\]\s+BW average\[([^\]]+)\]")
+# The one group is the average's unit (perftest prints the same unit for the peak).
+_HEADER = re.compile(r"#bytes\s+#?iterations\s+BW peak\[[^\]]+\]\s+BW average\[([^\]]+)\]")
 _TITLE = re.compile(r"^\s*(RDMA_\w+|Send|Atomic\w*)\s+(?:(Bidirectional)\s+)?(?:Post List\s+)?BW Test\s*$")
 
 # (pattern, error text, error kind). The first match in the output wins.
@@ -200,12 +201,12 @@ def parse_ib_write_bw(text: str | None) -> dict:
     for index, line in enumerate(lines):
         match = _HEADER.search(line)
         if match:
-            unit = match.group(2).strip()
+            unit = match.group(1).strip()
             header_at = index
     units_seen: list[str] = []
     for match in filter(None, map(_HEADER.search, lines)):
-        if match.group(2).strip() not in units_seen:
-            units_seen.append(match.group(2).strip())
+        if match.group(1).strip() not in units_seen:
+            units_seen.append(match.group(1).strip())
 
     rows = []
     if header_at is not None:
@@ -214,7 +215,7 @@ def parse_ib_write_bw(text: str | None) -> dict:
         for line in lines:
             header = _HEADER.search(line)
             if header:
-                row_unit = header.group(2).strip()
+                row_unit = header.group(1).strip()
                 continue
             match = _ROW.match(line)
             if not match or row_unit is None:
@@ -258,7 +259,6 @@ def parse_ib_write_bw(text: str | None) -> dict:
     else:
         side = None
 
-    link_type = fields.get("Link type")
     rdma_cm = fields.get("rdma_cm QPs")
     gid = fields.get("GID index")
     return {
@@ -270,7 +270,7 @@ def parse_ib_write_bw(text: str | None) -> dict:
         "transport": fields.get("Transport type"),
         "connection_type": fields.get("Connection type"),
         "mtu": _int_or_none(fields.get("Mtu")),
-        "link_type": link_type if link_type in ("Ethernet", "IB") else (link_type or None),
+        "link_type": fields.get("Link type"),
         "gid_index": _int_or_none(gid),
         "rdma_cm": None if rdma_cm is None else rdma_cm.upper() == "ON",
         "data_exchange": fields.get("Data ex. method"),

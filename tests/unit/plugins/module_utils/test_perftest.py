@@ -433,3 +433,46 @@ def test_an_explicit_reason_is_honoured_and_has_advice(reason):
 def test_an_unknown_reason_is_not_taken_at_its_word():
     assert pt.failure_reason({"reason": "cosmic_rays", "bw_avg_gbps": 200.0}) is None
     assert pt.failure_reason({"reason": "cosmic_rays"}) == "no_result"
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        (" Unable to init the socket connection\n", "Couldn't connect"),
+        ("Couldn't connect to 192.168.100.11:18515\n", "Couldn't connect to 192.168.100.11:18515"),
+        (" Failed to resolve RDMA CM address\n", "Couldn't connect over RDMA CM"),
+    ],
+)
+def test_every_connect_failure_is_a_client_that_cannot_reach_its_peer(text, error):
+    r = pt.parse_ib_write_bw(text)
+    assert (r["error"], r["error_kind"], r["side"]) == (error, "connect_failed", "client")
+    assert pt.failure_reason(r) == "peer_unreachable"
+
+
+def test_a_row_before_any_header_is_not_a_result():
+    r = pt.parse_ib_write_bw(" 65536      5000           1.00               2.00 		   0.1\n" + ROW_HEADER)
+    assert r["rows"] == [] and r["unit"] == "Gb/sec" and r["bw_avg_gbps"] is None
+
+
+def test_the_average_unit_is_the_rows_unit():
+    r = pt.parse_ib_write_bw(
+        ROW_HEADER.replace("BW average[Gb/sec]", "BW average[MiB/sec]")
+        + " 1048576    38096            0.00               25397.60 		   0.025397\n"
+    )
+    assert r["unit"] == "MiB/sec" and r["units_seen"] == ["MiB/sec"]
+    assert r["bw_avg_gbps"] == pytest.approx(213.05, abs=0.01)
+
+
+def test_a_full_line_rate_fraction_and_a_zero_floor_are_allowed():
+    assert pt.line_rate_threshold(200, 1) == 200.0
+    assert pt.cable_verdict([{"bw_avg_gbps": 1.0}], degraded_floor_gbps=0)["degraded_floor_gbps"] == 0
+    with pytest.raises(ValueError, match="degraded_floor_gbps"):
+        pt.cable_verdict([{"bw_avg_gbps": 1.0}], degraded_floor_gbps=-1)
+
+
+def test_reasons_from_the_server_side_and_the_timeout_flag():
+    assert pt.failure_reason({"server": {"error_kind": "no_rdma_device"}}) == "no_rdma_device"
+    assert pt.failure_reason({"server": {"error_kind": "not_installed"}}) == "not_installed"
+    assert pt.failure_reason({"timed_out": True}) == "timed_out"
+    assert pt.failure_reason({"error_kind": "port_in_use"}) == "server_not_started"
+    assert pt.failure_reason({"bw_avg_gbps": 0.0}) is None
