@@ -476,3 +476,13 @@ def test_reasons_from_the_server_side_and_the_timeout_flag():
     assert pt.failure_reason({"timed_out": True}) == "timed_out"
     assert pt.failure_reason({"error_kind": "port_in_use"}) == "server_not_started"
     assert pt.failure_reason({"bw_avg_gbps": 0.0}) is None
+
+
+def test_a_twin_at_the_floor_is_degraded_not_failed():
+    v = pt.cable_verdict([{"device": "a", "bw_avg_gbps": 213.0}, {"device": "b", "bw_avg_gbps": 50.0}], 190, 50)
+    assert (v["verdict"], v["reason"]) == ("degraded", None)
+    assert (v["threshold_gbps"], v["degraded_floor_gbps"]) == (190.0, 50)
+    assert v["message"] == (
+        "cable degraded: a 213.00 Gb/s healthy, b 50.00 Gb/s degraded (healthy at 190 Gb/s or more per twin, "
+        "both directions)"
+    )
