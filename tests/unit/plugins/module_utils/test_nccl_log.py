@@ -199,6 +199,7 @@ def test_endpoint_fields_and_versions():
     p = parse("spark_2node_roce_both_twins_nccl2.28.9.log")
     ep = p["endpoints"]["spark-4440:24302"]
     assert (ep["host"], ep["pid"]) == ("spark-4440", "24302")
+    assert ep["ib_hca_env"] is None  # NCCL_IB_HCA not set in that run
     assert ep["nccl_version"] == "2.28.9+cuda13.0"
     assert p["nccl_versions"] == ["2.28.9+cuda13.0"]
     assert p["gid_index"] is None
