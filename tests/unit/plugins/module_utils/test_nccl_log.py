@@ -182,6 +182,7 @@ def test_every_failing_endpoint_is_named():
             info("a", 1, "Using network Libfabric"),
             info("b", 2, "Using network Socket"),
             info("c", 3, "NET/IB : No device found."),
+            *channels("cc", 8, ["NET/IB/0", "NET/IB/1", "NET/Socket/0"]),
             info("d", 4, "NET/Socket : Using [0]enP7s7:192.168.0.111<0>"),
             info("e", 5, "Using network Libfabric"),
             info("f", 6, "NET/IB : No device found."),
@@ -189,9 +190,10 @@ def test_every_failing_endpoint_is_named():
         ]
     )
     v = nl.transport_verdict(nl.parse_nccl_transport(log), TWINS)
-    assert [problem.split(":")[0] for problem in v["problems"]] == ["a", "b", "c", "d", "e", "f", "g"]
+    assert [problem.split(":")[0] for problem in v["problems"]] == ["a", "b", "c", "cc", "d", "e", "f", "g"]
+    assert v["problems"][3].startswith("cc:8: 1 of 3 channels over NET/Socket")
     assert "NET/Socket over a TCP interface" in v["problems"][1]
-    assert "NET/Socket over enP7s7:192.168.0.111" in v["problems"][3]
+    assert "NET/Socket over enP7s7:192.168.0.111" in v["problems"][4]
     assert v["message"] == "; ".join(v["problems"])
 
 
