@@ -177,7 +177,7 @@ def _find_error(text: str) -> tuple[str | None, str | None]:
             continue
         if "{0}" in message:
             return message.format(match.group(1)), kind
-        if kind == "connect_failed" and match.re.pattern.startswith("Couldn't connect to"):
+        if match.re.pattern.startswith("Couldn't connect to"):  # the one pattern that captures the address
             return f"Couldn't connect to {match.group(1)}", kind
         return message, kind
     return None, None

@@ -486,3 +486,11 @@ def test_a_twin_at_the_floor_is_degraded_not_failed():
         "cable degraded: a 213.00 Gb/s healthy, b 50.00 Gb/s degraded (healthy at 190 Gb/s or more per twin, "
         "both directions)"
     )
+
+
+def test_repeated_headers_list_their_unit_once_and_the_warning_wins_over_a_peak():
+    row = " 1048576    38096            214.10             213.05 		   0.025397\n"
+    r = pt.parse_ib_write_bw(ROW_HEADER + row + ROW_HEADER + row)
+    assert r["units_seen"] == ["Gb/sec"] and len(r["rows"]) == 2 and r["bw_peak_gbps"] == 214.10
+    warned = pt.parse_ib_write_bw(" Warning: BW peak won't be measured in this run.\n" + ROW_HEADER + row)
+    assert (warned["bw_peak_measured"], warned["bw_peak_gbps"], warned["bw_avg_gbps"]) == (False, None, 213.05)
