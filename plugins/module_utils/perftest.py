@@ -280,7 +280,7 @@ def parse_ib_write_bw(text: str | None) -> dict:
         "rows": rows,
         "msg_size_bytes": result_row["msg_size_bytes"] if result_row else None,
         "iterations": result_row["iterations"] if result_row else None,
-        "bw_peak_gbps": result_row["bw_peak_gbps"] if result_row and peak_measured else None,
+        "bw_peak_gbps": result_row["bw_peak_gbps"] if peak_measured else None,  # measured: there is a row
         "bw_avg_gbps": result_row["bw_avg_gbps"] if result_row else None,
         "msg_rate_mpps": result_row["msg_rate_mpps"] if result_row else None,
         "bw_peak_measured": peak_measured,

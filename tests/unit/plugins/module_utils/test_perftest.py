@@ -81,6 +81,7 @@ def test_spark_client_four_qps_rdma_cm_gbits():
     assert r["side"] == "client"
     assert r["device"] == "rocep1s0f1"
     assert (r["qps"], r["mtu"], r["link_type"], r["transport"]) == (4, 1024, "IB", "IB")
+    assert r["connection_type"] == "RC"
     assert r["rdma_cm"] is True and r["gid_index"] is None and r["data_exchange"] == "rdma_cm"
     assert (r["msg_size_bytes"], r["iterations"]) == (65536, 20000)
     assert (r["bw_peak_gbps"], r["bw_avg_gbps"], r["msg_rate_mpps"]) == (111.72, 111.71, 0.213070)
@@ -239,7 +240,8 @@ def test_nan_column_is_none():
 
 def test_line_rate_threshold():
     assert pt.line_rate_threshold(200, 0.95) == 190.0
-    for bad in ((0, 0.9), (200, 0), (200, 1.5), (None, 0.9)):
+    assert pt.line_rate_threshold(1, 0.5) == 0.5
+    for bad in ((0, 0.9), (200, 0), (200, 1.5), (None, 0.9), (200, None), (-1, 0.9)):
         with pytest.raises(ValueError):
             pt.line_rate_threshold(*bad)
 
@@ -494,3 +496,17 @@ def test_repeated_headers_list_their_unit_once_and_the_warning_wins_over_a_peak(
     assert r["units_seen"] == ["Gb/sec"] and len(r["rows"]) == 2 and r["bw_peak_gbps"] == 214.10
     warned = pt.parse_ib_write_bw(" Warning: BW peak won't be measured in this run.\n" + ROW_HEADER + row)
     assert (warned["bw_peak_measured"], warned["bw_peak_gbps"], warned["bw_avg_gbps"]) == (False, None, 213.05)
+
+
+def test_an_infinite_column_is_none():
+    r = pt.parse_ib_write_bw(
+        ROW_HEADER + " 1048576    38096            inf                213.05 		   0.025397\n"
+    )
+    assert r["rows"][0]["bw_peak"] is None and r["bw_avg_gbps"] == 213.05
+
+
+def test_a_result_names_its_own_device_and_a_threshold_is_required():
+    v = pt.cable_verdict({"port-1": {"device": "rocep1s0f1", "bw_avg_gbps": 213.0}, "roceP2p1s0f1": {"bw_avg_gbps": 1}})
+    assert [t["device"] for t in v["twins"]] == ["rocep1s0f1", "roceP2p1s0f1"]
+    with pytest.raises(ValueError, match="threshold_gbps"):
+        pt.cable_verdict([{"bw_avg_gbps": 1.0}], threshold_gbps=None)
