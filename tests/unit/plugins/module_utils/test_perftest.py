@@ -510,3 +510,10 @@ def test_a_result_names_its_own_device_and_a_threshold_is_required():
     assert [t["device"] for t in v["twins"]] == ["rocep1s0f1", "roceP2p1s0f1"]
     with pytest.raises(ValueError, match="threshold_gbps"):
         pt.cable_verdict([{"bw_avg_gbps": 1.0}], threshold_gbps=None)
+
+
+def test_hcas_that_cannot_connect_through_the_link_are_a_qp_setup_failure():
+    # perftest prints this (to stderr) when ctx_connect cannot move the QPs to RTR/RTS.
+    r = pt.parse_ib_write_bw(" Unable to Connect the HCA's through the link\n")
+    assert (r["error"], r["error_kind"]) == ("Unable to Connect the HCA's through the link", "qp_setup_failed")
+    assert pt.failure_reason(r) == "qp_setup_failed"
