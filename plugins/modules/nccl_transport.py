@@ -8,9 +8,9 @@ short_description: Prove which transport NCCL chose (RDMA over RoCE or TCP socke
 description:
   - Reads NCCL INFO log lines (NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=INIT,NET) from log files on the node, or
     from I(text), and reports per process what NCCL used - C(NET/IB) with the HCAs, or C(NET/Socket).
-  - Fails when NCCL fell back to sockets (also when only some of a process's channels ran over them), used a
+  - "Fails when NCCL fell back to sockets (also when only some of a process's channels ran over them), used a
     network plugin other than IB verbs, chose no transport (only C(NET/IB : No device found.)), used only one of
-    the expected twins, or left no transport lines, unless I(fail_on_mismatch) is false.
+    the expected twins, or left no transport lines, unless I(fail_on_mismatch) is false."
   - Several published two-Spark recipes silently run NCCL over TCP; this is the check that catches it.
 version_added: "0.1.0"
 author:
