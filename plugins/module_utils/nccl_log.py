@@ -105,8 +105,6 @@ def parse_nccl_transport(log_text: str) -> dict:
         if vm:
             ep["nccl_version"] = ep["nccl_version"] or vm.group(1)
             _add(versions, vm.group(1))
-            if im is None:
-                continue
         if any(marker in msg for marker in _PLUGIN_MARKERS):
             _add(plugin_lines, msg)
         if using:
@@ -155,10 +153,9 @@ def parse_nccl_transport(log_text: str) -> dict:
         ep["channel_net_devs"].sort()
         ep["ranks"].sort()
     # Drop endpoints that carry nothing about the transport (e.g. a host seen only in unrelated lines).
+    # (HCAs and socket interfaces come with a "Using" line, which always sets a transport.)
     endpoints = {
-        k: v
-        for k, v in endpoints.items()
-        if v["transport"] or v["hcas"] or v["socket_ifs"] or v["gid_index"] is not None or v["ib_no_device"]
+        k: v for k, v in endpoints.items() if v["transport"] or v["gid_index"] is not None or v["ib_no_device"]
     }
     hosts: dict[str, dict] = {}
     for ep in endpoints.values():
@@ -186,12 +183,14 @@ def parse_nccl_transport(log_text: str) -> dict:
 def transport_verdict(parsed: dict, expected_hcas=None) -> dict:
     """Whether every endpoint in parsed used IB verbs (and, given expected_hcas, all of them).
 
-    Returns {ok, message, problems}. Fails on sockets, on an endpoint that lists only some of expected_hcas
-    (one twin only), on channels that ran over fewer NET devices than expected_hcas, and on a log with no
+    Returns {ok, message, problems}. Fails on sockets (also when only some channels ran over them), on a
+    transport other than IB verbs (a plugin such as Libfabric), on an endpoint whose NET/IB lines chose
+    nothing ("NET/IB : No device found." alone), on an endpoint that lists only some of expected_hcas (one
+    twin only), on channels that ran over fewer NET devices than expected_hcas, and on a log with no
     transport lines.
     """
     expected = [h for h in (expected_hcas or []) if h]
-    endpoints = parsed.get("endpoints") or {}
+    endpoints = parsed.get("endpoints")
     problems = []
     if not endpoints:
         return {
@@ -201,15 +200,24 @@ def transport_verdict(parsed: dict, expected_hcas=None) -> dict:
         }
     for key, ep in sorted(endpoints.items()):
         where = key
-        if ep["transport"] == "Socket" or (ep["transport"] is None and ep["socket_ifs"]):
+        # (A NET/Socket "Using" line always sets the transport, so socket_ifs imply "Socket" here.)
+        if ep["transport"] == "Socket":
             ifs = ", ".join(ep["socket_ifs"]) or "a TCP interface"
             problems.append(f"{where}: NET/Socket over {ifs}; {SOCKET_HINT}")
             continue
         if ep["transport"] not in ("IB", None):
             problems.append(f"{where}: transport {ep['transport']}, not IB verbs")
             continue
-        if ep["transport"] is None and not ep["hcas"]:
+        if ep["transport"] is None:
+            # Only NET/IB lines that chose nothing (e.g. "NET/IB : No device found."), or a GID index:
+            # no proof that RDMA carried anything. (HCAs come with a "Using" line, which sets a transport.)
             problems.append(f"{where}: no transport chosen in the log (NET/IB No device found: {ep['ib_no_device']})")
+            continue
+        socket_channels = ep["channel_transports"].get("Socket", 0)
+        if socket_channels:
+            # Judged IB by its majority of channels, but some ran over TCP: not all traffic is RDMA.
+            total = sum(ep["channel_transports"].values())
+            problems.append(f"{where}: {socket_channels} of {total} channels over NET/Socket; {SOCKET_HINT}")
             continue
         if expected:
             if ep["hcas"]:

@@ -67,7 +67,8 @@ REASON_ADVICE = {
 # One result row: #bytes, #iterations, BW peak, BW average, MsgRate (+ optional per-port columns).
 _NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|-?nan|-?inf"
 _ROW = re.compile(rf"^\s*(\d+)\s+(\d+)\s+({_NUM})\s+({_NUM})\s+({_NUM})(?:\s+.*)?$", re.IGNORECASE)
-_HEADER = re.compile(r"#bytes\s+#?iterations\s+BW peak\[([^\]]+)\]\s+BW average\[([^\]]+)\]")
+# The one group is the average's unit (perftest prints the same unit for the peak).
+_HEADER = re.compile(r"#bytes\s+#?iterations\s+BW peak\[[^\]]+\]\s+BW average\[([^\]]+)\]")
 _TITLE = re.compile(r"^\s*(RDMA_\w+|Send|Atomic\w*)\s+(?:(Bidirectional)\s+)?(?:Post List\s+)?BW Test\s*$")
 
 # (pattern, error text, error kind). The first match in the output wins.
@@ -176,7 +177,7 @@ def _find_error(text: str) -> tuple[str | None, str | None]:
             continue
         if "{0}" in message:
             return message.format(match.group(1)), kind
-        if kind == "connect_failed" and match.re.pattern.startswith("Couldn't connect to"):
+        if match.re.pattern.startswith("Couldn't connect to"):  # the one pattern that captures the address
             return f"Couldn't connect to {match.group(1)}", kind
         return message, kind
     return None, None
@@ -200,12 +201,12 @@ def parse_ib_write_bw(text: str | None) -> dict:
     for index, line in enumerate(lines):
         match = _HEADER.search(line)
         if match:
-            unit = match.group(2).strip()
+            unit = match.group(1).strip()
             header_at = index
     units_seen: list[str] = []
     for match in filter(None, map(_HEADER.search, lines)):
-        if match.group(2).strip() not in units_seen:
-            units_seen.append(match.group(2).strip())
+        if match.group(1).strip() not in units_seen:
+            units_seen.append(match.group(1).strip())
 
     rows = []
     if header_at is not None:
@@ -214,7 +215,7 @@ def parse_ib_write_bw(text: str | None) -> dict:
         for line in lines:
             header = _HEADER.search(line)
             if header:
-                row_unit = header.group(2).strip()
+                row_unit = header.group(1).strip()
                 continue
             match = _ROW.match(line)
             if not match or row_unit is None:
@@ -244,7 +245,10 @@ def parse_ib_write_bw(text: str | None) -> dict:
 
     peak_measured = None
     if result_row is not None:
-        peak_measured = not (warning_no_peak or (result_row["bw_peak"] == 0 and (result_row["bw_avg"] or 0) > 0))
+        # perftest prints a peak of 0.00 when it did not measure one (duration runs); a 0 peak is a
+        # measured zero only next to a 0 average (a NaN average, None here, says nothing either).
+        avg = result_row["bw_avg"]
+        peak_measured = not (warning_no_peak or (result_row["bw_peak"] == 0 and (avg is None or avg > 0)))
     elif warning_no_peak:
         peak_measured = False
 
@@ -255,7 +259,6 @@ def parse_ib_write_bw(text: str | None) -> dict:
     else:
         side = None
 
-    link_type = fields.get("Link type")
     rdma_cm = fields.get("rdma_cm QPs")
     gid = fields.get("GID index")
     return {
@@ -267,7 +270,7 @@ def parse_ib_write_bw(text: str | None) -> dict:
         "transport": fields.get("Transport type"),
         "connection_type": fields.get("Connection type"),
         "mtu": _int_or_none(fields.get("Mtu")),
-        "link_type": link_type if link_type in ("Ethernet", "IB") else (link_type or None),
+        "link_type": fields.get("Link type"),
         "gid_index": _int_or_none(gid),
         "rdma_cm": None if rdma_cm is None else rdma_cm.upper() == "ON",
         "data_exchange": fields.get("Data ex. method"),
@@ -277,7 +280,7 @@ def parse_ib_write_bw(text: str | None) -> dict:
         "rows": rows,
         "msg_size_bytes": result_row["msg_size_bytes"] if result_row else None,
         "iterations": result_row["iterations"] if result_row else None,
-        "bw_peak_gbps": result_row["bw_peak_gbps"] if result_row and peak_measured else None,
+        "bw_peak_gbps": result_row["bw_peak_gbps"] if peak_measured else None,  # measured: there is a row
         "bw_avg_gbps": result_row["bw_avg_gbps"] if result_row else None,
         "msg_rate_mpps": result_row["msg_rate_mpps"] if result_row else None,
         "bw_peak_measured": peak_measured,

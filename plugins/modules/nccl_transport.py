@@ -8,8 +8,9 @@ short_description: Prove which transport NCCL chose (RDMA over RoCE or TCP socke
 description:
   - Reads NCCL INFO log lines (NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=INIT,NET) from log files on the node, or
     from I(text), and reports per process what NCCL used - C(NET/IB) with the HCAs, or C(NET/Socket).
-  - Fails when NCCL fell back to sockets, used only one of the expected twins, or left no transport lines,
-    unless I(fail_on_mismatch) is false.
+  - "Fails when NCCL fell back to sockets (also when only some of a process's channels ran over them), used a
+    network plugin other than IB verbs, chose no transport (only C(NET/IB : No device found.)), used only one of
+    the expected twins, or left no transport lines, unless I(fail_on_mismatch) is false."
   - Several published two-Spark recipes silently run NCCL over TCP; this is the check that catches it.
   - A log file another local user could have written is not read but listed in RV(files_refused) - one
     that is not owned by root (or by the user the module runs as), is writable by others, or is reached

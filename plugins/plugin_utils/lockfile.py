@@ -120,6 +120,12 @@ def diff(old: dict, new: dict, ignore: tuple = ("written_at", "history")) -> lis
     out = []
 
     def walk(a: object, b: object, path: str) -> None:
+        # A section only one side has (the first write, a lock gaining or losing a section) is
+        # walked against an empty one, so the report still names each leaf.
+        if a is None and isinstance(b, dict):
+            a = {}
+        if b is None and isinstance(a, dict):
+            b = {}
         if isinstance(a, dict) and isinstance(b, dict):
             for key in sorted(set(a) | set(b)):
                 if not path and key in ignore:
@@ -128,7 +134,7 @@ def diff(old: dict, new: dict, ignore: tuple = ("written_at", "history")) -> lis
         elif a != b:
             out.append(f"{path}: {json.dumps(a)} -> {json.dumps(b)}")
 
-    walk(old or {}, new or {}, "")
+    walk(old, new, "")  # no lock (None) is an empty one: walk() reads None beside a dict as {}
     return out
 
 

@@ -6,6 +6,7 @@ A hung server accepts the connection (the kernel does) and never answers, as a S
 from __future__ import annotations
 
 import importlib.util
+import json
 import socket
 import threading
 import time
@@ -85,13 +86,6 @@ def test_refused_is_a_failure_not_a_hang():
     assert result == "failed" and "ConnectionRefused" in detail
 
 
-def test_events_never_carry_the_key(tmp_path, streamer):
-    ev = wd.Events(str(tmp_path / "w.jsonl"), "head")
-    result, detail, _ = wd.probe(cfg(streamer), KEY, 5)
-    ev.emit("probe_ok", detail or result)
-    assert KEY not in (tmp_path / "w.jsonl").read_text()
-
-
 class DeadEngine(BaseHTTPRequestHandler):
     """vLLM 0.19.0 after EngineDeadError: a request gets 500 with ENGINE_DEAD_MESSAGE (v1/engine/exceptions.py:13);
     a stream already answered 200 gets it as an error chunk; /health gets 503."""
@@ -104,6 +98,15 @@ class DeadEngine(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream" if streamed else "application/json")
         self.end_headers()
         self.wfile.write(b"data: " + msg + b"\n\n" if streamed else msg if self.server.status == 500 else b"")
+
+
+class Echoer(BaseHTTPRequestHandler):
+    """A broken server that echoes the request's Authorization header in its status line: http.client
+    raises BadStatusLine with that line, the error path the watchdog reports as its probe detail."""
+
+    def do_POST(self):  # noqa: N802 - http.server's name
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.wfile.write(f"HTTP/1.1 bad {self.headers.get('Authorization')}\r\n\r\n".encode())
 
     def log_message(self, *args):
         pass
@@ -137,3 +140,76 @@ def test_another_500_is_a_plain_failure():
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+@pytest.fixture
+def echoer():
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Echoer)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+    srv.server_close()
+
+
+def watchdog(tmp_path: Path, url: str, key: str, monkeypatch) -> wd.Watchdog:
+    """The watchdog as its unit runs it (key from its file, events and state files), no workers, and
+    no container on this machine (docker inspect of a missing container: wd.container_state's "missing")."""
+    monkeypatch.setattr(wd, "container_state", lambda name, timeout=10: {"Status": "missing"})
+    (tmp_path / "api_key").write_text(key + "\n")
+    return wd.Watchdog(
+        cfg(url)
+        | {
+            "events_file": str(tmp_path / "events" / "watchdog.jsonl"),
+            "node": "head",
+            "state_file": str(tmp_path / "state.json"),
+            "api_key_file": str(tmp_path / "api_key"),
+            "hang_timeout_s": 3,
+            "failures_before_restart": 3,
+            "max_restarts_per_hour": 2,
+            "interval_s": 10,
+            "workers": [],
+            "floor_marker": str(tmp_path / "floor-tripped"),
+            "startup_grace_s": 60,
+            "vllm_container": "vllm",
+            "ray_container": "ray",
+        }
+    )
+
+
+def written(tmp_path: Path, capsys) -> str:
+    """Everything the watchdog wrote: its events file, its state file and its stdout (the container log)."""
+    events = tmp_path / "events" / "watchdog.jsonl"
+    return "\n".join(
+        [events.read_text() if events.exists() else "", (tmp_path / "state.json").read_text(), capsys.readouterr().out]
+    )
+
+
+def test_a_healthy_round_records_the_probe_without_the_key(tmp_path, streamer, monkeypatch, capsys):
+    dog = watchdog(tmp_path, streamer, KEY, monkeypatch)
+    assert dog.round(None) == "watching"
+    state = json.loads((tmp_path / "state.json").read_text())
+    assert (state["status"], state["last_probe"]) == ("watching", "ok")
+    assert KEY not in written(tmp_path, capsys)
+
+
+def test_a_401_round_emits_probe_failed_without_the_key(tmp_path, streamer, monkeypatch, capsys):
+    wrong = "k-" + "w" * 40  # the key file holds a stale key: the server answers 401
+    dog = watchdog(tmp_path, streamer, wrong, monkeypatch)
+    assert dog.round(None) == "degraded"
+    events = [json.loads(line) for line in (tmp_path / "events" / "watchdog.jsonl").read_text().splitlines()]
+    assert [(e["event"], e["message"], e["consecutive"]) for e in events] == [("probe_failed", "HTTP 401", 1)]
+    out = written(tmp_path, capsys)
+    assert wrong not in out and KEY not in out
+
+
+def test_an_error_that_echoes_the_key_is_reported_without_it(tmp_path, echoer, monkeypatch, capsys):
+    result, detail, _ = wd.probe(cfg(echoer), KEY, 5)
+    assert result == "failed" and detail.startswith("BadStatusLine") and KEY not in detail
+    assert "Bearer <api key>" in detail
+    dog = watchdog(tmp_path, echoer, KEY, monkeypatch)
+    dog.round(None)
+    events = [json.loads(line) for line in (tmp_path / "events" / "watchdog.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events] == ["probe_failed"]
+    assert "BadStatusLine" in events[0]["message"]
+    assert KEY not in written(tmp_path, capsys)

@@ -176,11 +176,19 @@ def test_every_role_entry_point_has_an_argument_spec():
 
 
 def test_every_filter_is_documented():
+    """Every filter a plugin file provides has its plugins/filter/<name>.yml, and every documented filter is
+    provided: a filter dropped from a FilterModule (or one returning {}) fails here, not in a playbook."""
     filters = set()
-    for path in (ROOT / "plugins" / "filter").glob("*.py"):
+    for path in sorted((ROOT / "plugins" / "filter").glob("*.py")):
         mod = importlib.import_module(f"ansible_collections.sparkops.cluster.plugins.filter.{path.stem}")
-        filters |= set(mod.FilterModule().filters())
-    assert {"vllm_serve_args", "cable_verdict", "path_prefixes"} <= filters
+        provided = mod.FilterModule().filters()
+        assert provided, f"plugins/filter/{path.name}: FilterModule().filters() provides no filter"
+        assert all(callable(f) for f in provided.values()), f"plugins/filter/{path.name}: a filter is not callable"
+        assert not filters & set(provided), f"plugins/filter/{path.name}: a filter name is provided twice"
+        filters |= set(provided)
+    documented = {doc.stem for doc in (ROOT / "plugins" / "filter").glob("*.yml")}
+    assert documented - filters == set(), "documented in plugins/filter/*.yml but provided by no filter plugin"
+    assert filters - documented == set(), "provided by a filter plugin but without plugins/filter/<name>.yml"
     for name in sorted(filters):
         doc = ROOT / "plugins" / "filter" / f"{name}.yml"
         assert doc.exists(), f"filter {name}: no plugins/filter/{name}.yml"

@@ -296,7 +296,12 @@ def probe(cfg: dict, api_key: str, timeout: float) -> tuple[str, str, float]:
     except TimeoutError:
         return "hang", f"no token within {timeout} s", time.monotonic() - start
     except (ConnectionError, OSError, http.client.HTTPException) as exc:
-        return "failed", f"{type(exc).__name__}: {exc}"[:200], time.monotonic() - start
+        # An error can quote what the server sent (BadStatusLine quotes the status line), and a broken
+        # server or proxy can echo the request's Authorization header: the key never reaches an event.
+        detail = f"{type(exc).__name__}: {exc}"
+        if api_key:
+            detail = detail.replace(api_key, "<api key>")
+        return "failed", detail[:200], time.monotonic() - start
     finally:
         conn.close()
 

@@ -55,9 +55,10 @@ def parse(name: str) -> dict:
 def test_units_gbits_is_decimal_and_byte_units_are_mebibytes():
     assert pt.to_gbps(111.71, "Gb/sec") == 111.71
     # 2^20 byte/s = 8 * 1048576 bit/s = 0.008388608 Gb/s, for both the old and the new spelling.
-    assert pt.to_gbps(1000.0, "MB/sec") == pytest.approx(8.388608)
-    assert pt.to_gbps(1000.0, "MiB/sec") == pytest.approx(8.388608)
+    assert pt.to_gbps(1000.0, "MB/sec") == pytest.approx(8.388608, rel=1e-12)
+    assert pt.to_gbps(1000.0, "MiB/sec") == pytest.approx(8.388608, rel=1e-12)
     assert pt.to_gbps(None, "Gb/sec") is None
+    assert pt.to_gbps(5.0, None) is None
     with pytest.raises(ValueError, match="unknown perftest unit"):
         pt.to_gbps(1.0, "GB/sec")
 
@@ -80,6 +81,7 @@ def test_spark_client_four_qps_rdma_cm_gbits():
     assert r["side"] == "client"
     assert r["device"] == "rocep1s0f1"
     assert (r["qps"], r["mtu"], r["link_type"], r["transport"]) == (4, 1024, "IB", "IB")
+    assert r["connection_type"] == "RC"
     assert r["rdma_cm"] is True and r["gid_index"] is None and r["data_exchange"] == "rdma_cm"
     assert (r["msg_size_bytes"], r["iterations"]) == (65536, 20000)
     assert (r["bw_peak_gbps"], r["bw_avg_gbps"], r["msg_rate_mpps"]) == (111.72, 111.71, 0.213070)
@@ -238,7 +240,8 @@ def test_nan_column_is_none():
 
 def test_line_rate_threshold():
     assert pt.line_rate_threshold(200, 0.95) == 190.0
-    for bad in ((0, 0.9), (200, 0), (200, 1.5), (None, 0.9)):
+    assert pt.line_rate_threshold(1, 0.5) == 0.5
+    for bad in ((0, 0.9), (200, 0), (200, 1.5), (None, 0.9), (200, None), (-1, 0.9)):
         with pytest.raises(ValueError):
             pt.line_rate_threshold(*bad)
 
@@ -338,3 +341,179 @@ def test_one_way_result_is_noted():
     one_way = parse("spark-eugr_client_q4_rdmacm_gbits.txt")
     v = pt.cable_verdict([one_way, one_way], threshold_gbps=100)
     assert v["verdict"] == "healthy" and any("one way" in n for n in v["notes"])
+
+
+# --- partial input and the repair advice --------------------------------------------------------------
+
+
+ROW_HEADER = " #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]\n"
+
+
+@pytest.mark.parametrize(
+    ("row", "avg", "peak", "measured"),
+    [
+        (" 1048576    38096            0.00               -nan 		   0.025397\n", None, None, False),
+        (" 1048576    38096            0.00               213.05 		   0.025397\n", 213.05, None, False),
+        (" 1048576    38096            0.00               0.00 		   0.000000\n", 0.0, 0.0, True),
+        (" 1048576    38096            214.10             213.05 		   0.025397\n", 213.05, 214.10, True),
+    ],
+)
+def test_zero_peak_is_measured_only_next_to_a_zero_average(row, avg, peak, measured):
+    r = pt.parse_ib_write_bw(ROW_HEADER + row)
+    assert (r["bw_avg_gbps"], r["bw_peak_gbps"], r["bw_peak_measured"]) == (avg, peak, measured)
+    if avg is None:
+        assert pt.failure_reason(r) == "no_result"
+        v = pt.cable_verdict([twin(HEALTHY, "rocep1s0f1"), r | {"device": "roceP2p1s0f1"}])
+        assert (v["verdict"], v["reason"]) == ("failed", "no_result")
+
+
+def test_peak_warning_without_rows_is_not_measured():
+    r = pt.parse_ib_write_bw(" Warning: BW peak won't be measured in this run.\n")
+    assert r["bw_peak_measured"] is False and r["rows"] == []
+    assert pt.parse_ib_write_bw("")["bw_peak_measured"] is None
+
+
+def test_degraded_advice_starts_with_rebooting_both_ends():
+    """The repair that clears a degraded Spark cable is a reboot of both ends; restarting the link does not."""
+    v = pt.cable_verdict([twin(HEALTHY, "rocep1s0f1"), twin(DEGRADED, "roceP2p1s0f1")])
+    assert v["advice"] == [
+        "Reboot the Sparks at both ends of this cable, then measure again.",
+        "Restarting the link or the network driver does not clear this state.",
+        "If the cable is still degraded after the reboot, reseat it at both ends (and try another cable).",
+    ]
+
+
+@pytest.mark.parametrize(
+    "results",
+    [
+        "list",
+        "dict",
+    ],
+)
+def test_a_missing_twin_fails_the_cable_without_a_crash(results):
+    good = twin(HEALTHY, "rocep1s0f1")
+    given = [good, None] if results == "list" else {"rocep1s0f1": good, "roceP2p1s0f1": None}
+    v = pt.cable_verdict(given)
+    assert (v["verdict"], v["reason"]) == ("failed", "no_result")
+    assert v["twins"][1]["verdict"] == "failed" and v["twins"][1]["gbps"] is None
+    assert v["total_gbps"] is None and v["min_gbps"] == 213.05
+    assert v["advice"] == [pt.REASON_ADVICE["no_result"]]
+    device = "?" if results == "list" else "roceP2p1s0f1"
+    assert f"{device} failed (no_result)" in v["message"]
+
+
+def test_no_results_at_all_fail_the_cable():
+    for given in (None, [], {}):
+        v = pt.cable_verdict(given)
+        assert (v["verdict"], v["reason"], v["twins"]) == ("failed", "no_result", [])
+        assert v["total_gbps"] is None and v["min_gbps"] is None
+        assert "no twin results" in v["message"]
+
+
+# Every reason a twin can fail for, named here and not read from pt.REASONS: an explicit reason (the
+# ib_write_bw module's) is honoured only when it is one of these.
+ALL_REASONS = [
+    "not_installed",
+    "server_not_started",
+    "peer_unreachable",
+    "timed_out",
+    "no_result",
+    "qp_setup_failed",
+    "no_rdma_device",
+    "below_floor",
+]
+
+
+@pytest.mark.parametrize("reason", ALL_REASONS)
+def test_an_explicit_reason_is_honoured_and_has_advice(reason):
+    assert pt.failure_reason({"reason": reason, "bw_avg_gbps": 200.0}) == reason
+    assert pt.REASON_ADVICE[reason].endswith(".")
+    v = pt.cable_verdict([twin(HEALTHY, "rocep1s0f1"), {"device": "roceP2p1s0f1", "reason": reason}])
+    assert (v["verdict"], v["reason"], v["advice"]) == ("failed", reason, [pt.REASON_ADVICE[reason]])
+
+
+def test_an_unknown_reason_is_not_taken_at_its_word():
+    assert pt.failure_reason({"reason": "cosmic_rays", "bw_avg_gbps": 200.0}) is None
+    assert pt.failure_reason({"reason": "cosmic_rays"}) == "no_result"
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        (" Unable to init the socket connection\n", "Couldn't connect"),
+        ("Couldn't connect to 192.168.100.11:18515\n", "Couldn't connect to 192.168.100.11:18515"),
+        (" Failed to resolve RDMA CM address\n", "Couldn't connect over RDMA CM"),
+    ],
+)
+def test_every_connect_failure_is_a_client_that_cannot_reach_its_peer(text, error):
+    r = pt.parse_ib_write_bw(text)
+    assert (r["error"], r["error_kind"], r["side"]) == (error, "connect_failed", "client")
+    assert pt.failure_reason(r) == "peer_unreachable"
+
+
+def test_a_row_before_any_header_is_not_a_result():
+    r = pt.parse_ib_write_bw(" 65536      5000           1.00               2.00 		   0.1\n" + ROW_HEADER)
+    assert r["rows"] == [] and r["unit"] == "Gb/sec" and r["bw_avg_gbps"] is None
+
+
+def test_the_average_unit_is_the_rows_unit():
+    r = pt.parse_ib_write_bw(
+        ROW_HEADER.replace("BW average[Gb/sec]", "BW average[MiB/sec]")
+        + " 1048576    38096            0.00               25397.60 		   0.025397\n"
+    )
+    assert r["unit"] == "MiB/sec" and r["units_seen"] == ["MiB/sec"]
+    assert r["bw_avg_gbps"] == pytest.approx(213.05, abs=0.01)
+
+
+def test_a_full_line_rate_fraction_and_a_zero_floor_are_allowed():
+    assert pt.line_rate_threshold(200, 1) == 200.0
+    assert pt.cable_verdict([{"bw_avg_gbps": 1.0}], degraded_floor_gbps=0)["degraded_floor_gbps"] == 0
+    with pytest.raises(ValueError, match="degraded_floor_gbps"):
+        pt.cable_verdict([{"bw_avg_gbps": 1.0}], degraded_floor_gbps=-1)
+
+
+def test_reasons_from_the_server_side_and_the_timeout_flag():
+    assert pt.failure_reason({"server": {"error_kind": "no_rdma_device"}}) == "no_rdma_device"
+    assert pt.failure_reason({"server": {"error_kind": "not_installed"}}) == "not_installed"
+    assert pt.failure_reason({"timed_out": True}) == "timed_out"
+    assert pt.failure_reason({"error_kind": "port_in_use"}) == "server_not_started"
+    assert pt.failure_reason({"bw_avg_gbps": 0.0}) is None
+
+
+def test_a_twin_at_the_floor_is_degraded_not_failed():
+    v = pt.cable_verdict([{"device": "a", "bw_avg_gbps": 213.0}, {"device": "b", "bw_avg_gbps": 50.0}], 190, 50)
+    assert (v["verdict"], v["reason"]) == ("degraded", None)
+    assert (v["threshold_gbps"], v["degraded_floor_gbps"]) == (190.0, 50)
+    assert v["message"] == (
+        "cable degraded: a 213.00 Gb/s healthy, b 50.00 Gb/s degraded (healthy at 190 Gb/s or more per twin, "
+        "both directions)"
+    )
+
+
+def test_repeated_headers_list_their_unit_once_and_the_warning_wins_over_a_peak():
+    row = " 1048576    38096            214.10             213.05 		   0.025397\n"
+    r = pt.parse_ib_write_bw(ROW_HEADER + row + ROW_HEADER + row)
+    assert r["units_seen"] == ["Gb/sec"] and len(r["rows"]) == 2 and r["bw_peak_gbps"] == 214.10
+    warned = pt.parse_ib_write_bw(" Warning: BW peak won't be measured in this run.\n" + ROW_HEADER + row)
+    assert (warned["bw_peak_measured"], warned["bw_peak_gbps"], warned["bw_avg_gbps"]) == (False, None, 213.05)
+
+
+def test_an_infinite_column_is_none():
+    r = pt.parse_ib_write_bw(
+        ROW_HEADER + " 1048576    38096            inf                213.05 		   0.025397\n"
+    )
+    assert r["rows"][0]["bw_peak"] is None and r["bw_avg_gbps"] == 213.05
+
+
+def test_a_result_names_its_own_device_and_a_threshold_is_required():
+    v = pt.cable_verdict({"port-1": {"device": "rocep1s0f1", "bw_avg_gbps": 213.0}, "roceP2p1s0f1": {"bw_avg_gbps": 1}})
+    assert [t["device"] for t in v["twins"]] == ["rocep1s0f1", "roceP2p1s0f1"]
+    with pytest.raises(ValueError, match="threshold_gbps"):
+        pt.cable_verdict([{"bw_avg_gbps": 1.0}], threshold_gbps=None)
+
+
+def test_hcas_that_cannot_connect_through_the_link_are_a_qp_setup_failure():
+    # perftest prints this (to stderr) when ctx_connect cannot move the QPs to RTR/RTS.
+    r = pt.parse_ib_write_bw(" Unable to Connect the HCA's through the link\n")
+    assert (r["error"], r["error_kind"]) == ("Unable to Connect the HCA's through the link", "qp_setup_failed")
+    assert pt.failure_reason(r) == "qp_setup_failed"

@@ -128,3 +128,126 @@ def test_merge_copies_lazy_template_containers_into_plain_ones():
     assert seen["output"] == [dict, list, dict]
     assert out["versions"]["ray"] == "2.52.1"
     assert out["image"]["build_args"] == WANTED["image"]["build_args"]
+
+
+# Every key the inventory asks for, named here and not read from lf.WANTED_KEYS: a key dropped from
+# that table would stop being compared, and an inventory edit of it would go through unrefused.
+WANTED_PATHS = [
+    ("image", "source", "local"),
+    ("image", "repo", "https://example.invalid/fork.git"),
+    ("image", "ref", "0" * 40),
+    ("image", "build_args", ["--use-wheels"]),
+    ("image", "registry_ref", "registry.example/vllm-node@sha256:" + "e" * 64),
+    ("model", "profile", "gpt-oss"),
+    ("model", "id", "openai/gpt-oss-120b"),
+    ("model", "revision", "f" * 40),
+]
+
+
+@pytest.mark.parametrize(("section", "key", "value"), WANTED_PATHS)
+def test_each_wanted_key_edited_alone_is_one_conflict(section, key, value):
+    moved = json.loads(json.dumps(WANTED))
+    moved[section][key] = value
+    problems = lf.conflicts(first_lock(), moved)
+    assert len(problems) == 1, problems
+    assert problems[0].startswith(f"{section}.{key}: the lock has {json.dumps(lf._norm(WANTED[section][key]))}, ")
+    assert problems[0].endswith(f"the inventory asks for {json.dumps(value)}")
+
+
+def test_wanted_tuple_and_list_are_the_same_and_missing_sections_conflict():
+    wanted = json.loads(json.dumps(WANTED))
+    wanted["image"]["build_args"] = tuple(wanted["image"]["build_args"])
+    assert lf.conflicts(first_lock(), wanted) == []
+    del wanted["model"]
+    assert lf.conflicts(first_lock(), wanted) == [
+        'model.profile: the lock has "qwen", the inventory asks for null',
+        f'model.id: the lock has "{WANTED["model"]["id"]}", the inventory asks for null',
+        'model.revision: the lock has "main", the inventory asks for null',
+    ]
+
+
+def test_merge_keeps_every_key_after_a_none():
+    """A None is "not found" and skipped; the keys after it are still written (a registry image
+    resolves no commit, and its id, tag and digest come after that None)."""
+    lock = lf.merge({}, {"image": {"commit": None, "id": "sha256:" + "d" * 64, "tag": "t"}, "versions": None, "z": 1})
+    assert lock == {"lock_version": lf.LOCK_VERSION, "image": {"id": "sha256:" + "d" * 64, "tag": "t"}, "z": 1}
+
+
+def test_merge_replaces_a_scalar_with_a_section_and_keeps_the_old_lock():
+    old = {"lock_version": lf.LOCK_VERSION, "image": "broken", "keep": {"a": 1}}
+    new = lf.merge(old, {"image": {"id": "x"}, "keep": {"b": 2}})
+    assert new == {"lock_version": lf.LOCK_VERSION, "image": {"id": "x"}, "keep": {"a": 1, "b": 2}}
+    assert old["keep"] == {"a": 1}, "merge changed the lock it was given"
+
+
+def test_diff_of_the_first_write_lists_every_leaf():
+    """lock_write.yml diffs the old lock against the new one; on the first write the old one is {}."""
+    lock = first_lock()
+    moved = lf.diff({}, lock)
+    assert f'image.ref: null -> "{WANTED["image"]["ref"]}"' in moved
+    assert 'versions.vllm: null -> "0.19.0"' in moved
+    assert "lock_version: null -> 1" in moved
+    assert len(moved) == 1 + 8 + 4 + 2  # lock_version, image, model, versions (nccl: None is not written)
+    assert lf.diff(None, lock) == moved
+
+
+def test_diff_of_locks_of_another_shape():
+    old = first_lock()
+    new = lf.merge(old, {"versions": {"ray": "2.52.1"}, "weights": {"bytes": 5}})
+    del new["model"]
+    assert lf.diff(old, new) == [
+        "model.id: " + json.dumps(WANTED["model"]["id"]) + " -> null",
+        'model.profile: "qwen" -> null',
+        f'model.resolved_revision: "{"b" * 40}" -> null',
+        'model.revision: "main" -> null',
+        'versions.ray: null -> "2.52.1"',
+        "weights.bytes: null -> 5",
+    ]
+    # A leaf that becomes a section (or the other way) is one line, not a crash.
+    assert lf.diff({"a": 1}, {"a": {"b": 2}}) == ['a: 1 -> {"b": 2}']
+    assert lf.diff({"a": {"b": 2}}, {"a": 1}) == ['a: {"b": 2} -> 1']
+
+
+def test_diff_ignores_only_top_level_timestamps_and_history():
+    old = {"written_at": "t1", "history": [1], "image": {"written_at": "a"}}
+    new = {"written_at": "t2", "history": [1, 2], "image": {"written_at": "b"}}
+    assert lf.diff(old, new) == ['image.written_at: "a" -> "b"']
+    assert lf.diff(old, new, ignore=()) == [
+        "history: [1] -> [1, 2]",
+        'image.written_at: "a" -> "b"',
+        'written_at: "t1" -> "t2"',
+    ]
+
+
+def test_locked_revision_needs_every_match_and_a_resolved_one():
+    lock = first_lock()
+    mid = WANTED["model"]["id"]
+    assert lf.effective_revision("main", lock, "qwen", "other/model") == "main"
+    unresolved = lf.merge(lock, {"model": {"resolved_revision": ""}})
+    assert lf.effective_revision("main", unresolved, "qwen", mid) == "main"
+    assert lf.effective_revision("main", {"model": "x"}, "qwen", mid) == "main"
+    assert lf.effective_revision("main", None, "qwen", mid) == "main"
+
+
+def test_dumps_is_sorted_indented_json_with_a_newline():
+    assert lf.dumps({"b": 1, "a": {"d": 2, "c": 3}}) == '{\n  "a": {\n    "c": 3,\n    "d": 2\n  },\n  "b": 1\n}\n'
+
+
+def test_the_written_format_is_lock_version_1():
+    """Locks already written say lock_version 1: a change of LOCK_VERSION refuses every one of them."""
+    assert lf.LOCK_VERSION == 1
+    assert lf.parse_lock('{"lock_version": 1, "image": {"ref": "x"}}') == {"lock_version": 1, "image": {"ref": "x"}}
+    assert '"lock_version": 1' in lf.dumps(lf.merge({}, {}))
+
+
+def test_a_section_that_is_not_a_mapping_is_read_as_missing():
+    lock = {"lock_version": 1, "image": "sourcerepo", "model": ["profile"]}
+    problems = lf.conflicts(lock, WANTED)
+    assert problems[0] == 'image.source: the lock has null, the inventory asks for "eugr"'
+    assert len(problems) == 7  # every wanted key but the empty registry_ref
+
+
+def test_merge_writes_tuples_as_lists():
+    lock = lf.merge({}, {"image": {"build_args": ("--a", "b")}})
+    assert lock["image"]["build_args"] == ["--a", "b"] and type(lock["image"]["build_args"]) is list
+    assert lf.dumps(lock) == lf.dumps(json.loads(lf.dumps(lock)))

@@ -1,0 +1,98 @@
+"""tests/mutation/mutate.py (`make mutation`): the mutants it makes, the sample, and that a run scores a
+module in a copy and leaves the checkout unchanged."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import subprocess
+import sys
+
+from conftest import ROOT
+
+spec = importlib.util.spec_from_file_location("sparkops_mutate", ROOT / "tests" / "mutation" / "mutate.py")
+mutate = importlib.util.module_from_spec(spec)
+sys.modules["sparkops_mutate"] = mutate  # dataclasses look the module up by name
+spec.loader.exec_module(mutate)
+
+SOURCE = '''"""doc"""
+
+
+def pick(values: list[int], limit: int = 3) -> int:
+    """Largest value under the limit."""
+    best = None
+    for v in values:
+        if v is None or v > limit:
+            continue
+        best = max(best or 0, v)
+    return best
+
+
+def flag(x):
+    return not x and True  # pragma: no mutate
+'''
+
+
+def mutants(tmp_path) -> list:
+    (tmp_path / "m.py").write_text(SOURCE)
+    return mutate.mutants_of("m.py", tmp_path)
+
+
+def applied(tmp_path, kind: str, desc_part: str) -> str:
+    (m,) = [m for m in mutants(tmp_path) if m.kind == kind and desc_part in m.desc]
+    return mutate.mutated_source(m, SOURCE)
+
+
+def test_known_mutants_are_made(tmp_path):
+    assert "        if v is None or v >= limit:" in applied(tmp_path, "cmp", "v >= limit")
+    assert "        if v is None or v < limit:" in applied(tmp_path, "cmpflip", "v < limit")
+    assert "            break" in applied(tmp_path, "loopctl", "continue -> break")
+    assert "        best = min(best or 0, v)" in applied(tmp_path, "call", "max")
+    assert "        if v > limit:" in applied(tmp_path, "dropclause", "`v is None`")
+    assert "        if not (v is None or v > limit):" in applied(tmp_path, "negate", "")
+    early = applied(tmp_path, "earlyreturn", "pick()")
+    assert '    """Largest value under the limit."""\n    return\n    best = None' in early
+    assert "def pick(values: list[int], limit: int=4)" in applied(tmp_path, "const", "3 -> 4")
+    for m in mutants(tmp_path):  # every mutant is valid Python and differs from the original
+        assert ast.dump(ast.parse(mutate.mutated_source(m, SOURCE))) != ast.dump(ast.parse(SOURCE)), m
+
+
+def test_annotations_docstrings_and_pragma_lines_are_not_mutated(tmp_path):
+    found = mutants(tmp_path)
+    assert not [m for m in found if m.lineno == 15 and m.kind != "earlyreturn"]  # the pragma line
+    assert not [m for m in found if "int" in m.desc and m.kind == "dropelt"]  # list[int] is an annotation
+    assert {m.lineno for m in found if m.kind == "earlyreturn"} == {4, 14}
+
+
+def test_a_sample_is_spread_over_the_module_and_repeatable():
+    every = mutate.mutants_of("plugins/plugin_utils/lockfile.py")
+    picked = mutate.sample(every, 10, seed=1)
+    assert len(picked) == 10 and len(set(picked)) == 10
+    lines = sorted(m.lineno for m in every)
+    assert min(m.lineno for m in picked) <= lines[len(lines) // 10]
+    assert max(m.lineno for m in picked) >= lines[-(len(lines) // 10) - 1]
+    assert picked == mutate.sample(every, 10, seed=1)
+    assert picked != mutate.sample(every, 10, seed=2)
+    assert mutate.sample(every, None, seed=1) == every
+
+
+def test_tests_are_found_for_a_module():
+    assert "tests/unit/plugins/plugin_utils/test_lockfile.py" in mutate.tests_for("plugins/plugin_utils/lockfile.py")
+    assert "tests/unit/plugins/modules/test_nccl_transport.py" in mutate.tests_for("plugins/module_utils/nccl_log.py")
+    assert "tests/unit/plugin_utils/test_cluster.py" in mutate.tests_for("plugins/plugin_utils/cluster.py")
+
+
+def test_a_run_scores_in_a_copy_and_leaves_the_checkout_unchanged():
+    """A lockfile mutant runs against its tests; the checkout's lockfile.py is byte-identical afterwards."""
+    target = ROOT / "plugins" / "plugin_utils" / "lockfile.py"
+    before = target.read_bytes()
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "mutation" / "mutate.py"), "--sample", "1", "--seed", "3",
+         "plugins/plugin_utils/lockfile.py"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert target.read_bytes() == before
+    assert "== plugins/plugin_utils/lockfile.py: 1 of " in res.stdout
+    assert "/1  plugins/plugin_utils/lockfile.py" in res.stdout
+    assert "test_mutation_tool.py" not in res.stdout  # the mutator never runs its own tests
