@@ -75,6 +75,7 @@ SPARKOPS_CACHE_MOUNTS = {
 SPARKOPS_CACHE_ENV = {
     "TRITON_CACHE_DIR": "/root/.triton/cache",
     "TORCHINDUCTOR_CACHE_DIR": "/root/.cache/torch/inductor",
+    "HF_MODULES_CACHE": "/root/.cache/vllm/hf_modules",
 }
 DIM, HIDDEN, TOKENS = 1024, 4096, 512
 RESULT = "RESULT "

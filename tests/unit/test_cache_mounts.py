@@ -133,3 +133,18 @@ def test_the_benchmark_lays_out_what_sparkops_mounts():
     by_name = {v.split(":")[0].rsplit("/", 1)[-1]: v.split(":")[1] for v in _cache_volumes()}
     assert by_name == bench.SPARKOPS_CACHE_MOUNTS
     assert CLUSTER["sparkops_container_cache_env"] == bench.SPARKOPS_CACHE_ENV
+
+
+def test_the_model_cache_is_read_only_and_nothing_vllm_writes_lands_on_it():
+    """Issue 23: Ray's job API has no authentication; a writable Hugging Face cache in its containers would let
+    whoever reaches Ray plant files or links there for the next sync (root) to spread. vLLM only reads it
+    (HF_HUB_OFFLINE=1): every folder it writes (the fixture's, and remote code's HF_MODULES_CACHE) is elsewhere."""
+    volumes = CLUSTER["sparkops_container_volumes"]
+    (hf,) = [v for v in volumes if v.split(":")[1] == "/root/.cache/huggingface"]
+    assert hf.split(":")[2:] == ["ro"], hf
+    read_only = [v.split(":")[1] for v in volumes if v.split(":")[2:] == ["ro"]]
+    for name, env in container_envs().items():
+        writes = [resolve(t, env) for e in FIXTURE["paths"] for t in filter(None, (e["path"], e.get("also")))]
+        writes.append(env.get("HF_MODULES_CACHE", "/root/.cache/huggingface/modules"))
+        on_ro = [w for w in writes if any(w == m or w.startswith(m.rstrip("/") + "/") for m in read_only)]
+        assert not on_ro, (name, on_ro)
