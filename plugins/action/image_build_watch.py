@@ -47,7 +47,7 @@ class ActionModule(ActionBase):
                 "failed": True,
                 "msg": f"could not read the build log {log_path} on the build node: {res.get('stderr', '')[-300:]}",
             }
-        text, rc = parse_watch_output(res.get("stdout", ""))
+        text, rc = parse_watch_output(res.get("stdout", ""), args["run_id"])
         elapsed = time.time() - started
         stage = build_stage(text)
         result.update(

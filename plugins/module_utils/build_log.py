@@ -115,6 +115,7 @@ RC_MARKER = "@@sparkops-build-rc@@"
 WATCH_ARGUMENT_SPEC = dict(
     log_path=dict(type="path", required=True),
     started=dict(type="float"),
+    run_id=dict(type="str"),
     timeout_s=dict(type="int", default=10800),
     tail_lines=dict(type="int", default=40),
 )
@@ -126,13 +127,20 @@ def watch_command(log_path: str, tail_bytes: int = 262144) -> list[str]:
     return ["sh", "-c", script, "sh", str(int(tail_bytes)), log_path, RC_MARKER]
 
 
-def parse_watch_output(stdout: str) -> tuple[str, int | None]:
-    """(the log's end, the build's exit status or None while it runs) from watch_command's output."""
+def parse_watch_output(stdout: str, run_id: str | None = None) -> tuple[str, int | None]:
+    """(the log's end, the build's exit status or None while it runs) from watch_command's output.
+
+    With a run_id, only a status written by that run counts: an earlier build's status file (the new
+    build, started in the background, may not have removed it yet) reads as still running."""
     # Ansible's ssh connection runs a low-level command under a terminal (ssh -tt), which turns
     # every line end into CRLF: read it as LF, or the marker is never found and a finished build looks running.
     stdout = stdout.replace("\r\n", "\n")
     text, sep, rest = stdout.rpartition("\n" + RC_MARKER + "\n")
     if not sep:
         return stdout, None
-    rest = rest.strip()
-    return text, int(rest) if re.fullmatch(r"-?\d+", rest) else None
+    words = rest.split()
+    if not words or not re.fullmatch(r"-?\d+", words[0]):
+        return text, None
+    if run_id is not None and words[1:] != [run_id]:
+        return text, None
+    return text, int(words[0])

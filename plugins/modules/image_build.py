@@ -33,6 +33,12 @@ options:
     description: The log file (its folder is created, mode 0755; the file is replaced, mode 0644).
     type: path
     required: true
+  run_id:
+    description:
+      - Names this run; it is written next to the exit status, so that a watch given the same I(run_id)
+        never takes an earlier build's status for this one's (the build starts in the background, and the
+        first poll can come before it has removed the old status file).
+    type: str
   timeout_s:
     description: Seconds the command may run before it is killed.
     type: int
@@ -58,6 +64,7 @@ EXAMPLES = r"""
     argv: [./build-and-copy.sh, -t, vllm-node:fc08740fba1e-unlabelled, --vllm-ref, v0.19.0]
     chdir: /var/lib/sparkops/src/spark-vllm-docker
     log_path: /var/lib/sparkops/logs/image-build.log
+    run_id: "{{ build_started }}"
   async: 10920
   poll: 0
 """
@@ -103,10 +110,10 @@ def read_tail(path: str) -> str:
         return ""
 
 
-def write_rc(path: str, rc: int) -> None:
+def write_rc(path: str, rc: int, run_id: str | None = None) -> None:
     tmp = path + ".rc.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
-        f.write(f"{rc}\n")
+        f.write(f"{rc} {run_id}\n" if run_id else f"{rc}\n")
     os.chmod(tmp, 0o644)
     os.replace(tmp, path + ".rc")
 
@@ -154,6 +161,7 @@ def main():
             log_path=dict(type="path", required=True),
             timeout_s=dict(type="int", default=10800),
             tail_lines=dict(type="int", default=40),
+            run_id=dict(type="str"),
         ),
         supports_check_mode=True,
     )
@@ -182,7 +190,7 @@ def main():
         )
     rc, elapsed = run_logged(p["argv"], p["chdir"], log_path, p["timeout_s"])
     try:
-        write_rc(log_path, rc)
+        write_rc(log_path, rc, p["run_id"])
     except OSError as exc:
         module.warn(f"could not write {log_path}.rc ({exc}); the watch waits until its time limit")
     text = read_tail(log_path)

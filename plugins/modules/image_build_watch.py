@@ -26,6 +26,9 @@ options:
   started:
     description: When the build started, seconds since the epoch (the controller's clock).
     type: float
+  run_id:
+    description: The I(run_id) given to M(sparkops.cluster.image_build); only that run's exit status counts.
+    type: str
   timeout_s:
     description: The build's limit; without an exit status this long (plus 5 minutes) after I(started), it fails.
     type: int
@@ -50,6 +53,7 @@ EXAMPLES = r"""
   sparkops.cluster.image_build_watch:
     log_path: /var/lib/sparkops/logs/image-build.log
     started: "{{ build_started }}"
+    run_id: "{{ build_started }}"
   register: build
   until: build.finished
   retries: 400

@@ -8,6 +8,7 @@ Run inside the sim lock, after `make sim-up` and site.yml (GUIDE.md).
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
@@ -95,7 +96,8 @@ def test_doctor_passes_on_healthy_sim_after_restarts(healthy):
     _, report = doctor()
     watchdog = next(v for v in report["verdicts"] if v["check"] == "watchdog")
     assert watchdog["verdict"] == "WARN", watchdog
-    assert "1 group restart(s) in the last hour" in watchdog["evidence"], watchdog
+    restarts = int(re.search(r"(\d+) group restart\(s\) in the last hour", watchdog["evidence"]).group(1))
+    assert restarts >= 1, watchdog  # this test's, and any an earlier test or a user's drill left
 
     kept = quiet_watchdog_history(HEAD)
     assert '"restart_begun"' in node_sh(HEAD, f"cat {kept}").stdout  # set aside, not lost

@@ -210,7 +210,7 @@ def shard_of(node: str, index: int = 1) -> tuple:
     return name, target.rsplit("/", 1)[1]
 
 
-def test_incomplete_snapshot_on_the_head_is_refused_not_called_complete():
+def test_incomplete_snapshot_is_refused_when_preseeded_and_resumed_from_the_hub():
     # Issue 16 item 2: one shard's blob and link gone, a partial blob left as an interrupted download.
     name, blob = shard_of(SOURCE, 3)
     saved = f"/var/tmp/sparkops-saved-{blob}"
@@ -219,23 +219,33 @@ def test_incomplete_snapshot_on_the_head_is_refused_not_called_complete():
         f"mv {REPO}/blobs/{blob} {saved} && rm {REPO}/snapshots/{REVISION}/{name} "
         f"&& head -c 1048576 {saved} > {REPO}/blobs/{blob}.incomplete",
     )
+    manifest_args = {"cache_dir": HUB, "model": MODEL, "revision": REVISION}
     try:
-        m = run_adhoc(
-            SOURCE, "sparkops.cluster.hf_cache_manifest", {"cache_dir": HUB, "model": MODEL, "revision": REVISION}
-        )
+        m = run_adhoc(SOURCE, "sparkops.cluster.hf_cache_manifest", manifest_args)
         assert not m["complete"], m["message"]
-        assert m["expected_from"] == "model index"
+        # The Hub's file list the download wrote says what the snapshot must hold.
+        assert m["expected_from"] == "hub listing"
         assert m["missing_files"] == [name] and m["incomplete_downloads"] == {blob: 1048576}
-        res = run_playbook("site.yml")
+        # A cache the site put there itself (preseeded): nothing may download it, so the run stops.
+        res = run_playbook("site.yml", extra_vars={"weight_cache_source": "preseeded"})
         out = flat(res.stdout)
         assert res.returncode != 0, out[-3000:]
         assert "nothing to copy" not in out
-        assert "is NOT complete (model index)" in out and name in out and "interrupted download" in out
+        assert "is NOT complete (hub listing)" in out and name in out and "interrupted download" in out
         assert "Nothing was synced" in out
+        # The default (the Hub): the image's client resumes the partial blob where it stopped.
+        hub_log = SIM_STATE / "hub" / "hub.log"
+        seen = len(hub_log.read_text().splitlines())
+        res = run_playbook("playbooks/weights.yml")
+        assert res.returncode == 0, flat(res.stdout)[-3000:]
+        asked = hub_log.read_text().splitlines()[seen:]
+        assert any(line.startswith("192.168.213.11 GET ") and f"/cdn-lfs/{blob} 206 " in line for line in asked), asked
+        assert run_adhoc(SOURCE, "sparkops.cluster.hf_cache_manifest", manifest_args)["complete"]
     finally:
         node_sh(
             SOURCE,
-            f"mv {saved} {REPO}/blobs/{blob} 2>/dev/null; rm -f {REPO}/blobs/{blob}.incomplete; "
+            f"[ -e {REPO}/blobs/{blob} ] || mv {saved} {REPO}/blobs/{blob}; "
+            f"rm -f {saved} {REPO}/blobs/{blob}.incomplete; "
             f"ln -sfn ../../blobs/{blob} {REPO}/snapshots/{REVISION}/{name}",
             check=False,
         )

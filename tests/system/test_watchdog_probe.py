@@ -213,3 +213,51 @@ def test_an_error_that_echoes_the_key_is_reported_without_it(tmp_path, echoer, m
     assert [e["event"] for e in events] == ["probe_failed"]
     assert "BadStatusLine" in events[0]["message"]
     assert KEY not in written(tmp_path, capsys)
+
+
+class Queued(BaseHTTPRequestHandler):
+    """A full engine: the probe's stream opens but gets no token (it waits in the queue), while /metrics shows
+    the generation counter moving (``moving``) or stuck (a hung engine)."""
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        srv = self.server
+        srv.tokens += 50 if srv.moving else 0
+        body = f'vllm:generation_tokens_total{{engine="0",model_name="m"}} {srv.tokens}\n'.encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self):  # noqa: N802 - http.server's name
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        self.wfile.flush()
+        time.sleep(self.server.hold_s)  # no token while the probe waits
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.parametrize("moving", [True, False])
+def test_a_queued_probe_is_busy_when_tokens_flow_and_a_hang_when_they_do_not(tmp_path, monkeypatch, capsys, moving):
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Queued)
+    srv.daemon_threads = True
+    srv.tokens, srv.moving, srv.hold_s = 1000.0, moving, 4.0
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    restarts = []
+    try:
+        dog = watchdog(tmp_path, f"http://127.0.0.1:{srv.server_address[1]}", KEY, monkeypatch)
+        dog.cfg["hang_timeout_s"] = 1
+        # The group restart itself (docker on both nodes) is not this test's: record it, end as a restart would.
+        monkeypatch.setattr(dog, "restart_group", lambda reason: restarts.append(reason) or dog.save(status="watching"))
+        dog.round(None)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    events = [json.loads(line)["event"] for line in (tmp_path / "events" / "watchdog.jsonl").read_text().splitlines()]
+    if moving:
+        assert restarts == [] and "busy_seen" in events and "hang_seen" not in events, events
+    else:
+        assert len(restarts) == 1 and "hang" in restarts[0] and "hang_seen" in events, (restarts, events)

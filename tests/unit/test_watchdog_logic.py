@@ -142,3 +142,32 @@ def test_a_dead_engine_restarts_at_once_but_not_in_grace():
     r = wd.decide(obs("dead", detail="HTTP 500: engine dead"), {"restart_epochs": []}, CFG, 1000)
     assert r["action"] == "restart" and r["reason"] == "engine dead: HTTP 500: engine dead"
     assert wd.decide(obs("dead", in_grace=True), {"restart_epochs": []}, CFG, 1000)["action"] == "none"
+
+
+# /metrics as vLLM 0.19.0 exports the counter (prometheus_client text; labels from v1/metrics/loggers.py)
+METRICS = """# HELP vllm:generation_tokens_total Number of generation tokens processed.
+# TYPE vllm:generation_tokens_total counter
+vllm:generation_tokens_total{engine="0",model_name="sim-tiny"} 1234.0
+vllm:generation_tokens_created{engine="0",model_name="sim-tiny"} 1.79e+09
+vllm:num_requests_running{engine="0",model_name="sim-tiny"} 16.0
+"""
+
+
+def test_generation_tokens_reads_the_counter_and_nothing_else():
+    assert wd.generation_tokens(METRICS) == 1234.0
+    two = METRICS + 'vllm:generation_tokens_total{engine="1",model_name="sim-tiny"} 6.0\n'
+    assert wd.generation_tokens(two) == 1240.0
+    assert wd.generation_tokens("vllm:num_requests_running 3.0\n") is None
+
+
+def test_a_probe_queued_behind_a_busy_engine_is_not_a_hang():
+    """The paced double under a 16-user benchmark: the probe waited past the hang timeout in the queue while
+    the engine generated tokens for everyone else; restarting it (the simulated cluster did) kills the
+    benchmark. A hung engine generates nothing: that still restarts."""
+    assert wd.busy_not_hung(1234.0, 1300.0)
+    assert not wd.busy_not_hung(1234.0, 1234.0)  # nothing generated: hung
+    assert not wd.busy_not_hung(None, 1300.0) and not wd.busy_not_hung(1234.0, None)  # unreadable: as before
+    r = wd.decide(obs("busy", detail="queued"), {"consecutive_failures": 1, "restart_epochs": []}, CFG, 1000)
+    assert r["action"] == "none" and r["reason"] == "healthy" and r["state"]["consecutive_failures"] == 0
+    r = wd.decide(obs("busy", workers={"spark-sim-2": "stopped"}), {"restart_epochs": []}, CFG, 1000)
+    assert r["action"] == "restart" and "worker lost" in r["reason"]  # busy never hides a lost worker

@@ -104,7 +104,7 @@ def restarts_in_window(restart_epochs: list[float], now: float, window_s: float 
 def decide(observation: dict, state: dict, cfg: dict, now: float) -> dict:
     """What to do after one round of observation. Pure, unit-tested.
 
-    observation: probe ("ok" | "hang" | "dead" | "failed"), probe_detail, workers
+    observation: probe ("ok" | "busy" | "hang" | "dead" | "failed"), probe_detail, workers
     ({name: "running" | "stopped" | "missing" | "paused" | "unreachable"}),
     floor_tripped (list of nodes), in_grace (bool: vLLM or Ray was started
     moments ago by someone else, e.g. Ansible).
@@ -122,7 +122,7 @@ def decide(observation: dict, state: dict, cfg: dict, now: float) -> dict:
         new["consecutive_failures"] = failures + (0 if observation["probe"] == "ok" else 1)
         return {"action": "blocked", "reason": f"worker node unreachable: {', '.join(unreachable)}", "state": new}
     down = sorted(n for n, s in observation.get("workers", {}).items() if s != "running")
-    if observation["probe"] == "ok" and not down:
+    if observation["probe"] in ("ok", "busy") and not down:
         new["consecutive_failures"] = 0
         return {"action": "none", "reason": "healthy", "state": new}
     if state.get("status") == "gave_up":
@@ -258,6 +258,45 @@ def _stat_value(path: str, key: str) -> int:
 
 
 # --------------------------------------------------------------------------- probe
+GENERATION_TOKENS = "vllm:generation_tokens_total"
+
+
+def generation_tokens(metrics_text: str) -> float | None:
+    """The tokens vLLM has generated so far (vllm:generation_tokens_total, summed over its label sets, as
+    vLLM 0.19.0 exports it from v1/metrics/loggers.py), or None when /metrics does not have it."""
+    total, seen = 0.0, False
+    for line in metrics_text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name == GENERATION_TOKENS:
+            try:
+                total += float(line.rsplit(" ", 1)[1])
+            except (IndexError, ValueError):
+                continue
+            seen = True
+    return total if seen else None
+
+
+def read_generation_tokens(cfg: dict, timeout: float = 3.0) -> float | None:
+    """vLLM's /metrics (no key: the API middleware leaves it open for Prometheus); None when unreadable."""
+    url = urlsplit(cfg["endpoint"])
+    conn = http.client.HTTPConnection(url.hostname, url.port or 80, timeout=timeout)
+    try:
+        conn.request("GET", "/metrics")
+        resp = conn.getresponse()
+        return generation_tokens(resp.read(8 << 20).decode("utf-8", "replace")) if resp.status == 200 else None
+    except (ConnectionError, OSError, http.client.HTTPException):
+        return None
+    finally:
+        conn.close()
+
+
+def busy_not_hung(before: float | None, after: float | None) -> bool:
+    """A probe that waited out the hang timeout on an engine that generated tokens meanwhile queued behind
+    other requests (a full batch, a benchmark): the engine is busy, not hung. A hung engine (a TP member
+    stuck in NCCL, a wedged pair) generates nothing for anyone."""
+    return before is not None and after is not None and after > before
+
+
 def probe(cfg: dict, api_key: str, timeout: float) -> tuple[str, str, float]:
     """A short streamed completion. Returns (ok|hang|dead|failed, detail, seconds to first token)."""
     url = urlsplit(cfg["endpoint"])
@@ -361,7 +400,16 @@ class Watchdog:
 
     def observe(self) -> dict:
         now = time.time()
+        tokens_before = read_generation_tokens(self.cfg)
         result, detail, took = probe(self.cfg, self.api_key, float(self.cfg["hang_timeout_s"]))
+        if result == "hang":
+            tokens_after = read_generation_tokens(self.cfg)
+            if busy_not_hung(tokens_before, tokens_after):
+                result = "busy"
+                detail = (
+                    f"no token for the probe within {self.cfg['hang_timeout_s']} s, but the engine generated "
+                    f"{tokens_after - tokens_before:.0f} tokens for other requests meanwhile"
+                )
         workers, tripped = self.worker_states()
         return {
             "probe": result,
@@ -396,6 +444,8 @@ class Watchdog:
             self.events.emit(
                 "hang_seen", reason if action != "blocked" else obs["probe_detail"], probe_s=obs["probe_s"]
             )
+        elif obs["probe"] == "busy" and self.state.get("last_probe") != "busy":
+            self.events.emit("busy_seen", obs["probe_detail"], probe_s=obs["probe_s"])
         elif obs["probe"] in ("failed", "dead") and not obs["in_grace"] and not quiet:
             self.events.emit("probe_failed", obs["probe_detail"], consecutive=self.state["consecutive_failures"])
         for name, st in obs["workers"].items():

@@ -157,3 +157,20 @@ def test_a_finished_build_is_seen_through_a_terminal(tmp_path):
     out = subprocess.run(bl.watch_command(str(log)), capture_output=True, text=True, check=True).stdout
     body, rc = bl.parse_watch_output(out.replace("\n", "\r\n"))
     assert rc == 0 and bl.build_stage(body)["step"] == "vllm-builder 7/9"
+
+
+def test_an_earlier_builds_status_is_not_this_runs(tmp_path):
+    """The build starts in the background; the first poll can come before it has removed the status file
+    an earlier build left (the simulated cluster's upgrade read "built in 0 s" and then found no image)."""
+    import subprocess
+
+    log = tmp_path / "image-build.log"
+    log.write_text(text(VLLM_PHASE))
+    (tmp_path / "image-build.log.rc").write_text("0 1795570000.0\n")  # the earlier run's
+    out = subprocess.run(bl.watch_command(str(log)), capture_output=True, text=True, check=True).stdout
+    assert bl.parse_watch_output(out, "1795570100.5")[1] is None  # still running, as far as this run knows
+    assert bl.parse_watch_output(out, "1795570000.0")[1] == 0
+    assert bl.parse_watch_output(out)[1] == 0  # no run id asked: any status (a watch started by hand)
+    (tmp_path / "image-build.log.rc").write_text("3 1795570100.5\n")
+    out = subprocess.run(bl.watch_command(str(log)), capture_output=True, text=True, check=True).stdout
+    assert bl.parse_watch_output(out, "1795570100.5")[1] == 3
