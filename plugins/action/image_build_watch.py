@@ -32,7 +32,7 @@ class ActionModule(ActionBase):
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         # Bad input fails here, naming the option (AnsibleActionFail), before the node is asked anything.
-        _, args = self.validate_argument_spec(argument_spec=WATCH_ARGUMENT_SPEC)
+        args = self.validate_argument_spec(argument_spec=WATCH_ARGUMENT_SPEC)[1]
         log_path = args["log_path"]
         started = args["started"] if args["started"] is not None else time.time()
         timeout_s = args["timeout_s"]

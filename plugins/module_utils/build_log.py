@@ -14,7 +14,11 @@ ends with `#12 ERROR: process "/bin/sh -c ..." did not complete successfully: ex
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import subprocess
+import time
 
 # build-and-copy.sh@fc08740's own lines that start a phase (the docker build that follows).
 _PHASES = (
@@ -144,3 +148,40 @@ def parse_watch_output(stdout: str, run_id: str | None = None) -> tuple[str, int
     if run_id is not None and words[1:] != [run_id]:
         return text, None
     return text, int(words[0])
+
+
+# The build runs here, not in the module: a build writes to its own log and is killed with its process
+# group at the limit, which run_command cannot do.
+def run_logged(argv: list, chdir: str, log_path: str, timeout_s: int) -> tuple[int, float]:
+    """Run argv with its output appended to log_path; (exit status, seconds). Kills its process group at the limit."""
+    started = time.monotonic()
+    with open(log_path, "ab", buffering=0) as log:
+        try:
+            proc = subprocess.Popen(
+                argv, cwd=chdir, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        except OSError as exc:
+            log.write(f"sparkops: could not start {argv[0]}: {exc}\n".encode())
+            return 127, time.monotonic() - started
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            with _suppress():
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                with _suppress():
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            log.write(f"\nsparkops: the build ran longer than {timeout_s} s and was stopped\n".encode())
+            rc = 124
+    return rc, time.monotonic() - started
+
+
+class _suppress:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        return exc_type is not None and issubclass(exc_type, ProcessLookupError)

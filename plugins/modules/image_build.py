@@ -15,7 +15,7 @@ description:
   - After I(timeout_s) seconds the command and everything it started (its process group) are killed, and the exit
     status is 124.
   - Fails on a non-zero exit with where the build stopped, its error line, the log's last lines and its path.
-  - Meant to run with C(async) and C(poll: 0), followed by C(sparkops.cluster.image_build_watch).
+  - "Meant to run with C(async) and C(poll: 0), followed by C(sparkops.cluster.image_build_watch)."
 version_added: "0.3.0"
 author:
   - sparkops maintainers (!UNKNOWN)
@@ -90,12 +90,10 @@ tail:
 """
 
 import os
-import signal
-import subprocess
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.sparkops.cluster.plugins.module_utils.build_log import failure_message, tail_lines
+from ansible_collections.sparkops.cluster.plugins.module_utils.build_log import failure_message, run_logged, tail_lines
 
 _TAIL_BYTES = 262144
 
@@ -116,41 +114,6 @@ def write_rc(path: str, rc: int, run_id: str | None = None) -> None:
         f.write(f"{rc} {run_id}\n" if run_id else f"{rc}\n")
     os.chmod(tmp, 0o644)
     os.replace(tmp, path + ".rc")
-
-
-def run_logged(argv: list, chdir: str, log_path: str, timeout_s: int) -> tuple[int, float]:
-    """Run argv with its output appended to log_path; (exit status, seconds). Kills its process group at the limit."""
-    started = time.monotonic()
-    with open(log_path, "ab", buffering=0) as log:
-        try:
-            proc = subprocess.Popen(
-                argv, cwd=chdir, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        except OSError as exc:
-            log.write(f"sparkops: could not start {argv[0]}: {exc}\n".encode())
-            return 127, time.monotonic() - started
-        try:
-            rc = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            with _suppress():
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                with _suppress():
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            log.write(f"\nsparkops: the build ran longer than {timeout_s} s and was stopped\n".encode())
-            rc = 124
-    return rc, time.monotonic() - started
-
-
-class _suppress:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        return exc_type is not None and issubclass(exc_type, ProcessLookupError)
 
 
 def main():

@@ -41,8 +41,8 @@ extends_documentation_fragment:
   - sparkops.cluster.attributes
 attributes:
   check_mode:
-    support: none
-    details: In check mode no build runs, so it is skipped.
+    support: full
+    details: In check mode no build runs, so the watch is skipped and says so.
   diff_mode:
     support: none
     details: It only reads.

@@ -62,7 +62,7 @@ def port_label(host: str, port: int, twins: list) -> str:
 
 
 def _short(name) -> str:
-    return str(name or "").split(".")[0].lower()
+    return str(name or "").split(".", maxsplit=1)[0].lower()
 
 
 class _Index:
@@ -75,7 +75,7 @@ class _Index:
         self.netdev: dict = {}
         for h in hosts:
             node = nodes[h]
-            for name in {h, node.get("hostname")}:
+            for name in (h, node.get("hostname")):
                 if name:
                     self.names[_short(name)] = h
             for mac in node.get("macs") or []:
@@ -539,7 +539,7 @@ def infer(nodes: dict, hosts: list, settings: dict | None = None) -> dict:  # no
     cables_out = []
     if topology == "switch":
         members = segments[0]["members"]
-        port_of = {h: p for h, p in members}
+        port_of = dict(members)
         twins = max(len(ports[h][port_of[h]]) for h in hosts)
         subnets = _subnets(settings, used, twins, n, problems)
         if problems:

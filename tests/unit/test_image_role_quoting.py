@@ -77,7 +77,7 @@ def test_thin_layer_without_ray_change_is_only_from():
 def test_the_image_name_check_refuses_spaces_quotes_and_newlines():
     import re
 
-    task = next(t for _, t in tasks() if t["name"] == "Refuse an image name that is not a plain docker reference")
+    task = next(t for _path, t in tasks() if t["name"] == "Refuse an image name that is not a plain docker reference")
     pattern = task["ansible.builtin.assert"]["that"].split("match('", 1)[1].rsplit("')", 1)[0]
     assert re.match(pattern, "vllm-node:fc08740fba1e-0123abcd")
     assert re.match(pattern, "registry.local/team/vllm-node:abc")

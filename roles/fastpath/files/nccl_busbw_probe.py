@@ -38,12 +38,12 @@ def run(rank: int, world: int, local_rank: int, args: argparse.Namespace) -> int
         count = max(1, size // (elem * world))
         send = torch.full((count,), float(rank + 1), dtype=torch.float32, device="cuda")
         recv = torch.empty(count * world, dtype=torch.float32, device="cuda")
-        for _ in range(args.warmup):
+        for _warmup in range(args.warmup):
             dist.all_gather_into_tensor(recv, send)
         torch.cuda.synchronize()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        for _ in range(args.iters):
+        for _timed in range(args.iters):
             dist.all_gather_into_tensor(recv, send)
         end.record()
         torch.cuda.synchronize()

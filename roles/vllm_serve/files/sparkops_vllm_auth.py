@@ -64,7 +64,7 @@ def bearer_matches(authorization: bytes | None, digests: list[bytes]) -> bool:
     """True when `authorization` is `Bearer <one of the keys>` (scheme case-insensitive, as vLLM)."""
     if not authorization or not digests:
         return False
-    scheme, _, token = authorization.decode("latin-1").partition(" ")
+    scheme, _sep, token = authorization.decode("latin-1").partition(" ")
     if scheme.lower() != "bearer":
         return False
     given = hashlib.sha256(token.encode("latin-1")).digest()

@@ -282,7 +282,7 @@ def test_two_cables_between_a_pair():
 
 def test_two_cables_between_two_sparks_of_a_ring_with_a_spark_short():
     names = names_of(3)
-    (*_, last) = got = problems(World(names, [((names[0], 0), (names[1], 1)), ((names[0], 1), (names[1], 0))]))
+    (*_first, last) = got = problems(World(names, [((names[0], 0), (names[1], 1)), ((names[0], 1), (names[1], 0))]))
     text = "\n".join(got)
     assert "two cables join spark-1 and spark-2" in text
     assert "Move the end at spark-2 port 0 (enp1s0f0np0/enP2p1s0f0np0) to spark-3 (cabled 0 time(s))" in text

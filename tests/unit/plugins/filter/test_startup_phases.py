@@ -38,7 +38,7 @@ DOUBLE = """\
 2026-11-23T10:00:01.100000000Z INFO 11-23 10:00:01 [test-double] vLLM API server version 0.0.0 (TEST DOUBLE, not vLLM)
 2026-11-23T10:00:03.900000000Z INFO 11-23 10:00:03 [test-double] placement group placed on 2 nodes; GPU workers up
 2026-11-23T10:00:03.910000000Z INFO 11-23 10:00:03 [test-double] Compiling a graph for compile range (1, 8192) takes 0.00 s
-2026-11-23T10:00:03.920000000Z INFO 11-23 10:00:03 [test-double] saved AOT compiled function to /root/.cache/vllm/torch_compile_cache/torch_aot_compile/0f3a/rank_0_0/model
+2026-11-23T10:00:03.920000000Z INFO 11-23 10:00:03 [test-double] saved AOT compiled function to /root/.cache/vllm/torch_compile_cache/torch_aot_compile/f3/r0
 2026-11-23T10:00:03.930000000Z INFO 11-23 10:00:03 [test-double] torch.compile took 0.02 s in total
 2026-11-23T10:00:03.950000000Z INFO 11-23 10:00:03 [test-double] Initial profiling/warmup run took 0.00 s
 2026-11-23T10:00:04.000000000Z INFO 11-23 10:00:04 [test-double] Application startup complete.

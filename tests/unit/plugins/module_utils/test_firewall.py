@@ -148,6 +148,8 @@ def test_the_module_against_the_real_iptables_in_a_private_network_namespace():
         pytest.skip("iptables does not work in a new network namespace here")
     res = subprocess.run(
         ["unshare", "-n", sys.executable, "-c", REAL_IPTABLES, str(COLLECTIONS), str(ROOT / "tests" / "unit")],
+        # the child imports the collection as this process does (ansible-test units puts it elsewhere)
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
         capture_output=True,
         text=True,
         timeout=60,

@@ -385,7 +385,7 @@ def test_a_flood_of_idle_connections_is_capped_and_timed_out_and_the_sender_is_s
     src, dst = repos
     rel = blob(src, 7000)
     with receiver(dst, plan=plan_of(src, [rel]), max_conns=3, handshake_timeout=1) as (rcv, port):
-        idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(40)]
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _conn in range(40)]
         try:
             started = time.monotonic()
             # The first 3 get a challenge; the other 37 are closed at once, without one.

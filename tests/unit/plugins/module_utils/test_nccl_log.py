@@ -190,7 +190,7 @@ def test_every_failing_endpoint_is_named():
         ]
     )
     v = nl.transport_verdict(nl.parse_nccl_transport(log), TWINS)
-    assert [problem.split(":")[0] for problem in v["problems"]] == ["a", "b", "c", "cc", "d", "e", "f", "g"]
+    assert [problem.split(":", maxsplit=1)[0] for problem in v["problems"]] == ["a", "b", "c", "cc", "d", "e", "f", "g"]
     assert v["problems"][3].startswith("cc:8: 1 of 3 channels over NET/Socket")
     assert "NET/Socket over a TCP interface" in v["problems"][1]
     assert "NET/Socket over enP7s7:192.168.0.111" in v["problems"][4]

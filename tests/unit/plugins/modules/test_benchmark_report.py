@@ -344,7 +344,7 @@ def test_capacity_sweep_report_keeps_runs_and_capacity_and_draws_the_slo(tmp_pat
     previous = dict(lines[(2, "previous run")])
     now = dict(lines[(2, "this run")])
     assert previous[16] > now[16]  # max_num_seqs 8 made 16 users queue
-    assert {y for _, y in lines[(1, "SLO")]} == {10.0} and {y for _, y in lines[(2, "SLO")]} == {2.0}
-    assert {x for x, _ in lines[(0, "users at SLO")]} == {2}
+    assert {y for _x, y in lines[(1, "SLO")]} == {10.0} and {y for _x, y in lines[(2, "SLO")]} == {2.0}
+    assert {x for x, _y in lines[(0, "users at SLO")]} == {2}
     Path(tmp_path / "chart.png").write_bytes(Path(res["png_path"]).read_bytes())
     assert Path(res["png_path"]).read_bytes().startswith(PNG_MAGIC)

@@ -249,5 +249,5 @@ def test_a_section_that_is_not_a_mapping_is_read_as_missing():
 
 def test_merge_writes_tuples_as_lists():
     lock = lf.merge({}, {"image": {"build_args": ("--a", "b")}})
-    assert lock["image"]["build_args"] == ["--a", "b"] and type(lock["image"]["build_args"]) is list
+    assert lock["image"]["build_args"] == ["--a", "b"] and isinstance(lock["image"]["build_args"], list)
     assert lf.dumps(lock) == lf.dumps(json.loads(lf.dumps(lock)))
