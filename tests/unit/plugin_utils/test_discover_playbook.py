@@ -5,6 +5,7 @@ lldpcli) print a cabling's outputs in the real formats and whose /sys/class/net 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -113,7 +114,8 @@ def test_the_head_named_in_the_inventory_leads(tmp_path):
     assert res.returncode == 0, res.stdout[-3000:]
     assert "topology: pair of 2 Sparks, head spark-2" in res.text
     # Shown line by line, not written (no sparkops_discover_out): the head's block holds spark-2.
-    assert "spark_head:' - ' hosts:' - ' spark-2:'" in res.text
+    # (the callback's layout of the lines differs between ansible.cfg's and ansible-test's settings)
+    assert re.search(r"spark_head:\W{0,12}hosts:\W{0,12}spark-2:", res.text), res.text[-3000:]
 
 
 def test_fewer_forks_than_nodes_is_refused_before_reading(ring_run):
