@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -22,11 +21,16 @@ from pathlib import Path
 import pytest
 from ansible_collections.sparkops.cluster.plugins.module_utils import bench
 from conftest import ROOT
+from double_fixtures import MODEL, free_port, tiny_hf_home
 
 DOUBLE = ROOT / "sim" / "standin" / "vllm_test_double.py"
-MODEL = "sparkops-org/tiny-model"
 TOK_S_ALONE = 68.0  # ~4x the reference, steps of ~15-30 ms: the double's own overhead stays small
 pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def hf_home(tmp_path_factory) -> Path:
+    return tiny_hf_home(tmp_path_factory.mktemp("hf"))
 
 
 def _load_double():
@@ -38,25 +42,6 @@ def _load_double():
 
 vtd = _load_double()
 SCALE = TOK_S_ALONE * vtd.STEP_A_S
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def hf_home(tmp_path_factory) -> Path:
-    home = tmp_path_factory.mktemp("hf")
-    repo = home / "hub" / ("models--" + MODEL.replace("/", "--"))
-    snap = repo / "snapshots" / "abc123"
-    snap.mkdir(parents=True)
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text("abc123")
-    (snap / "config.json").write_text('{"model_type": "llama"}')
-    (snap / "model.safetensors").write_bytes(b"\0" * 16)
-    return home
 
 
 def _serve(hf_home: Path, *extra: str):

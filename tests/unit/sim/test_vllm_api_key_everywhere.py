@@ -23,14 +23,19 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT
+from double_fixtures import MODEL, free_port, tiny_hf_home
 
 DOUBLE = ROOT / "sim" / "standin" / "vllm_test_double.py"
 AUTH_DIR = ROOT / "roles" / "vllm_serve" / "files"
 MIDDLEWARE = "sparkops_vllm_auth.RequireApiKey"
-MODEL = "sparkops-org/tiny-model"
 KEY = "sk-file-key-0123456789"
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi there"}], "max_tokens": 3}
 pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def hf_home(tmp_path_factory) -> Path:
+    return tiny_hf_home(tmp_path_factory.mktemp("hf"))
 
 
 def _load(name: str, path: Path):
@@ -49,25 +54,6 @@ ROUTES = _load("vllm_test_double_routes", DOUBLE).ROUTES
 # Paths that exist in vLLM only for pooling models or behind flags, and paths that exist nowhere:
 # with the middleware they must be refused before routing as well.
 OTHER_PATHS = ["/pooling", "/classify", "/score", "/rerank", "/v1/responses", "/nope", "/metrics/x", "/health/"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def hf_home(tmp_path_factory) -> Path:
-    home = tmp_path_factory.mktemp("hf")
-    repo = home / "hub" / ("models--" + MODEL.replace("/", "--"))
-    snap = repo / "snapshots" / "abc123"
-    snap.mkdir(parents=True)
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text("abc123")
-    (snap / "config.json").write_text('{"model_type": "llama"}')
-    (snap / "model.safetensors").write_bytes(b"\0" * 16)
-    return home
 
 
 def start(hf_home: Path, extra: list[str], key_file: Path | None):

@@ -32,6 +32,7 @@ from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving_profile i
 )
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.vllm_contract import load_contract, recorded_versions
 from conftest import ROOT
+from double_fixtures import MODEL, free_port, tiny_hf_home
 from module_runner import run_module
 
 DOUBLE = ROOT / "sim" / "standin" / "vllm_test_double.py"
@@ -43,28 +44,13 @@ PINNED = yaml.safe_load((ROOT / "roles" / "sparkops_defaults" / "defaults" / "ma
 ]
 SIM_GROUP_VARS = ROOT / "inventory" / "sim" / "group_vars" / "all"
 RAY_BIN = Path(sys.executable).parent / "ray"
-MODEL = "sparkops-org/tiny-model"
 KEY = "sk-double-key"
 pytestmark = pytest.mark.timeout(120)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def hf_home(tmp_path_factory) -> Path:
-    home = tmp_path_factory.mktemp("hf")
-    repo = home / "hub" / ("models--" + MODEL.replace("/", "--"))
-    snap = repo / "snapshots" / "abc123"
-    snap.mkdir(parents=True)
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text("abc123")
-    (snap / "config.json").write_text('{"model_type": "llama"}')
-    (snap / "model.safetensors").write_bytes(b"\0" * 16)
-    return home
+    return tiny_hf_home(tmp_path_factory.mktemp("hf"))
 
 
 @pytest.fixture(scope="module")
