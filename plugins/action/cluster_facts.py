@@ -8,9 +8,18 @@ problem at once. The documentation lives in plugins/modules/cluster_facts.py.
 
 from __future__ import annotations
 
+import os
+
 from ansible.errors import AnsibleError, AnsibleUndefinedVariable
 from ansible.plugins.action import ActionBase
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.cluster import ClusterError, build_cluster
+from ansible_collections.sparkops.cluster.plugins.plugin_utils.lockfile import LockError, parse_lock
+from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving import (
+    IMAGE_VARIABLES,
+    INPUT_VARIABLES,
+    build_serving,
+    node_part,
+)
 
 # Variables the model reads (host-independent settings, normally in group_vars/all).
 SETTINGS = (
@@ -56,6 +65,28 @@ class ActionModule(ActionBase):
         except AnsibleUndefinedVariable:
             return None
 
+    def _serving_inputs(self, task_vars: dict, model: dict) -> dict:
+        """The plan's inputs: settings, the image pins, the lock file's content (read here, on the
+        controller) and whether a Hugging Face token is set (never the token itself)."""
+        inputs = {key: self._value(task_vars, name) for key, name in INPUT_VARIABLES.items()}
+        inputs["image"] = {key: self._value(task_vars, name) for key, name in IMAGE_VARIABLES.items()}
+        inputs["upgrade"] = str(inputs["upgrade"]).lower() in ("true", "yes", "1")
+        token = self._value(task_vars, "sparkops_hf_token")
+        inputs["hf_token_set"] = bool(token) or bool(os.environ.get("HF_TOKEN"))
+        path = model["paths"]["lock_file"]
+        try:
+            with open(path, encoding="utf-8") as handle:
+                text = handle.read()
+        except FileNotFoundError:
+            text = None
+        except OSError as err:
+            raise ClusterError([f"cannot read the lock file {path}: {err.strerror}; fix its permissions"]) from None
+        try:
+            inputs["lock"] = parse_lock(text)
+        except LockError as err:
+            raise ClusterError([f"{path}: {err}"]) from None
+        return inputs
+
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         task_vars = task_vars or {}
@@ -74,6 +105,7 @@ class ActionModule(ActionBase):
             inputs["hostvars"][host] = {name: self._value(hv, name) for name in HOST_VARS}
         try:
             model = build_cluster(inputs)
+            model["serving"] = build_serving(model, self._serving_inputs(task_vars, model))
         except ClusterError as err:
             result.update(failed=True, msg=str(err), problems=err.problems)
             return result
@@ -83,8 +115,14 @@ class ActionModule(ActionBase):
         result["changed"] = False
         result["ansible_facts"] = {
             "sparkops_cluster": model,
-            "sparkops_node": model["nodes"].get(me, {}),
+            "sparkops_node": {**model["nodes"].get(me, {}), "serving": node_part(model["serving"], me)},
+            # The profile as served: normalized, with the locked model commit for a moving revision.
+            "sparkops_profile": model["serving"]["deployments"][0]["profile_as_given"],
         }
+        image = model["serving"]["deployments"][0]["image"]
+        if image["resolved"]:
+            # The exact tag, known without a clone: a stage run alone serves what site.yml would.
+            result["ansible_facts"]["sparkops_image"] = image["image"]
         # Never written to the fact cache: every play computes the model afresh.
         result["_ansible_facts_cacheable"] = False
         return result

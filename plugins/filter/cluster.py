@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.cluster import summary
+from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving import summary as serving_summary
 
 
 def cluster_summary(model: dict) -> list:
-    """The plan as readable lines (nodes, peers, routes, segments, cables, stages)."""
-    return summary(model)
+    """The plan as readable lines (nodes, peers, routes, segments, cables, stages), then what is served:
+    each deployment's exact image tag and every member's command line."""
+    return summary(model) + (serving_summary(model["serving"]) if model.get("serving") else [])
 
 
 def cluster_plan(model: dict) -> dict:

@@ -801,7 +801,8 @@ def summary(model: dict) -> list:
         out.append(f"cable {c['a']} - {c['b']}: {lanes}")
     ep, img, paths = model["endpoint"], model["image"], model["paths"]
     out.append(f"ray head {model['ray']['address']}; API {ep['url']} (bind {ep['bind']})")
-    out.append(f"image {img['image']} from {img['repo']} @ {img['ref']}, built on {img['build_host']}")
+    # The image's exact tag (with its build arguments' hash) is the serving plan's: serving.summary prints it.
+    out.append(f"image from {img['repo']} @ {img['ref']}, built on {img['build_host']}")
     waves = model["weights"]["fanout"]
     out.append(
         f"weights from {model['weights']['source']} in {max([e['wave'] for e in waves], default=0)} wave(s): "

@@ -295,23 +295,35 @@ def test_the_middleware_passes_the_key_refuses_the_rest_and_closes_websockets(tm
 
 
 def test_the_role_mounts_the_key_and_the_middleware_and_keeps_the_key_out_of_env_and_argv():
+    import sys  # noqa: PLC0415
+
     import yaml  # noqa: PLC0415
+    from ansible_collections.sparkops.cluster.plugins.plugin_utils import serving  # noqa: PLC0415
+
+    sys.path.insert(0, str(ROOT / "tests" / "unit" / "plugin_utils"))
+    from test_serving_plan import plan_of  # noqa: PLC0415
 
     role = ROOT / "roles" / "vllm_serve"
     container = yaml.safe_load((role / "tasks" / "container.yml").read_text())
     plan = container[0]
-    env_expr = plan["vars"]["vllm_serve_env"]
-    assert "VLLM_API_KEY" not in env_expr and "vllm_serve_api_key" not in env_expr
-    assert "combine(vllm_serve_auth_env)" in env_expr
+    # The container runs the serving plan's API member: its env and argv, nothing added by the role.
+    assert plan["vars"]["vllm_serve_env"] == "{{ vllm_serve_member.vllm.env }}"
+    assert plan["community.docker.docker_container"]["command"] == "{{ vllm_serve_argv }}"
     assert (
         "vllm_serve_auth_dir ~ ':' ~ vllm_serve_auth_mount ~ ':ro'"
         in plan["community.docker.docker_container"]["volumes"]
     )
     rolevars = yaml.safe_load((role / "vars" / "main.yml").read_text())
-    assert rolevars["vllm_serve_auth_env"]["SPARKOPS_API_KEY_FILE"] == "{{ vllm_serve_auth_mount }}/api_key"
+    # The role mounts the folder where the plan's env and argv say the key file and the module are.
+    assert rolevars["vllm_serve_auth_mount"] == serving.AUTH_MOUNT
+    assert rolevars["vllm_serve_auth_module"] == serving.AUTH_MODULE
     assert (AUTH_DIR / f"{rolevars['vllm_serve_auth_module']}.py").is_file()
-    settings = (role / "tasks" / "settings.yml").read_text()
-    assert "['--middleware', vllm_serve_auth_module ~ '.RequireApiKey']" in settings
-    assert f"{rolevars['vllm_serve_auth_module']}.RequireApiKey" == MIDDLEWARE and hasattr(auth, "RequireApiKey")
+    _cluster, built = plan_of()
+    api = built["deployments"][0]["members"][0]["vllm"]
+    assert api["env"]["SPARKOPS_API_KEY_FILE"] == f"{rolevars['vllm_serve_auth_mount']}/api_key"
+    assert api["env"]["PYTHONPATH"] == rolevars["vllm_serve_auth_mount"]
+    assert api["argv"][api["argv"].index("--middleware") + 1] == MIDDLEWARE and hasattr(auth, "RequireApiKey")
+    assert f"{rolevars['vllm_serve_auth_module']}.RequireApiKey" == MIDDLEWARE
+    assert "VLLM_API_KEY" not in api["env"] and "--api-key" not in api["argv"]
     key_task = next(t for t in yaml.safe_load((role / "tasks" / "auth.yml").read_text()) if "api_key" in str(t))
     assert key_task["no_log"] is True and key_task["ansible.builtin.copy"]["mode"] == "0600"

@@ -1,0 +1,258 @@
+"""The serving plan (plugins/plugin_utils/serving.py): one computation for every entry point.
+
+The plan is built from the shipped defaults (roles/sparkops_defaults) on the inventories of
+cluster_inventories.py; each test names what a user would see go wrong if the plan broke.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from ansible_collections.sparkops.cluster.plugins.plugin_utils.cluster import ClusterError, build_cluster
+from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving import (
+    build_serving,
+    node_part,
+    summary,
+)
+from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving_profile import vllm_serve_args
+from cluster_inventories import pair, ring, switch
+
+ROOT = Path(__file__).resolve().parents[3]
+DEFAULTS = ROOT / "roles/sparkops_defaults/defaults/main"
+PROFILES = yaml.safe_load((DEFAULTS / "serving_profiles.yml").read_text())["sparkops_serving_profiles"]
+VERSIONS = yaml.safe_load((DEFAULTS / "versions.yml").read_text())
+CLUSTER_DEFAULTS = yaml.safe_load((DEFAULTS / "cluster.yml").read_text())
+REF = "74c02c37c280c64d07119350a7d42225f1b154ba"  # the inventories' spark_vllm_image_ref
+MODEL_COMMIT = "5157" + "0" * 35 + "1"
+LOCKED_IMAGE = "0123456789abcdef0123456789abcdef01234567"
+
+
+def plan_of(cluster_inputs=None, **inputs):
+    cluster = build_cluster(cluster_inputs or pair())
+    base = {
+        "profile_name": "qwen3-235b-a22b-gptq-int4-tp2",
+        "profiles": PROFILES,
+        "vllm_version": VERSIONS["sparkops_vllm_version"],
+        "container_names": CLUSTER_DEFAULTS["sparkops_container_names"],
+        "container_cache_env": CLUSTER_DEFAULTS["sparkops_container_cache_env"],
+        "image": {
+            "source": "eugr",
+            "name": "vllm-node",
+            "repo": "https://github.com/eugr/spark-vllm-docker.git",
+            "ref": REF,
+            "build_args": VERSIONS["spark_vllm_image_build_args"],
+        },
+    }
+    base.update(inputs)
+    return cluster, build_serving(cluster, base)
+
+
+def lock_for(profile="qwen3-235b-a22b-gptq-int4-tp2", ref=REF, revision="main", **image):
+    return {
+        "lock_version": 1,
+        "image": {
+            "source": "eugr",
+            "repo": "https://github.com/eugr/spark-vllm-docker.git",
+            "ref": ref,
+            "build_args": VERSIONS["spark_vllm_image_build_args"],
+            "registry_ref": "",
+            **image,
+        },
+        "model": {
+            "profile": profile,
+            "id": PROFILES[profile]["model"],
+            "revision": revision,
+            "resolved_revision": MODEL_COMMIT,
+        },
+    }
+
+
+def the_checkout_roles_tag(name, commit, build_args):
+    """roles/spark_vllm_image/tasks/checkout.yml: name:commit[:12]-(build_args | to_json | hash('sha256'))[:8]."""
+    return f"{name}:{commit[:12]}-{hashlib.sha256(json.dumps(build_args).encode()).hexdigest()[:8]}"
+
+
+def test_the_reference_on_a_pair_is_ray_with_the_api_on_the_head_and_today_s_command_line():
+    cluster, plan = plan_of()
+    (dep,) = plan["deployments"]
+    assert dep["executor"] == "ray" and dep["hosts"] == ["spark-1", "spark-2"]
+    head, worker = dep["members"]
+    assert (head["host"], head["role"], head["ray"]["head"]) == ("spark-1", "api", True)
+    assert (worker["host"], worker["role"], worker["ray"]["head"], worker["vllm"]) == ("spark-2", "worker", False, None)
+    # What vllm_serve ran before the plan existed: the profile's argv and the key middleware.
+    today = vllm_serve_args(
+        PROFILES["qwen3-235b-a22b-gptq-int4-tp2"], cluster["endpoint"]["bind"], cluster["endpoint"]["port"]
+    ) + ["--middleware", "sparkops_vllm_auth.RequireApiKey"]
+    assert head["vllm"]["argv"] == today
+    assert (
+        "--distributed-executor-backend" in today and today[today.index("--distributed-executor-backend") + 1] == "ray"
+    )
+    env = head["vllm"]["env"]
+    assert env["RAY_ADDRESS"] == "auto" and env["RAY_DEDUP_LOGS"] == "0"
+    assert env["VLLM_HOST_IP"] == cluster["nodes"]["spark-1"]["primary"]["ip"]
+    assert env["SPARKOPS_API_KEY_FILE"] == "/opt/sparkops-auth/api_key" and "VLLM_API_KEY" not in env
+    assert env["TRITON_CACHE_DIR"] == CLUSTER_DEFAULTS["sparkops_container_cache_env"]["TRITON_CACHE_DIR"]
+    assert dep["model_cache_dir"].endswith("/hub/models--Qwen--Qwen3-235B-A22B-GPTQ-Int4")
+
+
+def test_a_pinned_commit_names_the_image_exactly_as_the_image_role_does_without_a_clone():
+    _, plan = plan_of()
+    img = plan["deployments"][0]["image"]
+    assert img["resolved"] is True
+    assert img["image"] == the_checkout_roles_tag("vllm-node", REF, VERSIONS["spark_vllm_image_build_args"])
+    _, other = plan_of(
+        image={**plan_of()[1]["deployments"][0]["image"], "ref": REF, "build_args": ["--vllm-ref", "v0.20.0"]}
+    )
+    assert other["deployments"][0]["image"]["image"] != img["image"]  # other arguments, another image
+
+
+def test_a_branch_is_resolved_by_the_lock_or_left_to_the_build():
+    _, unlocked = plan_of(image={"source": "eugr", "name": "vllm-node", "ref": "main", "build_args": []})
+    assert unlocked["deployments"][0]["image"]["resolved"] is False
+    assert unlocked["deployments"][0]["image"]["image"] == ""
+    lock = lock_for(ref="main", commit=LOCKED_IMAGE, build_args=[])
+    _, locked = plan_of(
+        image={
+            "source": "eugr",
+            "name": "vllm-node",
+            "ref": "main",
+            "build_args": [],
+            "repo": "https://github.com/eugr/spark-vllm-docker.git",
+        },
+        lock=lock,
+    )
+    assert locked["deployments"][0]["image"]["image"] == the_checkout_roles_tag("vllm-node", LOCKED_IMAGE, [])
+
+
+def test_with_a_lock_every_entry_point_serves_the_locked_model_commit():
+    """serve.yml alone and site.yml hand the plan the same inventory and lock: same argv, same tag."""
+    _, without = plan_of()
+    _, with_lock = plan_of(lock=lock_for())
+    argv = with_lock["deployments"][0]["members"][0]["vllm"]["argv"]
+    assert argv[argv.index("--revision") + 1] == MODEL_COMMIT
+    assert with_lock["deployments"][0]["profile_as_given"]["revision"] == MODEL_COMMIT
+    assert with_lock["deployments"][0]["own_revision"] == "main"
+    plain = without["deployments"][0]["members"][0]["vllm"]["argv"]
+    assert plain[plain.index("--revision") + 1] == "main"
+    # Two computations from the same inputs are the same plan (no hidden state between plays).
+    assert plan_of(lock=lock_for())[1] == with_lock
+
+
+def test_an_upgrade_plans_the_inventory_s_values_and_ignores_the_lock():
+    lock = lock_for(ref="1" * 40, commit="1" * 40)
+    with pytest.raises(ClusterError) as refused:
+        plan_of(lock=lock)
+    assert "pins what was deployed" in str(refused.value) and "image.ref" in str(refused.value)
+    assert "playbooks/upgrade.yml" in str(refused.value)
+    _, plan = plan_of(lock=lock, upgrade=True)
+    dep = plan["deployments"][0]
+    assert dep["image"]["commit"] == REF  # the inventory's ref, not the lock's commit
+    argv = dep["members"][0]["vllm"]["argv"]
+    assert argv[argv.index("--revision") + 1] == "main"
+
+
+def test_the_mp_executor_runs_vllm_on_every_rank_with_the_head_as_master():
+    cluster, plan = plan_of(executor="mp")
+    dep = plan["deployments"][0]
+    assert dep["executor"] == "mp"
+    head_ip = cluster["nodes"]["spark-1"]["primary"]["ip"]
+    r0, r1 = dep["members"]
+    assert r0["ray"] is None and r1["ray"] is None
+    for m in (r0, r1):
+        argv = m["vllm"]["argv"]
+        assert argv[argv.index("--nnodes") + 1] == "2"
+        assert argv[argv.index("--node-rank") + 1] == str(m["rank"])
+        assert argv[argv.index("--master-addr") + 1] == head_ip
+        assert argv[argv.index("--master-port") + 1] == "29501"
+        assert argv[argv.index("--distributed-executor-backend") + 1] == "mp"
+        assert argv.count("--distributed-executor-backend") == 1
+        # Without VLLM_HOST_IP vLLM's message queue binds the default route's address (the management LAN).
+        assert m["vllm"]["env"]["VLLM_HOST_IP"] == cluster["nodes"][m["host"]]["primary"]["ip"]
+        assert "RAY_ADDRESS" not in m["vllm"]["env"]
+    assert "--headless" not in r0["vllm"]["argv"] and "--headless" in r1["vllm"]["argv"]
+    assert "--middleware" in r0["vllm"]["argv"] and "--middleware" not in r1["vllm"]["argv"]
+    assert "SPARKOPS_API_KEY_FILE" not in r1["vllm"]["env"]  # a headless rank serves no HTTP
+    assert [m["rank"] for m in node_part(plan, "spark-2")] == [1]
+
+
+def test_a_single_node_profile_under_ray_keeps_ray_everywhere_and_vllm_on_the_head():
+    _, plan = plan_of(profile_name="qwen3-30b-a3b")
+    dep = plan["deployments"][0]
+    assert dep["executor"] == "ray" and [m["ray"]["head"] for m in dep["members"]] == [True, False]
+    assert "--distributed-executor-backend" not in dep["members"][0]["vllm"]["argv"]
+    assert dep["members"][1]["vllm"] is None
+
+
+def test_a_single_node_profile_without_ray_runs_alone_on_the_head():
+    _, plan = plan_of(profile_name="qwen3-30b-a3b", executor="mp")
+    dep = plan["deployments"][0]
+    assert dep["executor"] == "single" and dep["hosts"] == ["spark-1"]
+    (m,) = dep["members"]
+    assert m["ray"] is None and "--distributed-executor-backend" not in m["vllm"]["argv"]
+    assert "RAY_ADDRESS" not in m["vllm"]["env"]
+    assert node_part(plan, "spark-2") == []
+
+
+def test_every_problem_is_reported_at_once_with_preflight_s_messages():
+    with pytest.raises(ClusterError) as err:
+        plan_of(profile_name="no-such-profile", executor="slurm", gpus_per_node="two")
+    text = str(err.value)
+    assert "sparkops_serving_profile 'no-such-profile' is not a known profile" in text
+    assert "sparkops_executor must be one of ray, mp" in text
+    assert "sparkops_gpus_per_node must be an integer" in text
+    gated = {**PROFILES, "gated-one": {**PROFILES["qwen3-30b-a3b"], "gated": True}}
+    with pytest.raises(ClusterError) as err:
+        plan_of(profiles=gated, profile_name="gated-one")
+    assert "is a gated model and no Hugging Face token is set" in str(err.value)
+    plan_of(profiles=gated, profile_name="gated-one", hf_token_set=True)
+    plan_of(profiles=gated, profile_name="gated-one", weights_source="preseeded")
+    greedy = {**PROFILES, "greedy": {**PROFILES["qwen3-30b-a3b"], "gpu_memory_utilization": 0.9}}
+    with pytest.raises(ClusterError) as err:
+        plan_of(profiles=greedy, profile_name="greedy", memory_floor_gib=20)
+    assert "below the memory floor" in str(err.value)
+
+
+def test_a_profile_the_pinned_vllm_refuses_is_named_even_when_another_is_served():
+    broken = {**PROFILES, "typo": {**PROFILES["qwen3-30b-a3b"], "extra_args": ["--no-such-flag"]}}
+    with pytest.raises(ClusterError) as err:
+        plan_of(profiles=broken)
+    assert "Serving profiles refused by vLLM 0.19.0" in str(err.value) and "typo:" in str(err.value)
+
+
+def test_a_rollback_plans_the_recorded_profile():
+    recorded = {**PROFILES["qwen3-235b-a22b-gptq-int4-tp2"], "max_num_seqs": 3}
+    _, plan = plan_of(profile_override=recorded, upgrade=True)
+    argv = plan["deployments"][0]["members"][0]["vllm"]["argv"]
+    assert argv[argv.index("--max-num-seqs") + 1] == "3"
+
+
+def test_a_registry_image_is_named_by_its_digest():
+    digest = "ab" * 32
+    _, plan = plan_of(
+        image={"source": "registry", "name": "vllm-node", "registry_ref": f"nvcr.io/nvidia/vllm@sha256:{digest}"}
+    )
+    assert plan["deployments"][0]["image"]["image"] == f"vllm-node:registry-{digest[:12]}"
+    _, tagged = plan_of(image={"source": "registry", "name": "vllm-node", "registry_ref": "nvcr.io/nvidia/vllm:25.11"})
+    assert tagged["deployments"][0]["image"]["resolved"] is False
+
+
+@pytest.mark.parametrize("inventory", [switch(4), ring(4)], ids=["switch-4", "ring-4"])
+def test_bigger_clusters_serve_tp2_on_the_head_and_the_next_node(inventory):
+    _, plan = plan_of(inventory, executor="mp")
+    dep = plan["deployments"][0]
+    assert dep["hosts"] == ["spark-1", "spark-2"] and dep["nnodes"] == 2
+    assert all(node_part(plan, h) == [] for h in ("spark-3", "spark-4"))
+    _, ray = plan_of(inventory)
+    assert [m["host"] for m in ray["deployments"][0]["members"] if m["ray"]] == [f"spark-{i}" for i in range(1, 5)]
+
+
+def test_the_summary_shows_every_rank_s_command_line_and_the_exact_tag():
+    _, plan = plan_of(executor="mp", lock=lock_for())
+    text = "\n".join(summary(plan))
+    assert the_checkout_roles_tag("vllm-node", REF, VERSIONS["spark_vllm_image_build_args"]) in text
+    assert "spark-2 rank 1 (worker, sparkops-vllm): vllm serve" in text and "--headless" in text
+    assert f"@ {MODEL_COMMIT}" in text and "executor mp" in text
