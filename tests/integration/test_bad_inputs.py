@@ -6,8 +6,9 @@ to fix, and (3) no file under the paths sparkops writes changed on either node.
 
 The inventory checks themselves (groups, links, addresses, subnets, cables against the topology,
 MTU, driver branch, hardware kind) are unit tests of the cluster model
-(tests/unit/plugin_utils/test_cluster.py). The few kept here prove that a refusal by the model
-changes nothing on a host; the missing interface needs a host to find out.
+(tests/unit/plugin_utils/test_cluster.py), and the serving profile's rules are unit tests of the
+serving plan (tests/unit/plugin_utils/test_serving_plan.py). The few kept here prove that a refusal by
+the model or the plan changes nothing on a host; the missing interface needs a host to find out.
 """
 
 from __future__ import annotations
@@ -116,32 +117,7 @@ INVENTORY_CASES = {
 
 VARS_CASES = {
     "unknown profile": ({"sparkops_serving_profile": "qwen9-1t"}, "is not a known profile"),
-    "TP larger than the GPUs": (_profile(tensor_parallel_size=4), "tensor_parallel_size"),
     "enforce-eager": (_profile(extra_args=["--enforce-eager"]), "enforce-eager"),
-    "gpu-memory-utilization 0.95": (_profile(gpu_memory_utilization=0.95), "0.9"),
-    "CUTLASS FP4": (_profile(quantization="modelopt_fp4", env={"VLLM_NVFP4_GEMM_BACKEND": "cutlass"}), "CUTLASS FP4"),
-    # With the FP4 knobs vLLM 0.19.0 needs on SM121 set, so that the only rule broken is mxfp4 on a non-gpt-oss model.
-    "mxfp4 on a non-gpt-oss model": (
-        _profile(quantization="mxfp4", moe_backend="marlin", env={"VLLM_NVFP4_GEMM_BACKEND": "marlin"}),
-        "gpt-oss",
-    ),
-    "unknown rule in sparkops_allow_rules": (
-        {"sparkops_allow_rules": [{"rule": "no-such-rule", "reason": "x"}]},
-        "'no-such-rule' is not a rule name",
-    ),
-    "allowed rule without a reason": (
-        {
-            **_profile(extra_args=["--enforce-eager"]),
-            "sparkops_allow_rules": [{"rule": "no-enforce-eager", "reason": ""}],
-        },
-        "allows no-enforce-eager without a reason",
-    ),
-    "FP8 checkpoint with FlashInfer attention": (
-        _profile(quantization=None, weights_quantization="fp8", attention_backend="FLASHINFER"),
-        "fp8-no-flashinfer-attention",
-    ),
-    "wrong type for TP": (_profile(tensor_parallel_size="two"), "must be an integer"),
-    "model too big to fit": (_profile(weights_gib=400), "fit"),
     "gated model without token": (
         {**_profile(gated=True), "weight_cache_source": "hub"},
         "gated model and no Hugging Face token",

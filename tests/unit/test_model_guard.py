@@ -17,6 +17,7 @@ SCANNED = ["roles", "playbooks", "plugins", "molecule", "site.yml"]
 # The model itself, where these reads belong.
 MODEL = {
     "plugins/plugin_utils/cluster.py",
+    "plugins/plugin_utils/serving.py",
     "plugins/action/cluster_facts.py",
     "plugins/modules/cluster_facts.py",
 }
@@ -36,6 +37,11 @@ PATTERNS = {
     "head/primary address derivations": re.compile(r"sparkops_fast_links\s*(\[\s*0\s*\]|\|\s*first)"),
     "hostvars reach-ins": re.compile(r"\bhostvars\b"),
     "tasks_from borrowing": re.compile(r"\btasks_from\b"),
+    # What is served (issue 24): the serving plan (sparkops_cluster.serving) holds it.
+    "sparkops_profile reads": re.compile(r"\bsparkops_profile\b"),
+    "sparkops_image reads": re.compile(r"\bsparkops_image\b"),
+    "vLLM and Ray argv variables": re.compile(r"\b(vllm_serve_argv|ray_cluster_command)\b"),
+    "groups['spark_cluster'] reads": re.compile(r"groups\[\s*['\"]spark_cluster['\"]\s*\]"),
 }
 BEFORE = {
     "sparkops_fast_links reads": 49,
@@ -43,21 +49,32 @@ BEFORE = {
     "head/primary address derivations": 15,
     "hostvars reach-ins": 31,
     "tasks_from borrowing": 12,
+    # The serving reads just before the serving plan landed (issue 24).
+    "sparkops_profile reads": 74,
+    "sparkops_image reads": 42,
+    "vLLM and Ray argv variables": 4,
+    "groups['spark_cluster'] reads": 20,
 }
 # After doctor, watchdog, fastpath, ray_cluster, weight_cache's sync, vllm_serve's container and
 # verify.yml read the model (others' roles and molecule not yet switched). tasks_from is above
 # BEFORE: entry points (wait, proof, checkout, settings, jumbo-ping) that merged playbooks include.
 # The groups['spark_head'] reads left are molecule's verify.yml, which finds the head on its own on
 # purpose: it checks what the roles did without trusting the model they read.
-# tasks_from 13 (was 12): weights.yml run alone resolves the image tag (checkout.yml) as serve.yml and
-# watchdog.yml do, since the Hub download runs the serving image's client; the serving plan (issue 24)
-# puts the tag in the model, and these three borrowings go then.
+# tasks_from 10: the serving plan (issue 24) names the image, so weights.yml, serve.yml and watchdog.yml
+# run alone no longer borrow spark_vllm_image's checkout.yml.
 CEILING = {
     "sparkops_fast_links reads": 11,
     "groups['spark_head'] reads": 6,
     "head/primary address derivations": 5,
     "hostvars reach-ins": 23,
-    "tasks_from borrowing": 13,
+    "tasks_from borrowing": 10,
+    # sparkops_image is 2 above BEFORE: serve/weights/watchdog.yml alone check the plan named the image
+    # (3) where they borrowed checkout.yml (which read it in its own file), and checkout.yml checks the
+    # image it names is the plan's. The container tasks still read it: an upgrade's rollback sets it.
+    "sparkops_profile reads": 60,
+    "sparkops_image reads": 44,
+    "vLLM and Ray argv variables": 4,
+    "groups['spark_cluster'] reads": 19,
 }
 
 
@@ -103,4 +120,8 @@ def test_the_guard_sees_a_new_read():
         "head/primary address derivations": 1,
         "hostvars reach-ins": 1,
         "tasks_from borrowing": 0,
+        "sparkops_profile reads": 0,
+        "sparkops_image reads": 0,
+        "vLLM and Ray argv variables": 0,
+        "groups['spark_cluster'] reads": 0,
     }

@@ -256,3 +256,79 @@ def test_the_summary_shows_every_rank_s_command_line_and_the_exact_tag():
     assert the_checkout_roles_tag("vllm-node", REF, VERSIONS["spark_vllm_image_build_args"]) in text
     assert "spark-2 rank 1 (worker, sparkops-vllm): vllm serve" in text and "--headless" in text
     assert f"@ {MODEL_COMMIT}" in text and "executor mp" in text
+
+
+# --- the profile refusals that site.yml runs on the simulated cluster used to prove, now on the plan -----
+# (tests/integration/test_bad_inputs.py keeps a few of them to prove that the refusal changes no host).
+
+
+def _bad(**changes):
+    base = {
+        "model": "sparkops-sim/tiny-test-model",
+        "revision": "5157000000000000000000000000000000000001",
+        "served_model_name": "bad",
+        "model_family": "sim",
+        "gated": False,
+        "weights_gib": 0.05,
+        "tensor_parallel_size": 2,
+        "pipeline_parallel_size": 1,
+        "enable_expert_parallel": True,
+        "quantization": "gptq_marlin",
+        "kv_cache_dtype": "fp8",
+        "attention_backend": "TRITON_ATTN",
+        "gpu_memory_utilization": 0.87,
+        "max_model_len": 4096,
+        "max_num_seqs": 4,
+        "max_num_batched_tokens": 4096,
+        "max_cudagraph_capture_size": 2048,
+        "enable_prefix_caching": True,
+        "env": {},
+        "extra_args": [],
+    }
+    base.update(changes)
+    return {"profiles": {**PROFILES, "bad": base}, "profile_name": "bad"}
+
+
+PROFILE_REFUSALS = {
+    "TP larger than the GPUs": (_bad(tensor_parallel_size=4), "tensor_parallel_size"),
+    "enforce-eager": (_bad(extra_args=["--enforce-eager"]), "enforce-eager"),
+    "gpu-memory-utilization 0.95": (_bad(gpu_memory_utilization=0.95), "gpu_memory_utilization <= 0.90"),
+    "CUTLASS FP4": (_bad(quantization="modelopt_fp4", env={"VLLM_NVFP4_GEMM_BACKEND": "cutlass"}), "CUTLASS FP4"),
+    "mxfp4 on a non-gpt-oss model": (
+        _bad(quantization="mxfp4", moe_backend="marlin", env={"VLLM_NVFP4_GEMM_BACKEND": "marlin"}),
+        "gpt-oss",
+    ),
+    "unknown rule in sparkops_allow_rules": (
+        {**_bad(), "allow_rules": [{"rule": "no-such-rule", "reason": "x"}]},
+        "'no-such-rule' is not a rule name",
+    ),
+    "allowed rule without a reason": (
+        {**_bad(extra_args=["--enforce-eager"]), "allow_rules": [{"rule": "no-enforce-eager", "reason": ""}]},
+        "allows no-enforce-eager without a reason",
+    ),
+    "FP8 checkpoint with FlashInfer attention": (
+        _bad(quantization=None, weights_quantization="fp8", attention_backend="FLASHINFER"),
+        "fp8-no-flashinfer-attention",
+    ),
+    "wrong type for TP": (_bad(tensor_parallel_size="two"), "must be an integer"),
+    "model too big to fit": (_bad(weights_gib=400), "fit"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PROFILE_REFUSALS))
+def test_a_bad_profile_is_refused_by_the_plan_with_what_to_fix(case):
+    inputs, message = PROFILE_REFUSALS[case]
+    with pytest.raises(ClusterError) as err:
+        plan_of(**inputs)
+    assert message in " ".join(str(err.value).split()), f"{case}: {err.value}"
+
+
+def test_an_allowed_rule_is_served_and_said():
+    inputs = {
+        **_bad(extra_args=["--enforce-eager"]),
+        "allow_rules": [{"rule": "no-enforce-eager", "reason": "measuring eager on GB10"}],
+    }
+    _, plan = plan_of(**inputs)
+    dep = plan["deployments"][0]
+    assert "--enforce-eager" in dep["members"][0]["vllm"]["argv"]
+    assert any("measuring eager on GB10" in line for line in dep["allowed_rules"])
