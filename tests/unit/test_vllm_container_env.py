@@ -39,7 +39,9 @@ def test_a_profile_s_env_is_passed_but_cannot_move_the_host_ip():
 
 def test_the_plan_and_the_run_use_the_same_environment():
     """Both tasks of container.yml share one definition: the env the plan compares is the env that runs."""
-    named = [t for t in TASKS if "community.docker.docker_container" in t]
+    named = [t for t in TASKS if t.get("community.docker.docker_container", {}).get("state") == "started"]
     assert len(named) == 2
-    assert all(t["vars"]["vllm_serve_env"] == "{{ vllm_serve_member.vllm.env }}" for t in named)
-    assert all(t["community.docker.docker_container"]["env"] == "{{ vllm_serve_env }}" for t in named)
+    assert named[0]["community.docker.docker_container"] == named[1]["community.docker.docker_container"]
+    assert named[0]["community.docker.docker_container"]["env"] == "{{ item.vllm.env }}"
+    assert named[0]["community.docker.docker_container"]["command"] == "{{ item.vllm.argv }}"
+    assert all(t["loop"] == "{{ vllm_serve_members }}" for t in named)

@@ -171,3 +171,47 @@ def test_a_probe_queued_behind_a_busy_engine_is_not_a_hang():
     assert r["action"] == "none" and r["reason"] == "healthy" and r["state"]["consecutive_failures"] == 0
     r = wd.decide(obs("busy", workers={"spark-sim-2": "stopped"}), {"restart_epochs": []}, CFG, 1000)
     assert r["action"] == "restart" and "worker lost" in r["reason"]  # busy never hides a lost worker
+
+
+def test_an_mp_group_restart_stops_every_rank_then_starts_the_head_before_the_ranks(monkeypatch):
+    """vLLM's multi-node executor: a headless rank cannot join a new head, so every rank stops; the head
+    (rank 0) starts first so its rendezvous listens, then the ranks; Ray is never touched."""
+    dog = wd.Watchdog.__new__(wd.Watchdog)
+    dog.cfg = {
+        "node": "head",
+        "executor": "mp",
+        "vllm_container": "sparkops-vllm",
+        "ray_container": "sparkops-ray",
+        "workers": [{"name": "w1", "address": "10.0.0.2"}, {"name": "w2", "address": "10.0.0.3"}],
+        "drop_model_page_cache": False,
+        "docker_timeout_s": 60,
+        "stop_grace_s": 5,
+        "ready_timeout_s": 30,
+        "hang_timeout_s": 4,
+        "interval_s": 1,
+        "floor_marker": "/var/lib/sparkops/memory-floor.json",
+    }
+    steps = []
+    monkeypatch.setattr(
+        wd,
+        "sh",
+        lambda argv, timeout: steps.append(("local", " ".join(argv))) or subprocess.CompletedProcess(argv, 0, "", ""),
+    )
+    dog.ssh = lambda address, script, timeout: (
+        steps.append((address, script)) or subprocess.CompletedProcess([], 0, "", "")
+    )
+    monkeypatch.setattr(wd, "probe", lambda cfg, key, timeout: ("ok", "", 0.1))
+    dog.api_key = "k"
+    assert dog._restart_steps() == (True, "")
+    assert steps == [
+        ("local", "docker stop -t 5 sparkops-vllm"),
+        ("10.0.0.2", "docker stop -t 5 sparkops-vllm"),
+        ("10.0.0.3", "docker stop -t 5 sparkops-vllm"),
+        ("local", "docker start sparkops-vllm"),
+        ("10.0.0.2", "docker start sparkops-vllm"),
+        ("10.0.0.3", "docker start sparkops-vllm"),
+    ]
+    # A worker's state is its rank's container, not Ray's.
+    assert "sparkops-vllm" in wd.worker_state_script(dog.cfg) and "sparkops-ray" not in wd.worker_state_script(dog.cfg)
+    dog.cfg["executor"] = "ray"
+    assert "sparkops-ray" in wd.worker_state_script(dog.cfg)

@@ -180,14 +180,30 @@ def worker_state_script(cfg: dict) -> str:
     """
     fmt = shlex.quote("{{.State.Status}}")
     return (
-        f"docker inspect --format {fmt} {shlex.quote(cfg['ray_container'])} 2>/dev/null || echo missing; "
+        f"docker inspect --format {fmt} {shlex.quote(worker_container(cfg))} 2>/dev/null || echo missing; "
         f"test -e {shlex.quote(cfg['floor_marker'])} && echo floor-tripped || true"
     )
 
 
+def worker_container(cfg: dict) -> str:
+    """What runs the serving group's part on a worker: the Ray container (Ray's executor), or the
+    rank's own vLLM container (vLLM's multi-node executor, `executor: mp`)."""
+    return cfg["vllm_container"] if cfg.get("executor") == "mp" else cfg["ray_container"]
+
+
 def worker_restart_script(cfg: dict) -> str:
-    """The remote shell line that restarts a worker's Ray container (quoted, as worker_state_script)."""
-    return f"docker restart -t 10 {shlex.quote(cfg['ray_container'])}"
+    """The remote shell line that restarts a worker's container (quoted, as worker_state_script)."""
+    return f"docker restart -t 10 {shlex.quote(worker_container(cfg))}"
+
+
+def worker_stop_script(cfg: dict) -> str:
+    """The remote shell line that stops a worker's container (quoted, as worker_state_script)."""
+    return f"docker stop -t {int(cfg['stop_grace_s'])} {shlex.quote(worker_container(cfg))}"
+
+
+def worker_start_script(cfg: dict) -> str:
+    """The remote shell line that starts a worker's container again (quoted, as worker_state_script)."""
+    return f"docker start {shlex.quote(worker_container(cfg))}"
 
 
 def sh(argv: list[str], timeout: float) -> subprocess.CompletedProcess:
@@ -391,7 +407,8 @@ class Watchdog:
 
     def in_grace(self, now: float) -> bool:
         grace = float(self.cfg["startup_grace_s"])
-        for name in (self.cfg["vllm_container"], self.cfg["ray_container"]):
+        names = [self.cfg["vllm_container"]] + ([] if self.cfg.get("executor") == "mp" else [self.cfg["ray_container"]])
+        for name in names:
             st = container_state(name)
             started = parse_docker_time(st.get("StartedAt", ""))
             if st.get("Status") == "running" and now - started < grace and started > self.state["own_start_epoch"] + 5:
@@ -519,6 +536,8 @@ class Watchdog:
         c = self.cfg
         step = float(c["docker_timeout_s"])
         sh(["docker", "stop", "-t", str(int(c["stop_grace_s"])), c["vllm_container"]], step + c["stop_grace_s"])
+        if c.get("executor") == "mp":
+            return self._restart_ranks(step)
         res = sh(["docker", "restart", "-t", "10", c["ray_container"]], step + 10)
         if res.returncode != 0:
             return False, f"Ray head container did not restart: {res.stderr.strip()[:200]}"
@@ -549,6 +568,11 @@ class Watchdog:
         res = sh(["docker", "start", c["vllm_container"]], step)
         if res.returncode != 0:
             return False, f"vLLM container did not start: {res.stderr.strip()[:200]}"
+        return self._wait_ready()
+
+    def _wait_ready(self) -> tuple[bool, str]:
+        """Until the API completes a probe, the engine is reported dead, vLLM exits, or the deadline."""
+        c = self.cfg
         deadline = time.monotonic() + float(c["ready_timeout_s"])
         detail = ""
         while time.monotonic() < deadline:
@@ -562,6 +586,23 @@ class Watchdog:
                 return False, f"vLLM exited with code {st.get('ExitCode')} while starting"
             time.sleep(min(5.0, float(c["interval_s"])))
         return False, f"no completion within {c['ready_timeout_s']} s ({detail})"
+
+    def _restart_ranks(self, step: float) -> tuple[bool, str]:
+        """vLLM's own multi-node executor: the ranks are one engine. Every headless rank is stopped (a
+        rank whose head is gone cannot rejoin a new one), the head starts first, so its rendezvous
+        listens, then the ranks join it; the API answers once all have."""
+        c = self.cfg
+        for w in c["workers"]:
+            self.ssh(w["address"], worker_stop_script(c), step + float(c["stop_grace_s"]))
+        self.drop_model_page_cache()
+        res = sh(["docker", "start", c["vllm_container"]], step)
+        if res.returncode != 0:
+            return False, f"vLLM container (rank 0) did not start: {res.stderr.strip()[:200]}"
+        for w in c["workers"]:
+            res = self.ssh(w["address"], worker_start_script(c), step)
+            if res.returncode != 0:
+                return False, f"vLLM rank on {w['name']} did not start: {(res.stderr or res.stdout).strip()[:200]}"
+        return self._wait_ready()
 
     def drop_model_page_cache(self) -> None:
         """Memory is unified on a Spark: the weight pages the previous load left cached count as used
