@@ -761,6 +761,19 @@ def speculative_drafter(profile) -> dict | None:
     return {"model": model, "revision": revision if isinstance(revision, str) and revision else "main"}
 
 
+def weight_repos(profile) -> list[dict]:
+    """The Hub repositories a node's cache must hold to serve `profile`: the model at its revision (the
+    lock's commit once deployment_state has replaced a moving one), then the drafter, if any, at its pinned
+    commit. vLLM runs with HF_HUB_OFFLINE=1, so whatever is not synced to every node cannot load there."""
+    if not isinstance(profile, dict) or not isinstance(profile.get("model"), str):
+        raise ValueError(f"a serving profile with a model is needed, got {_describe(profile)}")
+    out = [{"model": profile["model"], "revision": str(profile.get("revision") or "main"), "what": "model"}]
+    drafter = speculative_drafter(profile)
+    if drafter:
+        out.append({**drafter, "what": "drafter"})
+    return out
+
+
 def _speculative_shape(p: dict) -> list[str]:
     """What any vLLM would refuse in speculative_config, and sparkops's own pin: a drafter by commit."""
     spec = p["speculative_config"]
