@@ -16,12 +16,14 @@ For each version asked for, this script:
      the prometheus-fastapi-instrumentator set up exactly as vllm/entrypoints/serve/instrumentator/
      metrics.py does, and prometheus_client's default process/platform/GC collectors;
   4. writes plugins/plugin_utils/vllm_contracts/vllm-<version>.json (keys: vllm_version, source,
-     serve_options, value_sets, env_vars, metrics) and vllm-<version>.help.txt (the raw help text),
+     serve_options, value_sets, env_vars, metrics, and speculative_config read from the installed
+     vllm/config/speculative.py) and vllm-<version>.help.txt (the raw help text),
      and copies the pinned version's fixture to sim/standin/vllm-contract.json so the simulated
      cluster's test double loads the same contract.
 
 Usage:
     python3 sim/record_vllm_contract.py 0.19.0 0.33.0 [--work /tmp/vllm-contract] [--pinned 0.19.0]
+    python3 sim/record_vllm_contract.py 0.19.0 --speculative-from /path/to/unpacked/vllm   (that key only)
 
 Needs PyPI (pip download/install) and ~2 GB under --work. Wheels are never written into the repository.
 """

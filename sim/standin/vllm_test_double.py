@@ -43,7 +43,10 @@ made by sim/record_vllm_contract.py). What it proves, when a deployment passes a
     --disable-log-stats removes the vllm:* families, as in vLLM (no stat logger is made). Tokens
     come from an engine loop paced like a bandwidth-bound one (see PACING: a step's time grows with
     the running batch, calibrated on the reference; prefill grows with uncached prompt tokens;
-    max_num_seqs and KV blocks make requests wait); prefix-cache hits counted per 16-token block.
+    max_num_seqs and KV blocks make requests wait); prefix-cache hits counted per 16-token block;
+    with --speculative-config, what 0.19.0's SpeculativeConfig refuses exits 1, a drafter must be in the
+    cache like the model, and the vllm:spec_decode_* counters count drafts at the same pace (see
+    "speculative decoding" below: the double never decodes faster with a drafter).
 What it CANNOT prove: anything about GPUs, CUDA, NCCL/RDMA, model quality or real speed, memory
 fit, quantization or attention backends actually working, or that real vLLM's defaults match. Its
 "tokens" are words. Only the standard library and `ray` are used. Logs go to stdout.
@@ -804,8 +807,10 @@ class Engine:
                 rate = float(os.environ.get("SPARKOPS_TEST_DOUBLE_SPEC_ACCEPTANCE", SPEC_ACCEPTANCE_DEFAULT))
             self.spec = SpecDraws(self.spec_k, float(rate), args.seed or 0)
             self.sched.on_decode = self.drafted
-            log(f"speculative decoding {spec.get('method')}: {self.spec_k} tokens a draft (TEST DOUBLE: counted at "
-                f"acceptance {self.spec.rate:g}, paced as without it)")
+            log(
+                f"speculative decoding {spec.get('method')}: {self.spec_k} tokens a draft (TEST DOUBLE: counted at "
+                f"acceptance {self.spec.rate:g}, paced as without it)"
+            )
 
     def drafted(self, n: int) -> None:
         """n requests verified one draft each in a step (scheduler.py:1369-1390, metrics.py:39-45)."""

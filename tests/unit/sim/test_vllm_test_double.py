@@ -606,6 +606,7 @@ def test_metrics_move_with_real_timings(served):
     http = "http_requests"
     sel = {"handler": "/v1/chat/completions", "method": "POST", "status": "2xx"}
     assert _sample(after, http, "_total", **sel) - _sample(before, http, "_total", **sel) == 1
+
     # speculative decoding (ngram, 2 tokens): one draft per decode step of the request (5 after the
     # prefill's token), 2 draft tokens each, accepted <= drafted, and a position counted only when every
     # earlier one was (metrics.py:39-45); the pace above is the paced 40 tok/s all the same (never kinder)
