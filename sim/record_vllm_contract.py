@@ -16,12 +16,14 @@ For each version asked for, this script:
      the prometheus-fastapi-instrumentator set up exactly as vllm/entrypoints/serve/instrumentator/
      metrics.py does, and prometheus_client's default process/platform/GC collectors;
   4. writes plugins/plugin_utils/vllm_contracts/vllm-<version>.json (keys: vllm_version, source,
-     serve_options, value_sets, env_vars, metrics) and vllm-<version>.help.txt (the raw help text),
+     serve_options, value_sets, env_vars, metrics, and speculative_config read from the installed
+     vllm/config/speculative.py) and vllm-<version>.help.txt (the raw help text),
      and copies the pinned version's fixture to sim/standin/vllm-contract.json so the simulated
      cluster's test double loads the same contract.
 
 Usage:
     python3 sim/record_vllm_contract.py 0.19.0 0.33.0 [--work /tmp/vllm-contract] [--pinned 0.19.0]
+    python3 sim/record_vllm_contract.py 0.19.0 --speculative-from /path/to/unpacked/vllm   (that key only)
 
 Needs PyPI (pip download/install) and ~2 GB under --work. Wheels are never written into the repository.
 """
@@ -29,6 +31,7 @@ Needs PyPI (pip download/install) and ~2 GB under --work. Wheels are never writt
 from __future__ import annotations
 
 import argparse
+import ast
 import hashlib
 import json
 import os
@@ -382,6 +385,81 @@ def parse_metrics(text: str) -> list[dict]:
     return sorted(out, key=lambda f: f["name"])
 
 
+# --- --speculative-config: read from the release's config/speculative.py (static, no import) ----------
+
+
+def _literal_values(node, aliases: dict) -> list[str]:
+    """The strings of a `Literal[...]` annotation, following names bound to other Literals in the module."""
+    if isinstance(node, ast.Name):
+        return aliases.get(node.id, [])
+    if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == "Literal":
+        items = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        out: list[str] = []
+        for item in items:
+            if isinstance(item, ast.Constant) and isinstance(item.value, str):
+                out.append(item.value)
+            else:
+                out += _literal_values(item, aliases)
+        return out
+    return []
+
+
+def speculative_from_source(text: str) -> dict:
+    """What `--speculative-config` JSON a release takes, read from its vllm/config/speculative.py.
+
+    The option's JSON becomes SpeculativeConfig(**json) (vllm/engine/arg_utils.py create_speculative_config),
+    a pydantic dataclass that forbids unknown keys (vllm/config/utils.py `config`: extra="forbid"), so:
+    `fields` are the keys it accepts (the class's annotated attributes, without the ones the engine fills
+    in: target_*/draft_*_config), `methods` the values of its `method` Literal (SpeculativeMethod), and
+    `aux_hidden_states_models` the target model types _verify_args lets eagle3 run on (a substring match
+    on the target's model_type). Raises ValueError when the file has none of these (another layout).
+    """
+    tree = ast.parse(text)
+    aliases: dict[str, list[str]] = {}
+    cls = None
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            values = _literal_values(node.value, aliases)
+            if values:
+                aliases[node.targets[0].id] = values
+        if isinstance(node, ast.ClassDef) and node.name == "SpeculativeConfig":
+            cls = node
+    if cls is None:
+        raise ValueError("no class SpeculativeConfig in the file")
+    fields, method_annotation = [], None
+    for node in cls.body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            name = node.target.id
+            if name.startswith(("target_", "draft_model_config", "draft_parallel_config")):
+                continue  # filled in by the engine, not the option's JSON
+            fields.append(name)
+            if name == "method":
+                method_annotation = node.annotation
+    methods: list[str] = []
+    if method_annotation is not None:
+        for part in ast.walk(method_annotation):
+            if isinstance(part, ast.Name) and part.id in aliases:
+                methods += aliases[part.id]
+    aux: list[str] = []
+    for node in ast.walk(cls):
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+            and node.targets[0].id == "aux_hidden_states_supported"
+            and isinstance(node.value, ast.List)
+        ):
+            aux = [e.value for e in node.value.elts if isinstance(e, ast.Constant)]
+    if not fields or not methods:
+        raise ValueError("SpeculativeConfig has no annotated fields or no method Literal")
+    return {
+        "fields": sorted(fields),
+        "methods": sorted(dict.fromkeys(methods)),
+        "aux_hidden_states_models": aux,
+        "source": "vllm/config/speculative.py (SpeculativeConfig, SpeculativeMethod, _verify_args), read with ast",
+    }
+
+
 def record(version: str, work: Path) -> dict:
     wheel = download(version, work)
     digest = sha256(wheel)
@@ -434,8 +512,17 @@ def record(version: str, work: Path) -> dict:
         # vllm/envs.py also reads some names outside VLLM_* (CUDA_VISIBLE_DEVICES, S3_*, ...); kept apart
         "other_env_vars": [n for n in got["env_vars"] if not n.startswith("VLLM_")],
         "metrics": parse_metrics(got["metrics_text"]),
+        "speculative_config": speculative_from_source(_installed_speculative_py(py).read_text()),
     }
     return contract, help_text
+
+
+def _installed_speculative_py(py: Path) -> Path:
+    """vllm/config/speculative.py of the wheel installed in the scratch virtualenv of interpreter `py`."""
+    found = sorted(py.parent.parent.glob("lib/python*/site-packages/vllm/config/speculative.py"))
+    if not found:
+        raise SystemExit(f"no vllm/config/speculative.py under {py.parent.parent}")
+    return found[0]
 
 
 def main() -> int:
@@ -444,7 +531,21 @@ def main() -> int:
     ap.add_argument("--work", type=Path, default=Path("/tmp/vllm-contract"), help="scratch dir (wheels, venvs)")
     ap.add_argument("--pinned", default="0.19.0", help="version whose fixture the test double carries")
     ap.add_argument("--standin-only", action="store_true", help="only rewrite sim/standin/vllm-contract.json")
+    ap.add_argument(
+        "--speculative-from",
+        type=Path,
+        metavar="VLLM_PKG_DIR",
+        help="only add the speculative_config key to the fixture of the one version given, read from that "
+        "release's unpacked package (e.g. /work/upstream/vllm-0.19.0/vllm), without re-recording the rest",
+    )
     args = ap.parse_args()
+    if args.speculative_from:
+        if len(args.versions) != 1:
+            ap.error("--speculative-from takes exactly one version")
+        add_speculative(args.versions[0], args.speculative_from)
+        if args.pinned == args.versions[0]:
+            write_standin_copy(args.pinned)
+        return 0
     CONTRACTS.mkdir(parents=True, exist_ok=True)
     for version in [] if args.standin_only else args.versions:
         contract, help_text = record(version, args.work)
@@ -458,6 +559,18 @@ def main() -> int:
     if args.pinned in args.versions or args.standin_only:
         write_standin_copy(args.pinned)
     return 0
+
+
+def add_speculative(version: str, pkg_dir: Path) -> None:
+    """Add (or refresh) the speculative_config key of an existing fixture from the release's own package."""
+    out = CONTRACTS / f"vllm-{version}.json"
+    contract = json.loads(out.read_text())
+    stamp = pkg_dir / "_version.py"  # written by the wheel's build: __version__ = '0.19.0'
+    if not stamp.is_file() or f"'{version}'" not in stamp.read_text():
+        raise SystemExit(f"{stamp} does not say version {version}: point --speculative-from at that release")
+    contract["speculative_config"] = speculative_from_source((pkg_dir / "config" / "speculative.py").read_text())
+    out.write_text(json.dumps(contract, indent=1, sort_keys=False) + "\n")
+    log(f"{out.relative_to(ROOT)}: speculative_config from {pkg_dir}/config/speculative.py")
 
 
 def write_standin_copy(version: str) -> None:

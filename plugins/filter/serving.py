@@ -6,6 +6,7 @@
     {{ profiles | sparkops.cluster.serving_profiles_contract_violations('0.19.0') }}   -> {name: [messages]}
     {{ profile | sparkops.cluster.normalize_serving_profile }}                          -> profile with defaults
     {{ profile | sparkops.cluster.vllm_serve_args('0.0.0.0', 8000, gpus_per_node=1) }} -> argv list
+    {{ profile | sparkops.cluster.serving_weight_repos }}  -> [{model, revision, what}]: model, then drafter
     {{ sparkops_allow_rules | sparkops.cluster.serving_allowed_rules(name, profile, vllm_version='0.19.0') }}
                                             -> one warning line per allowed SM121 rule, with its reason
 Every filter that judges rules takes allow_rules= (sparkops_allow_rules): an allowed rule is not refused.
@@ -23,6 +24,7 @@ from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving_profile i
     contract_violations,
     normalize_profile,
     profile_violations,
+    weight_repos,
 )
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving_profile import (
     vllm_serve_args as _vllm_serve_args,
@@ -134,6 +136,14 @@ def serving_allowed_rules(allow_rules, profile_name, profile, vllm_version=None)
         raise AnsibleFilterError(f"serving_allowed_rules: {exc}") from exc
 
 
+def serving_weight_repos(profile):
+    """[{model, revision, what}]: the model, then the drafter of a speculative profile, for weight_cache."""
+    try:
+        return weight_repos(_plain(profile))
+    except ValueError as exc:
+        raise AnsibleFilterError(f"serving_weight_repos: {exc}") from exc
+
+
 class FilterModule:
     """Serving-profile filters."""
 
@@ -144,4 +154,5 @@ class FilterModule:
             "normalize_serving_profile": normalize_serving_profile,
             "vllm_serve_args": vllm_serve_args,
             "serving_allowed_rules": serving_allowed_rules,
+            "serving_weight_repos": serving_weight_repos,
         }

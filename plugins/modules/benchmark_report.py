@@ -356,8 +356,16 @@ def previous_curves(previous_doc: dict) -> dict[int, dict]:
                 "aggregate": _num(level.get("aggregate_tok_s")),
                 "user": _num(level.get("per_request_tok_s_mean")),
                 "ttft_p95": _num(level.get("ttft_p95_s")),
+                "acceptance": _acceptance_pct(level),
             }
     return out
+
+
+def _acceptance_pct(level) -> float | None:
+    """The level's draft acceptance rate in percent (speculative decoding), None without counters."""
+    spec = level.get("spec_decode") if isinstance(level, dict) else None
+    rate = _num(spec.get("acceptance_rate")) if isinstance(spec, dict) else None
+    return None if rate is None else round(100 * rate, 2)
 
 
 def _panel(ax, xs, series, ylabel, title):  # noqa: PLR0913, PLR0917 - one panel's parts
@@ -381,8 +389,9 @@ def render_png(  # noqa: PLR0913, PLR0917 - one call site, each part of the char
     path, cluster_name, timestamp, rows, source=SOURCE_HARDWARE, previous=None, seed=None, capacity=None
 ) -> str | None:
     """Three panels against concurrency: aggregate tok/s, per-user tok/s and TTFT p95, this run next to
-    the previous one and the seed figures, with the SLO's lines and the users at SLO; returns why not when
-    it can't draw."""
+    the previous one and the seed figures, with the SLO's lines and the users at SLO, and a fourth with the
+    draft acceptance rate when the levels carry speculative-decoding counters; returns why not when it
+    can't draw."""
     try:
         import matplotlib  # noqa: PLC0415
 
@@ -406,7 +415,9 @@ def render_png(  # noqa: PLR0913, PLR0917 - one call site, each part of the char
         ]
 
     slo = capacity.get("slo") or {}
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4.6), dpi=100)
+    # A speculative-decoding profile gets a fourth panel: the draft acceptance rate by level.
+    spec = any(_acceptance_pct(r) is not None for r in rows)
+    fig, axes = plt.subplots(1, 4 if spec else 3, figsize=(18.5 if spec else 14, 4.6), dpi=100)
     try:
         _panel(axes[0], xs, line("aggregate_tok_s", "aggregate", seed.get), "tok/s, all users", "Aggregate output")
         _panel(
@@ -417,6 +428,12 @@ def render_png(  # noqa: PLR0913, PLR0917 - one call site, each part of the char
             "Each user's speed",
         )
         _panel(axes[2], xs, line("ttft_p95_s", "ttft_p95", lambda x: None), "seconds", "Time to first token, p95")
+        if spec:
+            rates = [("this run", [_acceptance_pct(by_c.get(x) or {}) for x in xs], now)]
+            rates.append(("previous run", [(previous.get(x) or {}).get("acceptance") for x in xs], before))
+            _panel(axes[3], xs, rates, "% of draft tokens accepted", "Draft acceptance (speculative decoding)")
+            axes[3].set_ylim(0, 100)
+            axes[3].legend(fontsize=8, loc="lower left")
         for ax, bound, below in ((axes[1], "min_tok_s_per_user", True), (axes[2], "max_ttft_p95_s", False)):
             if slo.get(bound):
                 ax.axhline(slo[bound], color="tab:red", linewidth=1.5, label="SLO")

@@ -517,6 +517,7 @@ def _rule_violations(p: dict) -> list[tuple[str | None, str]]:
         )
 
     out += _name_hint(p)
+    out += [(None, m) for m in _speculative_shape(p)]
 
     # flags owned by profile keys
     for flag in flags:
@@ -722,7 +723,157 @@ def contract_violations(profile, contract, gpus_per_node=1, allow_rules=None) ->
 def _contract_findings(p: dict, contract: dict, gpus_per_node: int) -> list[tuple[str | None, str]]:
     argv = _argv(p, "127.0.0.1", 8000, gpus_per_node)  # host/port do not change what vLLM accepts
     found = [(None, m) for m in check_serve_args(argv, p["env"], contract)]
+    found += [(None, m) for m in _speculative_contract(p, contract)]
     return found + [("no-cutlass-fp4", m) for m in _knob_violations(p, contract)]
+
+
+# --speculative-config in vLLM 0.19.0: the JSON becomes SpeculativeConfig(**json)
+# (vllm/engine/arg_utils.py:1489-1514). Methods that find their drafter without `model`
+# (vllm/config/speculative.py:373-398): mtp uses the target itself, ngram/ngram_gpu/suffix/
+# extract_hidden_states need none; any other method with num_speculative_tokens and no model raises
+# "num_speculative_tokens was provided but without speculative model." (:395-398).
+SPEC_METHODS_WITHOUT_MODEL = ("mtp", "ngram", "ngram_gpu", "suffix", "extract_hidden_states")
+# MTP aliases vLLM maps to "mtp" (speculative.py:34-49, :367-371).
+_SPEC_MTP_SUFFIX = "_mtp"
+# Methods that take num_speculative_tokens from the drafter's config (n_predict, :562-568) or a default
+# (suffix, :627-630); for every other method sparkops asks for it, as _verify_args refuses None (:777-782).
+SPEC_METHODS_DEFAULT_TOKENS = ("mtp", "suffix", "medusa", "mlp_speculator")
+_HEX40 = re.compile(r"^[0-9a-f]{40}$")
+
+
+def _spec_method(spec: dict) -> str | None:
+    method = spec.get("method")
+    if isinstance(method, str) and method.endswith(_SPEC_MTP_SUFFIX):
+        return "mtp"
+    return method if isinstance(method, str) else None
+
+
+def speculative_drafter(profile) -> dict | None:
+    """{"model", "revision"} of the profile's drafter (a Hub repository vLLM loads besides the model), or
+    None: no speculative_config, a method without a drafter (mtp, ngram, ...), or a local path."""
+    spec = profile.get("speculative_config") if isinstance(profile, dict) else None
+    if not isinstance(spec, dict) or _spec_method(spec) in SPEC_METHODS_WITHOUT_MODEL:
+        return None
+    model = spec.get("model")
+    if not isinstance(model, str) or not re.match(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$", model):
+        return None
+    revision = spec.get("revision")
+    return {"model": model, "revision": revision if isinstance(revision, str) and revision else "main"}
+
+
+def weight_repos(profile) -> list[dict]:
+    """The Hub repositories a node's cache must hold to serve `profile`: the model at its revision (the
+    lock's commit once deployment_state has replaced a moving one), then the drafter, if any, at its pinned
+    commit. vLLM runs with HF_HUB_OFFLINE=1, so whatever is not synced to every node cannot load there."""
+    if not isinstance(profile, dict) or not isinstance(profile.get("model"), str):
+        raise ValueError(f"a serving profile with a model is needed, got {_describe(profile)}")
+    out = [{"model": profile["model"], "revision": str(profile.get("revision") or "main"), "what": "model"}]
+    drafter = speculative_drafter(profile)
+    if drafter:
+        out.append({**drafter, "what": "drafter"})
+    return out
+
+
+def _speculative_shape(p: dict) -> list[str]:
+    """What any vLLM would refuse in speculative_config, and sparkops's own pin: a drafter by commit."""
+    spec = p["speculative_config"]
+    if not spec:
+        return []
+    out = []
+    where = "speculative_config"
+    method = _spec_method(spec)
+    if "method" not in spec:
+        out.append(
+            f"{where} has no method: name it (eagle3, eagle, mtp, ngram, draft_model, ...); vLLM would guess it "
+            "from the drafter's name or fall back to draft_model (vllm/config/speculative.py:362-366)"
+        )
+    elif not isinstance(spec["method"], str):
+        out.append(f"{where}.method must be a string, got {_describe(spec['method'])}")
+    tokens = spec.get("num_speculative_tokens")
+    if tokens is None:
+        if method is not None and method not in SPEC_METHODS_DEFAULT_TOKENS:
+            out.append(
+                f"{where} with method {method} has no num_speculative_tokens: set it (2 is what GB10 measurements "
+                "favour); vLLM refuses a missing one unless the drafter's config has n_predict "
+                "(vllm/config/speculative.py:777-782)"
+            )
+    elif isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+        out.append(
+            f"{where}.num_speculative_tokens must be an integer of at least 1, got {_describe(tokens)} "
+            "(vLLM: Field(gt=0), vllm/config/speculative.py:71, and _verify_args :784-788)"
+        )
+    model = spec.get("model")
+    if method is not None and method not in SPEC_METHODS_WITHOUT_MODEL and not model:
+        out.append(
+            f"{where} with method {method} has no model: name the drafter (a Hub repository) and its revision; "
+            "vLLM refuses it: 'num_speculative_tokens was provided but without speculative model.' "
+            "(vllm/config/speculative.py:395-398)"
+        )
+    if model is not None and (not isinstance(model, str) or not model.strip()):
+        out.append(f"{where}.model must be a non-empty string, got {_describe(model)}")
+    elif isinstance(model, str) and method not in SPEC_METHODS_WITHOUT_MODEL:
+        revision = spec.get("revision")
+        if not isinstance(revision, str) or not _HEX40.match(revision):
+            out.append(
+                f"{where}.revision must pin the drafter {model} by its 40-hex commit, got {revision!r}: a drafter "
+                "that moves under you changes the acceptance rate and the benchmark (vLLM loads the default "
+                "branch without it, vllm/config/speculative.py:105-108)"
+            )
+    if "tensor_parallel_size" in spec:
+        out.append(
+            f"{where} sets tensor_parallel_size, which vLLM refuses: use draft_tensor_parallel_size "
+            "(vllm/config/speculative.py:771-775)"
+        )
+    draft_tp = spec.get("draft_tensor_parallel_size")
+    if draft_tp is not None and draft_tp not in (1, p["tensor_parallel_size"]):
+        out.append(
+            f"{where}.draft_tensor_parallel_size {draft_tp!r} must be 1 or the target's tensor_parallel_size "
+            f"{p['tensor_parallel_size']} (vllm/config/speculative.py:720-727)"
+        )
+    lo, hi = spec.get("prompt_lookup_min"), spec.get("prompt_lookup_max")
+    if isinstance(lo, int) and isinstance(hi, int) and lo > hi:
+        out.append(f"{where}.prompt_lookup_min {lo} must be <= prompt_lookup_max {hi} (speculative.py:414-418)")
+    return out
+
+
+def _speculative_contract(p: dict, contract: dict) -> list[str]:
+    """speculative_config against the keys, methods and eagle3 targets of the pinned release.
+
+    The contract's speculative_config (recorded from that release's vllm/config/speculative.py by
+    sim/record_vllm_contract.py) lists them; a contract without it cannot check them and says so."""
+    spec = p["speculative_config"]
+    if not spec:
+        return []
+    version = contract.get("vllm_version", "?")
+    known = contract.get("speculative_config")
+    if not isinstance(known, dict):
+        return [
+            f"the vLLM {version} contract has no recorded speculative_config, so speculative_config cannot be "
+            f"checked: record it (python3 sim/record_vllm_contract.py {version} --speculative-from <vllm package>)"
+        ]
+    out = []
+    unknown = sorted(k for k in spec if k not in known["fields"])
+    if unknown:
+        out.append(
+            f"speculative_config has key(s) {', '.join(unknown)} that vLLM {version} does not know (it forbids "
+            f"extra keys); known: {', '.join(known['fields'])}"
+        )
+    method = spec.get("method")
+    if isinstance(method, str) and method not in known["methods"]:
+        out.append(
+            f"speculative_config.method {method!r} is not a method of vLLM {version}; its methods: "
+            f"{', '.join(known['methods'])}"
+        )
+    aux = known.get("aux_hidden_states_models") or []
+    if method in ("eagle3", "extract_hidden_states") and aux:
+        family = p["model_family"].lower().replace("-", "_")
+        if not any(name in family for name in aux):
+            out.append(
+                f"speculative_config.method {method} on model_family {p['model_family']!r}: vLLM {version} runs "
+                f"eagle3 only on targets whose model type contains one of {', '.join(aux)} "
+                "(SpeculativeConfig._verify_args)"
+            )
+    return out
 
 
 def allowed_rule_warnings(profile_name, profile, allow_rules, contract=None) -> list[str]:

@@ -11,6 +11,8 @@ provenance in vllm_contracts/README.md):
                     "distributed_executor_backend"} -> sorted list, or None where unknown
     env_vars       sorted VLLM_* names the release reads (vllm/envs.py), or None where unknown
     metrics        Prometheus families a default `vllm serve` registers (name, type, labels, help)
+    speculative_config  {"fields", "methods", "aux_hidden_states_models"} of --speculative-config's
+                   SpeculativeConfig (vllm/config/speculative.py), or absent/None where not recorded
 
 API:
     load_contract(version)               the recorded fixture; ValueError naming the recorded ones
@@ -184,6 +186,8 @@ def contract_from_help(text, version, env_vars=None) -> dict:
         "value_sets": value_sets,
         "env_vars": env_list,
         "metrics": recorded["metrics"] if recorded else None,
+        # the help text does not show SpeculativeConfig's keys and methods: the release's recording does
+        "speculative_config": recorded.get("speculative_config") if recorded else None,
     }
 
 

@@ -43,7 +43,10 @@ made by sim/record_vllm_contract.py). What it proves, when a deployment passes a
     --disable-log-stats removes the vllm:* families, as in vLLM (no stat logger is made). Tokens
     come from an engine loop paced like a bandwidth-bound one (see PACING: a step's time grows with
     the running batch, calibrated on the reference; prefill grows with uncached prompt tokens;
-    max_num_seqs and KV blocks make requests wait); prefix-cache hits counted per 16-token block.
+    max_num_seqs and KV blocks make requests wait); prefix-cache hits counted per 16-token block;
+    with --speculative-config, what 0.19.0's SpeculativeConfig refuses exits 1, a drafter must be in the
+    cache like the model, and the vllm:spec_decode_* counters count drafts at the same pace (see
+    "speculative decoding" below: the double never decodes faster with a drafter).
 What it CANNOT prove: anything about GPUs, CUDA, NCCL/RDMA, model quality or real speed, memory
 fit, quantization or attention backends actually working, or that real vLLM's defaults match. Its
 "tokens" are words. Only the standard library and `ray` are used. Logs go to stdout.
@@ -326,9 +329,9 @@ def find_weights(model: str, revision: str | None, download_dir: str | None) -> 
 class Metrics:
     """The recorded families in Prometheus text format, with values the double really measures."""
 
-    def __init__(self, contract: dict, model_name: str, log_stats: bool, cache_info: dict):
+    def __init__(self, contract: dict, model_name: str, log_stats: bool, cache_info: dict, extra=()):
         self.fams = [
-            f for f in contract["metrics"] if log_stats or not f["name"].startswith("vllm:")
+            f for f in [*contract["metrics"], *extra] if log_stats or not f["name"].startswith("vllm:")
         ]  # --disable-log-stats: no PrometheusStatLogger, no vllm:* families (vllm/v1/engine/async_llm.py)
         self.base = {"engine": "0", "model_name": model_name}
         self.cache_info = cache_info
@@ -521,6 +524,109 @@ STEP_A_S, STEP_P = 0.059366, 0.4508
 PREFILL_TOK_S = 1000.0
 
 
+# --- speculative decoding: vLLM 0.19.0's counters, at the paced rate ------------------------------------
+# With --speculative-config vLLM registers four counters (vllm/v1/spec_decode/metrics.py:155-193,
+# SpecDecodingProm; prometheus_client adds _total), labels [model_name, engine] and, for the per-position
+# one, a "position" child per draft position created up front (:181-187). The scheduler records one draft per
+# request per step that verified drafted tokens: num_draft_tokens = the drafted count, num_accepted = tokens
+# sampled - 1 (vllm/v1/core/sched/scheduler.py:1369-1390); observe_draft adds the accepted count and counts
+# positions 0..accepted-1 (metrics.py:39-45: accepted <= num_spec_tokens, and an accepted position implies
+# every earlier one). The double draws `accepted` the way 0.19.0's own synthetic rejection sampler does
+# (vllm/v1/worker/gpu/spec_decode/synthetic_rejection_sampler_utils.py:42-56): position i is accepted with
+# probability a0 * decay**i until the first rejection, a0 chosen so that the mean over positions is the
+# target rate (:102-140; decay at its floor 0.85, :8). The target is the config's synthetic_acceptance_rate,
+# else SPARKOPS_TEST_DOUBLE_SPEC_ACCEPTANCE, else SPEC_ACCEPTANCE_DEFAULT: a setting, not a measurement
+# (nobody has measured EAGLE-3 on the reference on GB10). NEVER KINDER: real speculative decoding emits
+# 1 + accepted tokens per step; the double keeps the paced one token per step (no GB10 measurement to
+# calibrate a speed-up on), so only the counters move.
+SPEC_ACCEPTANCE_DEFAULT = 0.5
+SPEC_DECAY = 0.85
+SPEC_FAMILIES = (
+    ("vllm:spec_decode_num_drafts", "Number of spec decoding drafts."),
+    ("vllm:spec_decode_num_draft_tokens", "Number of draft tokens."),
+    ("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens."),
+    ("vllm:spec_decode_num_accepted_tokens_per_pos", "Accepted tokens per draft position."),
+)
+# Methods that need no drafter repository (vllm/config/speculative.py:373-398); MTP aliases end in _mtp.
+SPEC_NO_MODEL = ("mtp", "ngram", "ngram_gpu", "suffix", "extract_hidden_states")
+
+
+def spec_families(k: int) -> list[dict]:
+    """The four counter families as the recorded ones are shaped (contract["metrics"] entries)."""
+    out = []
+    for family, help_text in SPEC_FAMILIES:
+        fam = {"name": family + "_total", "family": family, "type": "counter", "help": help_text}
+        fam["labels"] = ["engine", "model_name"]
+        if family.endswith("_per_pos"):
+            fam["labels"] = ["engine", "model_name", "position"]
+            fam["label_values"] = {"position": [str(i) for i in range(k)]}
+        out.append(fam)
+    return out
+
+
+def spec_config_problems(spec: dict, contract: dict) -> list[str]:
+    """What vLLM 0.19.0 refuses when it builds SpeculativeConfig(**json) (engine config, exit 1): unknown keys
+    (pydantic extra="forbid", vllm/config/utils.py:69), a method outside SpeculativeMethod (:52-60),
+    num_speculative_tokens <= 0 (Field gt=0, :71), tensor_parallel_size (:771-775), a drafter method without
+    a model (:395-398), a missing num_speculative_tokens without n_predict (:777-782)."""
+    if not isinstance(spec, dict):
+        return [f"speculative_config must be a JSON object, got {spec!r}"]
+    known = contract.get("speculative_config") or {}
+    out = []
+    extra = sorted(k for k in spec if known.get("fields") and k not in known["fields"])
+    if extra:
+        out.append(f"1 validation error for SpeculativeConfig\n{extra[0]}\n  Unexpected keyword argument")
+    method = spec.get("method")
+    if method is not None and known.get("methods") and method not in known["methods"]:
+        out.append(f"1 validation error for SpeculativeConfig\nmethod\n  Input should be one of {known['methods']}")
+    k = spec.get("num_speculative_tokens")
+    if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k <= 0):
+        out.append("1 validation error for SpeculativeConfig\nnum_speculative_tokens\n  Input should be greater than 0")
+    if "tensor_parallel_size" in spec:
+        out.append(
+            "'tensor_parallel_size' is not a valid argument in the speculative_config. "
+            "Please pass 'draft_tensor_parallel_size' instead."
+        )
+    short = "mtp" if isinstance(method, str) and method.endswith("_mtp") else (method or "draft_model")
+    if spec.get("model") is None and short not in SPEC_NO_MODEL and k is not None:
+        out.append("num_speculative_tokens was provided but without speculative model.")
+    if k is None and short not in ("mtp", "suffix"):
+        out.append(
+            "num_speculative_tokens must be provided with speculative model unless the draft model config "
+            "contains an n_predict parameter."
+        )
+    return out
+
+
+class SpecDraws:
+    """Accepted draft tokens per verification, as 0.19.0's synthetic rejection sampler draws them."""
+
+    def __init__(self, k: int, rate: float, seed: int):
+        self.k, self.rate = k, min(1.0, max(0.0, rate))
+        self.rng = __import__("random").Random(seed)
+        self.a0 = self._base(self.rate)
+
+    def mean_rate(self, a0: float) -> float:
+        """Mean over positions of P(position i accepted) = a0**(i+1) * decay**(i(i+1)/2)."""
+        return sum(a0 ** (i + 1) * SPEC_DECAY ** (i * (i + 1) // 2) for i in range(self.k)) / self.k
+
+    def _base(self, rate: float) -> float:
+        if self.mean_rate(1.0) <= rate:
+            return 1.0  # the decay caps what a chain can reach: accept every first try
+        low, high = 0.0, 1.0
+        for _ in range(60):  # bisection, bounded
+            mid = (low + high) / 2
+            low, high = (low, mid) if self.mean_rate(mid) >= rate else (mid, high)
+        return high
+
+    def draw(self) -> int:
+        accepted, p = 0, self.a0
+        while accepted < self.k and self.rng.random() < p:
+            accepted += 1
+            p *= SPEC_DECAY
+        return accepted
+
+
 def pace_scale() -> float:
     """How many times faster than the calibration the engine runs (1 unless SPARKOPS_TEST_DOUBLE_TOK_S)."""
     tok_s = os.environ.get("SPARKOPS_TEST_DOUBLE_TOK_S")
@@ -547,6 +653,7 @@ class Scheduler:
     def __init__(self, max_num_seqs: int, max_batched: int, num_blocks: int, scale: float):
         self.max_num_seqs, self.max_batched, self.num_blocks, self.scale = max_num_seqs, max_batched, num_blocks, scale
         self.free = num_blocks
+        self.on_decode = None  # called with the number of decode tokens of a step (speculative counters)
         self.waiting: collections.deque[Seq] = collections.deque()
         self.running: list[Seq] = []
         self.cond = threading.Condition()
@@ -634,6 +741,7 @@ class Scheduler:
                 len(plan), sum(c for s, c in plan if s.todo)
             )
             time.sleep(max(0.0, clock - time.monotonic()))
+            decoded = 0
             with self.cond:
                 for seq, chunk in plan:
                     if seq.gone or seq not in self.running:
@@ -645,11 +753,14 @@ class Scheduler:
                     else:
                         seq.kv += 1
                         seq.out += 1
+                        decoded += 1
                     if seq.out >= seq.n:
                         self.running.remove(seq)
                         self.free += seq.blocks
                         seq.blocks = 0
                 self.cond.notify_all()
+            if decoded and self.on_decode is not None:
+                self.on_decode(decoded)
 
 
 # --- the engine -------------------------------------------------------------------------------------
@@ -685,8 +796,32 @@ class Engine:
             "gpu_memory_utilization": str(args.gpu_memory_utilization or 0.9),
             "num_gpu_blocks": str(num_blocks),
         }
-        self.metrics = Metrics(contract, self.name, not args.disable_log_stats, cache_info)
+        spec = getattr(args, "speculative_config", None)
+        self.spec_k = int(spec.get("num_speculative_tokens") or 1) if spec else 0
+        extra = spec_families(self.spec_k) if spec else []
+        self.metrics = Metrics(contract, self.name, not args.disable_log_stats, cache_info, extra)
         self.metrics.set("vllm:engine_sleep_state", 1, sleep_state="awake")
+        if spec:
+            rate = spec.get("synthetic_acceptance_rate")
+            if rate is None:
+                rate = float(os.environ.get("SPARKOPS_TEST_DOUBLE_SPEC_ACCEPTANCE", SPEC_ACCEPTANCE_DEFAULT))
+            self.spec = SpecDraws(self.spec_k, float(rate), args.seed or 0)
+            self.sched.on_decode = self.drafted
+            log(
+                f"speculative decoding {spec.get('method')}: {self.spec_k} tokens a draft (TEST DOUBLE: counted at "
+                f"acceptance {self.spec.rate:g}, paced as without it)"
+            )
+
+    def drafted(self, n: int) -> None:
+        """n requests verified one draft each in a step (scheduler.py:1369-1390, metrics.py:39-45)."""
+        m = self.metrics
+        for _ in range(n):
+            accepted = self.spec.draw()
+            m.inc("vllm:spec_decode_num_drafts")
+            m.inc("vllm:spec_decode_num_draft_tokens", self.spec_k)
+            m.inc("vllm:spec_decode_num_accepted_tokens", accepted)
+            for pos in range(accepted):
+                m.inc("vllm:spec_decode_num_accepted_tokens_per_pos", position=str(pos))
 
     def place(self) -> None:
         tp = self.args.tensor_parallel_size or 1
@@ -1299,12 +1434,20 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         log(f"Unknown vLLM environment variable detected: {name}", "WARNING")
     problems = engine_config_problems(args, contract)
+    spec = getattr(args, "speculative_config", None)
+    if spec is not None:
+        problems += spec_config_problems(spec, contract)
     if problems:
         for p in problems:
             log(f"ValueError: {p}", "ERROR")
         return 1
     snap = find_weights(args.model_tag, args.revision, args.download_dir)
     log(f"weights found in {snap}")
+    drafter = (spec or {}).get("model")
+    if drafter and not str(drafter).startswith("/") and drafter not in ("ngram", "ngram_gpu", "suffix"):
+        # the drafter loads from the same offline cache (ModelConfig(model=..., revision=...),
+        # vllm/config/speculative.py:467-486): missing on this node, vLLM fails to start
+        log(f"drafter weights found in {find_weights(drafter, spec.get('revision'), args.download_dir)}")
     engine = Engine(args, snap, contract)
     Handler.engine = engine
     # vLLM binds its port before the engine starts and listens once it is up (api_server.py:541-548, :596):

@@ -69,7 +69,7 @@ def test_the_roles_download_never_shows_the_token(client, tmp_path):
                         "weight_cache_hf_endpoint": "{{ lookup('ansible.builtin.env', 'HF_ENDPOINT') }}",
                         "sparkops_state_dir": str(state),
                         "sparkops_image": "fake/serving-image:test",
-                        "sparkops_profile": {"model": MODEL, "revision": "main"},
+                        "weight_cache_repo": {"model": MODEL, "revision": "main", "what": "model"},
                     },
                     "tasks": [
                         {"ansible.builtin.include_tasks": str(ROOT / "roles" / "weight_cache" / "tasks" / "source.yml")}

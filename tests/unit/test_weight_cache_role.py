@@ -68,3 +68,40 @@ def test_the_xet_cache_is_persistent_beside_the_hub_cache():
     assert "'HF_HUB_DISABLE_XET=' ~ ('0' if weight_cache_use_xet | bool else '1')" in argv
     spec = yaml.safe_load((ROLE / "meta" / "argument_specs.yml").read_text())
     assert any("weight_cache_xet_dir" in ep.get("options", {}) for ep in spec["argument_specs"].values())
+
+
+def test_every_repository_the_profile_needs_is_downloaded_synced_and_verified():
+    """The drafter of a speculative profile goes the model's way: main.yml downloads and syncs, verify.yml
+    hashes, each repository of weight_cache_repos (the model, then the drafter), and the per-repository
+    task files read the loop's repository, never the profile's model directly."""
+    repos = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())["weight_cache_repos"]
+    assert repos == "{{ sparkops_profile | sparkops.cluster.serving_weight_repos }}"
+    for entry, files in (("main.yml", {"source.yml", "sync.yml"}), ("verify.yml", {"verify_repo.yml"})):
+        looped = set()
+        for task in yaml.safe_load((ROLE / "tasks" / entry).read_text()):
+            assert task["loop"] == "{{ weight_cache_repos }}", (entry, task["name"])
+            assert task["loop_control"]["loop_var"] == "weight_cache_repo", (entry, task["name"])
+            looped.add(task["ansible.builtin.include_tasks"])
+        assert looped == files, entry
+        for name in files:
+            text = (ROLE / "tasks" / name).read_text()
+            assert "sparkops_profile.model" not in text and "sparkops_profile.revision" not in text, name
+            assert "weight_cache_repo.model" in text and "weight_cache_repo.revision" in text, name
+
+
+def test_the_shipped_eagle3_profile_needs_its_drafter_on_every_node():
+    from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving_profile import weight_repos  # noqa: PLC0415
+
+    profiles = yaml.safe_load(
+        (ROOT / "roles" / "sparkops_defaults" / "defaults" / "main" / "serving_profiles.yml").read_text()
+    )["sparkops_serving_profiles"]
+    assert [r["model"] for r in weight_repos(profiles["qwen3-235b-a22b-gptq-int4-tp2-eagle3"])] == [
+        "Qwen/Qwen3-235B-A22B-GPTQ-Int4",
+        "nvidia/Qwen3-235B-A22B-Eagle3",
+    ]
+    assert weight_repos(profiles["qwen3-235b-a22b-gptq-int4-tp2-eagle3"])[1]["revision"] == (
+        "33f3c01ce807376d1171301b9a148b1b28f239ba"
+    )
+    for name, profile in profiles.items():  # every other shipped profile: the model alone
+        if name != "qwen3-235b-a22b-gptq-int4-tp2-eagle3":
+            assert [r["what"] for r in weight_repos(profile)] == ["model"], name

@@ -183,3 +183,18 @@ def test_the_benchmark_sweep_finds_the_doubles_knee(double):
     throughput = [r["output_throughput"] for r in res["runs"]]
     assert throughput == sorted(throughput)  # more users, more tokens together, fewer each
     assert all(r["completed"] == 2 * r["max_concurrency"] and r["failed"] == 0 for r in res["runs"])
+
+
+def test_speculative_acceptance_is_drawn_like_0_19_0s_synthetic_sampler():
+    """accepted <= num_speculative_tokens, positions accepted as a prefix, per-position rates falling by the
+    sampler's decay, and the mean over positions the target rate (synthetic_rejection_sampler_utils.py)."""
+    double = _load_double()
+    for k, rate in ((2, 0.5), (2, 0.8), (4, 0.3)):
+        draws = double.SpecDraws(k, rate, seed=7)
+        got = [draws.draw() for _ in range(20000)]
+        assert all(0 <= a <= k for a in got)
+        per_pos = [sum(a > i for a in got) / len(got) for i in range(k)]
+        assert all(per_pos[i] >= per_pos[i + 1] for i in range(k - 1)), per_pos
+        assert sum(per_pos) / k == pytest.approx(rate, abs=0.015), (k, rate, per_pos)
+    assert double.SpecDraws(2, 0.0, seed=1).draw() == 0
+    assert double.SpecDraws(2, 1.0, seed=1).a0 == 1.0  # capped by the decay: at most 1 and 0.85

@@ -189,6 +189,24 @@ def test_refuses_wrong_revision_and_missing_shard(hf_home, tmp_path):
     assert r.returncode == 1 and "lacks 1 of 2 shards" in r.stdout
 
 
+def test_refuses_a_speculative_config_vllm_0_19_0_refuses_and_a_drafter_not_in_the_cache(hf_home):
+    """SpeculativeConfig(**json) at engine config (exit 1): unknown method or key, tokens < 1, a drafter
+    method without a model, tensor_parallel_size; and a drafter that is not in the offline cache."""
+    cases = [
+        ({"method": "eagle4", "model": "org/head", "num_speculative_tokens": 2}, "method\n  Input should be one of"),
+        ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens\n  Input should be greater than 0"),
+        ({"method": "eagle3", "num_speculative_tokens": 2}, "without speculative model"),
+        ({"method": "ngram", "num_speculative_tokens": 2, "lookahead": 1}, "lookahead\n  Unexpected keyword"),
+        ({"method": "ngram", "num_speculative_tokens": 2, "tensor_parallel_size": 2}, "draft_tensor_parallel_size"),
+    ]
+    for spec, needle in cases:
+        r = run_double(["serve", MODEL, "--speculative-config", json.dumps(spec)], env_for(hf_home))
+        assert r.returncode == 1 and needle in r.stdout, (spec, r.stdout[-800:])
+    drafter = {"method": "eagle3", "model": "org/head", "revision": "c" * 40, "num_speculative_tokens": 2}
+    r = run_double(["serve", MODEL, "--port", "0", "--speculative-config", json.dumps(drafter)], env_for(hf_home))
+    assert r.returncode == 1 and "'org/head' (revision " + "c" * 40 + ") is not in the Hugging Face cache" in r.stdout
+
+
 def test_refuses_unknown_flag_and_bad_values(hf_home):
     """What argparse refuses in vLLM 0.19.0 exits 2; what its engine config refuses exits 1."""
     r = run_double(["serve", MODEL, "--tensor-parallel", "2"], env_for(hf_home))
@@ -540,7 +558,18 @@ def test_metrics_are_the_recorded_families_of_0_19_0_and_promtool_accepts_them(s
             extra = set(sample.labels) - set(rec["labels"]) - {"le", "quantile"}
             assert not extra, (rec["name"], extra)
     exposed = {n for n in fams if n.startswith("vllm:") and not n.endswith("_created")}
-    assert exposed == {r["family"] for r in contract["metrics"] if r["source"] == "vllm"}
+    # served with --speculative-config: 0.19.0 adds its four spec_decode counters to a default serve's
+    # families (vllm/v1/spec_decode/metrics.py:155-193), and nothing else
+    spec = {
+        "vllm:spec_decode_num_drafts",
+        "vllm:spec_decode_num_draft_tokens",
+        "vllm:spec_decode_num_accepted_tokens",
+        "vllm:spec_decode_num_accepted_tokens_per_pos",
+    }
+    assert exposed == {r["family"] for r in contract["metrics"] if r["source"] == "vllm"} | spec
+    for name in spec:
+        assert fams[name].type == "counter", name
+    assert {s.labels["position"] for s in fams["vllm:spec_decode_num_accepted_tokens_per_pos"].samples} >= {"0", "1"}
     assert "vllm:gpu_cache_usage_perc" not in text and "vllm:time_per_output_token_seconds" not in text
     r = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, check=False)
     assert "error" not in (r.stdout + r.stderr).lower(), r.stdout + r.stderr
@@ -577,6 +606,18 @@ def test_metrics_move_with_real_timings(served):
     http = "http_requests"
     sel = {"handler": "/v1/chat/completions", "method": "POST", "status": "2xx"}
     assert _sample(after, http, "_total", **sel) - _sample(before, http, "_total", **sel) == 1
+
+    # speculative decoding (ngram, 2 tokens): one draft per decode step of the request (5 after the
+    # prefill's token), 2 draft tokens each, accepted <= drafted, and a position counted only when every
+    # earlier one was (metrics.py:39-45); the pace above is the paced 40 tok/s all the same (never kinder)
+    def delta(family, **labels):
+        return _sample(after, family, "_total", **labels) - _sample(before, family, "_total", **labels)
+
+    assert delta("vllm:spec_decode_num_drafts") == 5
+    assert delta("vllm:spec_decode_num_draft_tokens") == 10
+    accepted = delta("vllm:spec_decode_num_accepted_tokens")
+    per_pos = [delta("vllm:spec_decode_num_accepted_tokens_per_pos", position=str(i)) for i in range(2)]
+    assert 0 <= accepted <= 10 and sum(per_pos) == accepted and per_pos[0] >= per_pos[1] and per_pos[0] <= 5
 
 
 def test_disable_log_stats_removes_vllm_families(hf_home):

@@ -30,7 +30,25 @@ def test_filters_are_exposed(filters):
         "vllm_serve_args",
         "normalize_serving_profile",
         "serving_allowed_rules",
+        "serving_weight_repos",
     }
+
+
+def test_weight_repos_names_the_drafter_after_the_model(filters):
+    eagle = dict(
+        PROFILE,
+        revision="main",
+        speculative_config={"method": "eagle3", "model": "org/head", "revision": "a" * 40, "num_speculative_tokens": 2},
+    )
+    assert filters["serving_weight_repos"](eagle) == [
+        {"model": "Qwen/Qwen3-30B-A3B", "revision": "main", "what": "model"},
+        {"model": "org/head", "revision": "a" * 40, "what": "drafter"},
+    ]
+    assert filters["serving_weight_repos"](PROFILE) == [
+        {"model": "Qwen/Qwen3-30B-A3B", "revision": "main", "what": "model"}
+    ]
+    with pytest.raises(AnsibleFilterError, match="serving_weight_repos: a serving profile with a model"):
+        filters["serving_weight_repos"]({"model_family": "x"})
 
 
 def test_allow_rules_pass_through_every_rule_filter(filters):

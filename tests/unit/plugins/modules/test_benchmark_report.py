@@ -261,7 +261,18 @@ def test_printed_paths_have_no_dot_dot(tmp_path):
     assert ".." not in res["json_path"] and res["json_path"].startswith(str(tmp_path / "reports"))
 
 
-def test_spec_decode_acceptance_is_reported_only_for_a_spec_decode_profile(tmp_path):
+def test_spec_decode_acceptance_is_reported_only_for_a_spec_decode_profile(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    drawn = []
+    real_savefig = plt.Figure.savefig
+
+    def spy(fig, *args, **kwargs):
+        drawn.append({ax.get_title(loc="left"): [list(ln.get_ydata()) for ln in ax.get_lines()] for ax in fig.axes})
+        return real_savefig(fig, *args, **kwargs)
+
+    monkeypatch.setattr(plt.Figure, "savefig", spy)
     levels = _levels({1: 24.0, 4: 63.9})
     plain = run_module(
         benchmark_report,
@@ -288,6 +299,9 @@ def test_spec_decode_acceptance_is_reported_only_for_a_spec_decode_profile(tmp_p
     assert doc["rows"][0]["spec_decode"]["acceptance_rate"] == 0.63
     assert res["rows"][0]["spec_decode"]["mean_acceptance_length"] == 2.26
     assert res["rows"][1]["spec_decode"] is None
+    # the chart: three panels without counters, a fourth with the acceptance rate (percent) when present
+    assert len(drawn[0]) == 3 and len(drawn[1]) == 4
+    assert drawn[1]["Draft acceptance (speculative decoding)"][0] == [63.0]
 
 
 SWEEP = json.loads((Path(__file__).resolve().parents[3] / "fixtures" / "benchmark" / "double-sweep.json").read_text())

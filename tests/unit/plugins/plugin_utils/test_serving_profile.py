@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -112,7 +113,10 @@ def test_api_key_never_in_argv(reference):
 
 
 # Shipped profiles refused on purpose, and the words of why (README's table says the same).
-NOT_RECOMMENDED = {"qwen3.5-397b-a17b-nvfp4-tp2": ("not-recommended", "does not fit")}
+NOT_RECOMMENDED = {
+    "qwen3.5-397b-a17b-nvfp4-tp2": ("not-recommended", "does not fit"),
+    "qwen3-235b-a22b-gptq-int4-tp2-eagle3": ("not-recommended", "unvalidated on GB10"),
+}
 NEEDS_NEWER_VLLM = {"nemotron-3-super-120b-a12b-nvfp4": "0.19.1"}
 
 
@@ -657,3 +661,133 @@ def test_allowed_rule_warnings_name_the_reason_and_what_it_lets_through(profiles
     assert "no-enforce-eager" in lines[1] and "does not need it" in lines[1]
     assert allowed_rule_warnings("mine", nvfp4, []) == []
     assert any("not a rule name" in x for x in allowed_rule_warnings("mine", nvfp4, [{"rule": "x", "reason": "y"}]))
+
+
+# ----------------------------------------------------------------------- EAGLE-3 speculative decoding
+
+EAGLE3 = "qwen3-235b-a22b-gptq-int4-tp2-eagle3"
+DRAFTER_COMMIT = "33f3c01ce807376d1171301b9a148b1b28f239ba"
+
+
+@pytest.fixture
+def eagle3(profiles) -> dict:
+    return copy.deepcopy(profiles[EAGLE3])
+
+
+def test_eagle3_profile_is_the_reference_plus_a_pinned_drafter(profiles, eagle3):
+    spec = eagle3.pop("speculative_config")
+    assert spec == {
+        "method": "eagle3",
+        "model": "nvidia/Qwen3-235B-A22B-Eagle3",
+        "revision": DRAFTER_COMMIT,
+        "num_speculative_tokens": 2,
+    }
+    reference = copy.deepcopy(profiles["qwen3-235b-a22b-gptq-int4-tp2"])
+    for key in ("speculative_config", "not_recommended", "weights_gib"):
+        reference.pop(key, None)
+        eagle3.pop(key, None)
+    assert eagle3 == reference  # every other setting is the measured reference's
+
+
+def test_eagle3_argv_carries_the_speculative_config_json(eagle3):
+    allow = [{"rule": "not-recommended", "reason": "measured on two Sparks"}]
+    argv = vllm_serve_args(eagle3, "0.0.0.0", 8000, allow_rules=allow)
+    assert json.loads(argv[argv.index("--speculative-config") + 1]) == {
+        "method": "eagle3",
+        "model": "nvidia/Qwen3-235B-A22B-Eagle3",
+        "num_speculative_tokens": 2,
+        "revision": DRAFTER_COMMIT,
+    }
+    assert argv[argv.index("--revision") + 1] == "main"  # the target's own revision is the lock's business
+
+
+def test_eagle3_is_refused_as_unvalidated_until_allowed(eagle3):
+    contract = load_contract(_pinned())
+    found = profile_violations(eagle3, 2, contract=contract)
+    assert len(found) == 1 and "unvalidated on GB10" in found[0] and "not-recommended" in found[0], found
+    allow = [{"rule": "not-recommended", "reason": "measured on two Sparks, acceptance 0.6"}]
+    assert profile_violations(eagle3, 2, contract=contract, allow_rules=allow) == []
+
+
+def test_speculative_drafter_is_read_from_the_profile(eagle3, reference, profiles):
+    from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving_profile import speculative_drafter
+
+    assert speculative_drafter(eagle3) == {"model": "nvidia/Qwen3-235B-A22B-Eagle3", "revision": DRAFTER_COMMIT}
+    assert speculative_drafter(reference) is None
+    assert speculative_drafter(profiles["qwen3.5-122b-a10b-nvfp4-mtp"]) is None  # MTP: the model's own head
+    ngram = dict(reference, speculative_config={"method": "ngram", "num_speculative_tokens": 2})
+    assert speculative_drafter(ngram) is None
+    local = dict(reference, speculative_config={"method": "eagle3", "model": "/models/head", "revision": "x"})
+    assert speculative_drafter(local) is None  # a path on the nodes, not a Hub repository to download
+
+
+@pytest.mark.parametrize(
+    ("change", "needles"),
+    [
+        ({"num_speculative_tokens": 0}, ("num_speculative_tokens must be an integer of at least 1", "0")),
+        ({"num_speculative_tokens": True}, ("num_speculative_tokens must be an integer of at least 1",)),
+        ({"num_speculative_tokens": None}, ("method eagle3 has no num_speculative_tokens",)),
+        ({"model": None}, ("method eagle3 has no model", "without speculative model")),
+        ({"revision": "main"}, ("must pin the drafter nvidia/Qwen3-235B-A22B-Eagle3 by its 40-hex commit",)),
+        ({"revision": None}, ("must pin the drafter",)),
+        ({"method": None}, ("has no method",)),
+        ({"tensor_parallel_size": 2}, ("use draft_tensor_parallel_size",)),
+        ({"draft_tensor_parallel_size": 4}, ("must be 1 or the target's tensor_parallel_size 2",)),
+    ],
+)
+def test_a_bad_speculative_config_is_refused_whatever_the_release(eagle3, change, needles):
+    spec = {k: v for k, v in {**eagle3["speculative_config"], **change}.items() if v is not None}
+    found = profile_violations(dict(eagle3, speculative_config=spec, not_recommended=None), 2)
+    _one(found, *needles)
+    with pytest.raises(ValueError, match="speculative_config"):
+        vllm_serve_args(dict(eagle3, speculative_config=spec, not_recommended=None), "0.0.0.0", 8000)
+
+
+@pytest.mark.parametrize(
+    ("change", "family", "needles"),
+    [
+        ({"method": "eagle4"}, "qwen3", ("method 'eagle4' is not a method of vLLM 0.19.0", "eagle3")),
+        ({"num_lookahead": 2}, "qwen3", ("num_lookahead", "does not know", "revision")),
+        ({}, "mistral", ("eagle3 on model_family 'mistral'", "qwen")),
+    ],
+)
+def test_the_pinned_vllm_refuses_what_its_speculative_config_does_not_know(eagle3, change, family, needles):
+    contract = load_contract("0.19.0")
+    bad = dict(eagle3, speculative_config={**eagle3["speculative_config"], **change}, model_family=family)
+    _one(contract_violations(bad, contract, allow_rules=[{"rule": "not-recommended", "reason": "x"}]), *needles)
+
+
+def test_a_contract_without_speculative_facts_says_it_cannot_check(eagle3):
+    contract = copy.deepcopy(load_contract("0.19.0"))
+    del contract["speculative_config"]
+    _one(contract_violations(eagle3, contract), "no recorded speculative_config", "--speculative-from")
+
+
+def test_the_recorded_speculative_facts_are_0_19_0s_source():
+    """The fixture's key is what the recorder reads from vLLM 0.19.0's own vllm/config/speculative.py."""
+    import importlib.util  # noqa: PLC0415
+
+    spec = importlib.util.spec_from_file_location("recorder", ROOT / "sim" / "record_vllm_contract.py")
+    recorder = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recorder)
+    recorded = load_contract("0.19.0")["speculative_config"]
+    # Where the release's package is unpacked (the project's workstation), the fixture must match it.
+    upstream = Path("/work/upstream/vllm-0.19.0/vllm/config/speculative.py")
+    if upstream.is_file():
+        assert recorder.speculative_from_source(upstream.read_text()) == recorded
+    assert "eagle3" in recorded["methods"] and "revision" in recorded["fields"]
+    assert "qwen" in recorded["aux_hidden_states_models"]
+    text = (
+        "from typing import Literal\nA = Literal['x', 'y']\nM = Literal['z', A]\n"
+        "class SpeculativeConfig:\n    method: M | None = None\n    model: str | None = None\n"
+        "    target_model_config: object = None\n"
+        "    def _verify_args(self):\n        aux_hidden_states_supported = ['llama']\n"
+    )
+    assert recorder.speculative_from_source(text) == {
+        "fields": ["method", "model"],
+        "methods": ["x", "y", "z"],
+        "aux_hidden_states_models": ["llama"],
+        "source": recorded["source"],
+    }
+    with pytest.raises(ValueError, match="no class SpeculativeConfig"):
+        recorder.speculative_from_source("x = 1\n")

@@ -112,6 +112,7 @@ def test_help_parser_on_real_0_19_0_help_agrees_with_the_parser_recording(v019, 
     assert parsed["value_sets"]["moe_backend"] == v019["value_sets"]["moe_backend"]
     assert parsed["env_vars"] == v019["env_vars"]  # from the recorded fixture of the same version
     assert "recorded fixture" in parsed["source"]["env_vars"]
+    assert parsed["speculative_config"] == v019["speculative_config"]  # not in the help text either
 
 
 def test_help_parser_on_the_newest_recorded_release_too():
@@ -126,7 +127,7 @@ def test_help_parser_on_the_newest_recorded_release_too():
 
 def test_help_parser_without_a_fixture_marks_env_unknown(help019):
     parsed = contract_from_help(help019, "9.9.9")
-    assert parsed["env_vars"] is None and parsed["metrics"] is None
+    assert parsed["env_vars"] is None and parsed["metrics"] is None and parsed["speculative_config"] is None
     assert check_serve_args(["m"], {"VLLM_FOO": "1"}, parsed) == [
         "VLLM_FOO: cannot be checked, the VLLM_* variables of vLLM 9.9.9 are unknown"
     ]
