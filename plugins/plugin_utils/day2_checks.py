@@ -366,6 +366,9 @@ def check_nccl_busbw(report: dict | None, hardware: str) -> dict:
 
 
 def check_ray(ray: dict, expected_nodes: int, expected_gpus: float) -> dict:
+    if ray and ray.get("not_used"):
+        # The serving plan runs no Ray (vLLM's own multi-node executor): the containers' checks cover the ranks.
+        return verdict("Ray membership", "cluster", NA, f"not applicable: {ray['not_used']}")
     if not ray or ray.get("failed") or ray.get("error"):
         return verdict(
             "Ray membership",
