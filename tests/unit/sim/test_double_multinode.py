@@ -261,3 +261,26 @@ def test_each_rank_announces_vllm_host_ip_else_the_default_route_s_address(monke
     monkeypatch.delenv("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", raising=False)
     assert d.execute_model_timeout() == 300  # envs.py:186
     assert d.TORCH_NCCL_PG_TIMEOUT_S == 600 and (d.MASTER_ADDR, d.MASTER_PORT) == ("127.0.0.1", 29501)
+
+
+def test_a_stuck_headless_rank_ends_the_engine_after_vllm_execute_model_timeout_seconds(hf_home, tmp_path, ranks):
+    """A rank stopped (SIGSTOP: alive, never answering): the head's step waits VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS
+    (300 s by default; 2 s here), then the engine is dead."""
+    port, master = free_port(), free_port()
+    base = f"http://127.0.0.1:{port}"
+    head_env = _env(hf_home, VLLM_HOST_IP="127.0.0.1", VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="2")
+    head_args = _mp_args(2, 0, master, "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "tiny")
+    head = Rank(tmp_path, "head", head_args, head_env)
+    rank1 = Rank(tmp_path, "rank1", _mp_args(2, 1, master), _env(hf_home, VLLM_HOST_IP="127.0.0.2"))
+    ranks += [head, rank1]
+    _wait_healthy(head, base)
+    os.killpg(rank1.proc.pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        status, _ = _complete(base)
+        waited = time.monotonic() - t0
+    finally:
+        os.killpg(rank1.proc.pid, signal.SIGCONT)
+    assert status == 500
+    assert 1.9 < waited < 10, waited
+    assert head.proc.wait(timeout=15) == 0
