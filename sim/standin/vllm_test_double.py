@@ -13,12 +13,16 @@ made by sim/record_vllm_contract.py). What it proves, when a deployment passes a
   - the model's weights are where the Hugging Face cache layout says (HF_HUB_CACHE, HF_HOME/hub or
     --download-dir; models--org--name/snapshots/<rev>/ with config.json, a weight file and every
     shard named by an index; --revision honoured); otherwise it refuses to start;
-  - with --distributed-executor-backend ray (or TP*PP > 1 without a backend) the Ray cluster really
+  - with --distributed-executor-backend ray (or TP*PP > 1 without a backend or --nnodes) the Ray cluster really
     has TP*PP GPUs: vLLM 0.19.0's placement group of {"GPU": 1} bundles, strategy PACK, the first
     bundle on this node's VLLM_HOST_IP (vllm/v1/executor/ray_utils.py:454-478), waited for 1800 s
     (PG_WAIT_TIMEOUT, ray_utils.py:27, :284), one GPU actor per bundle; the port is bound at start
     but listens only once the engine is up, so a client is refused until then (api_server.py:541-548
     binds before the engine, serve_http listens after it, api_server.py:596, 684-688);
+  - with --nnodes N (vLLM 0.19.0's own multi-node mp executor, ranks above 0 --headless) every rank really
+    joins the head's store on --master-addr:--master-port and the head serves only then; ranks announce
+    VLLM_HOST_IP, else the default route's address; a dead or stuck rank ends the engine at the next step
+    after VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS; a headless rank outlives its head (see MultiNode);
   - vLLM 0.19.0's torch.compile lines with its pinned torch 2.10.0 (AOT compile on, no mega-AOT):
     cold, compiled and saved where vLLM keeps the AOT artifact (a marker, no artifact); warm, loaded
     from there (see compile_log);
