@@ -962,6 +962,7 @@ class MultiNode:
         self.timeout = float(seconds) if seconds is not None else float(TORCH_NCCL_PG_TIMEOUT_S)
         self.ip = get_ip()
         self.lock = threading.Lock()
+        self.failed = False
         self.peers: list[tuple[int, socket.socket, socket.socket]] = []  # head: (rank, its queue, its answers)
         self.keep: list[socket.socket] = []  # the store's connections, open while this process lives
 
@@ -1067,6 +1068,8 @@ class MultiNode:
         """One engine step: every rank must answer within VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS."""
         timeout = execute_model_timeout()
         with self.lock:
+            if self.failed:  # the engine died with the first timeout (core.py:1106-1111): no second wait
+                raise TimeoutError("RPC call to execute_model timed out.")
             deadline = time.monotonic() + timeout
             for _, queue, _ in self.peers:
                 with contextlib.suppress(OSError):  # a publisher's send does not fail when a subscriber is gone
@@ -1078,6 +1081,7 @@ class MultiNode:
                     answer = b""
                 if answer != b"ok\n":
                     time.sleep(max(0.0, deadline - time.monotonic()))  # a dead peer: the collective never returns
+                    self.failed = True
                     raise TimeoutError("RPC call to execute_model timed out.")  # multiproc_executor.py:377-378
 
     def follow(self) -> int:
