@@ -13,12 +13,16 @@ made by sim/record_vllm_contract.py). What it proves, when a deployment passes a
   - the model's weights are where the Hugging Face cache layout says (HF_HUB_CACHE, HF_HOME/hub or
     --download-dir; models--org--name/snapshots/<rev>/ with config.json, a weight file and every
     shard named by an index; --revision honoured); otherwise it refuses to start;
-  - with --distributed-executor-backend ray (or TP*PP > 1 without a backend) the Ray cluster really
+  - with --distributed-executor-backend ray (or TP*PP > 1 without a backend or --nnodes) the Ray cluster really
     has TP*PP GPUs: vLLM 0.19.0's placement group of {"GPU": 1} bundles, strategy PACK, the first
     bundle on this node's VLLM_HOST_IP (vllm/v1/executor/ray_utils.py:454-478), waited for 1800 s
     (PG_WAIT_TIMEOUT, ray_utils.py:27, :284), one GPU actor per bundle; the port is bound at start
     but listens only once the engine is up, so a client is refused until then (api_server.py:541-548
     binds before the engine, serve_http listens after it, api_server.py:596, 684-688);
+  - with --nnodes N (vLLM 0.19.0's own multi-node mp executor, ranks above 0 --headless) every rank really
+    joins the head's store on --master-addr:--master-port and the head serves only then; ranks announce
+    VLLM_HOST_IP, else the default route's address; a dead or stuck rank ends the engine at the next step
+    after VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS; a headless rank outlives its head (see MultiNode);
   - vLLM 0.19.0's torch.compile lines with its pinned torch 2.10.0 (AOT compile on, no mega-AOT):
     cold, compiled and saved where vLLM keeps the AOT artifact (a marker, no artifact); warm, loaded
     from there (see compile_log);
@@ -57,6 +61,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import gc
 import hashlib
 import importlib
@@ -66,6 +71,7 @@ import json
 import os
 import re
 import resource
+import signal
 import socket
 import sys
 import threading
@@ -785,6 +791,7 @@ class Engine:
         self.dead: str | None = None
         self.workers: list = []
         self.ray = None
+        self.mp: MultiNode | None = None
         self.server: ThreadingHTTPServer | None = None
         prefix = True if args.enable_prefix_caching is None else args.enable_prefix_caching
         self.prefix_caching = prefix
@@ -827,6 +834,10 @@ class Engine:
         tp = self.args.tensor_parallel_size or 1
         pp = self.args.pipeline_parallel_size or 1
         world = tp * pp
+        if (self.args.nnodes or 1) > 1:  # ParallelConfig.__post_init__: mp when nnodes > 1 (config/parallel.py:711-712)
+            self.mp = MultiNode(self.args)
+            self.mp.head()
+            return
         backend = self.args.distributed_executor_backend or ("ray" if world > 1 else "uni")
         if backend != "ray":
             if world > 1:
@@ -900,6 +911,13 @@ class Engine:
         """
         if self.dead:
             raise EngineDead(self.dead)
+        if self.mp is not None:
+            try:
+                self.mp.step()
+            except TimeoutError as exc:
+                self.kill(f"TimeoutError: {exc}")
+                raise EngineDead(self.dead) from exc
+            return
         if not self.workers:
             return
         ray = self.ray
@@ -959,6 +977,327 @@ class Engine:
 
 class EngineDead(Exception):
     pass
+
+
+# --- vLLM 0.19.0's own multi-node mode: --nnodes N --node-rank R --master-addr A --master-port P [--headless] ---
+# What 0.19.0 does, and what stands for it here (one process per node, one GPU per node):
+#  - `--nnodes > 1` without a backend means "mp" (config/parallel.py:711-712); "ray" (or any backend but mp, uni,
+#    external_launcher) is refused by ParallelConfig (config/parallel.py:753-761), a pydantic dataclass, so the
+#    ValueError reaches the user as a ValidationError for ParallelConfig; create_engine_config asserts before that
+#    that world_size divides by nnodes and node_rank < nnodes (engine/arg_utils.py:1643-1649).
+#  - every rank's worker joins torch.distributed at tcp://A:P (distributed/parallel_state.py:1385-1388, logged at
+#    :1399-1406, init_process_group at :1422-1428); rank 0's TCPStore server waits for all world_size clients for the
+#    process-group timeout: --distributed-timeout-seconds, else torch's NCCL default of 600 s (v1/worker/
+#    gpu_worker.py:1030-1032), then "DistStoreError: Timed out after 601 seconds waiting for clients. 1/2 clients
+#    joined."; a rank that cannot reach the store retries until the same timeout. Here: a TCP listener on A:P.
+#  - the head (node rank 0, not --headless) runs the API server and the engine; its executor broadcasts each step
+#    through a message queue bound on ITS get_ip() (multiproc_executor.py:129-151, shm_broadcast.py:407-423), and
+#    each rank answers through a queue bound on ITS OWN get_ip() (shm_broadcast.py:819-832 -> :407-423). get_ip() is
+#    VLLM_HOST_IP, else the address of the default route (utils/network_utils.py:27-72): without VLLM_HOST_IP that
+#    is the management LAN's address. Here: the same two sockets, bound and dialled on the same addresses.
+#  - a headless rank (--headless, node rank > 0) starts no API server (entrypoints/cli/serve.py:54-62, :115-116):
+#    it logs its head's address (serve.py:187-198) and runs its worker until it dies (serve.py:200-202).
+#  - a rank that dies after start: the head's worker monitor watches only ITS OWN worker processes
+#    (multiproc_executor.py:257-288) and AsyncLLM.check_health only reads its own error flag (v1/engine/
+#    async_llm.py:874-877), so an idle head keeps answering /health 200; the next step waits for the rank's answer
+#    (a collective with a dead peer does not return: vLLM's pynccl never polls NCCL's async error) until
+#    VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS (300 s, envs.py:186, :1368-1369; multiproc_executor.py:299-305, :369-378),
+#    then "RPC call to execute_model timed out." ends the engine: EngineDeadError, as on the Ray path.
+#  - a head that dies: nothing on a headless rank ends it. Its worker waits on the broadcast queue's ZMQ SUB socket
+#    without a timeout (multiproc_executor.py:931-937, shm_broadcast.py:748-777), and its parent only watches that
+#    worker (serve.py:200-201): torch logs once that the TCPStore is gone and the rank stays up, serving nothing,
+#    and cannot rejoin a restarted head (vllm-project/vllm#32136, 2026-01; the warning as in gpustack/gpustack#6019).
+#    Whoever restarts the head must restart every rank.
+# Differences: the store listens on A only (torch's TCPStore listens on every address of the port), and the
+# double's queues are plain TCP lines, not ZMQ; one rank per node (the simulated nodes have one GPU each).
+MASTER_ADDR, MASTER_PORT = "127.0.0.1", 29501  # ParallelConfig defaults (config/parallel.py:237, :240)
+TORCH_NCCL_PG_TIMEOUT_S = 600  # torch's default_pg_nccl_timeout: vLLM passes None unless --distributed-timeout-seconds
+MP_ALLOWED_BACKENDS = ("mp", "uni", "external_launcher")  # config/parallel.py:753
+WORKER_START_FAILED = (  # multiproc_executor.py:710-713
+    "Exception: WorkerProc initialization failed due to an exception in a background process. "
+    "See stack trace for root cause."
+)
+
+
+def get_ip() -> str:
+    """vLLM's get_ip() (vllm/utils/network_utils.py:27-72): VLLM_HOST_IP, else the default route's address."""
+    if "HOST_IP" in os.environ and "VLLM_HOST_IP" not in os.environ:
+        log(
+            "The environment variable HOST_IP is deprecated and ignored, as it is often used by Docker and other "
+            "software to interact with the container's network stack. Please use VLLM_HOST_IP instead to set the IP "
+            "address for vLLM processes to communicate with each other.",
+            "WARNING",
+        )
+    return os.environ.get("VLLM_HOST_IP") or default_route_ip()
+
+
+def tcp_uri(ip: str, port: int) -> str:
+    return f"tcp://[{ip}]:{port}" if ":" in ip else f"tcp://{ip}:{port}"  # network_utils.py:134-138
+
+
+def execute_model_timeout() -> float:
+    """VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS, 300 unless set (vllm/envs.py:186, :1368-1369)."""
+    return float(os.environ.get("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", "300"))
+
+
+def multinode_problems(args) -> list[str]:
+    """What 0.19.0 refuses about --nnodes/--node-rank/--headless, each with its exception's name; the first one
+    raised ends the start (exit 1), so at most one is returned."""
+    nnodes, rank = args.nnodes or 1, args.node_rank or 0
+    if args.headless and (args.api_server_count or 0) > 0:  # entrypoints/cli/serve.py:54-60
+        return [
+            f"ValueError: --api-server-count={args.api_server_count} cannot be used with --headless "
+            "(no API servers are started in headless mode)."
+        ]
+    if nnodes <= 1:
+        return []
+    world = (args.tensor_parallel_size or 1) * (args.pipeline_parallel_size or 1) * (args.data_parallel_size or 1)
+    if world % nnodes:  # engine/arg_utils.py:1644-1646
+        return [f"AssertionError: world_size={world} must be divisible by nnodes={nnodes}."]
+    if rank >= nnodes:  # engine/arg_utils.py:1647-1649
+        return [f"AssertionError: node_rank={rank} must be less than nnodes={nnodes}."]
+    backend = args.distributed_executor_backend
+    if backend is not None and backend not in MP_ALLOWED_BACKENDS:  # config/parallel.py:753-761, via pydantic
+        return [
+            "ValidationError: 1 validation error for ParallelConfig\n  Value error, nnodes > 1 can only be set when "
+            "distributed executor backend is mp, uni or external_launcher. [type=value_error, input_type=ArgsKwargs]"
+        ]
+    return []
+
+
+def multinode_unsupported(args) -> str | None:
+    """Multi-node layouts 0.19.0 accepts that the double does not emulate (it says so instead of pretending)."""
+    nnodes = args.nnodes or 1
+    tp, pp = args.tensor_parallel_size or 1, args.pipeline_parallel_size or 1
+    if (args.data_parallel_size or 1) > 1:
+        return "--nnodes with --data-parallel-size > 1 is not emulated by the test double"
+    if args.distributed_executor_backend not in (None, "mp"):
+        return f"--nnodes with --distributed-executor-backend {args.distributed_executor_backend} is not emulated"
+    if nnodes == 1:  # node_rank_within_dp == 0: data-parallel headless mode (serve.py:204-234)
+        return "--headless without --nnodes > 1 is vLLM's data-parallel headless mode, not emulated by the test double"
+    if tp * pp // nnodes > 1:
+        return (
+            f"world size {tp * pp} over {nnodes} nodes puts {tp * pp // nnodes} ranks on this node, which has one GPU"
+        )
+    if args.headless and not args.node_rank:
+        # node_rank_within_dp == 0 with --headless is data-parallel headless mode (serve.py:204-234)
+        return "--headless on node rank 0 is vLLM's data-parallel headless mode, not emulated by the test double"
+    return None
+
+
+class MultiNode:
+    """One node's rank in vLLM 0.19.0's multi-node mp mode (see the block above): the head's rendezvous and step
+    broadcast, or a headless rank that joins it and answers each step."""
+
+    def __init__(self, args):
+        self.nnodes, self.rank = args.nnodes or 1, args.node_rank or 0
+        self.world = (args.tensor_parallel_size or 1) * (args.pipeline_parallel_size or 1)
+        self.master = (args.master_addr or MASTER_ADDR, args.master_port or MASTER_PORT)
+        seconds = args.distributed_timeout_seconds
+        self.timeout = float(seconds) if seconds is not None else float(TORCH_NCCL_PG_TIMEOUT_S)
+        self.ip = get_ip()
+        self.lock = threading.Lock()
+        self.failed = False
+        self.peers: list[tuple[int, socket.socket, socket.socket]] = []  # head: (rank, its queue, its answers)
+        self.keep: list[socket.socket] = []  # the store's connections, open while this process lives
+
+    def init_line(self) -> None:
+        # parallel_state.py:1399-1406, each rank's worker (rank = node rank: one GPU per node)
+        uri = tcp_uri(*self.master)
+        log(f"world_size={self.world} rank={self.rank} local_rank=0 distributed_init_method={uri} backend=nccl")
+
+    def _bind(self, host: str, port: int) -> socket.socket:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        s = socket.socket(family, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((host, port))
+        s.listen(64)
+        return s
+
+    def _start_failed(self, error: str) -> None:
+        """A worker's torch.distributed error at start: the chain 0.19.0 logs on the way out, then exit 1."""
+        log(f"WorkerProc failed to start.\n{error}", "ERROR")  # multiproc_executor.py:856-857
+        log(WORKER_START_FAILED, "ERROR")
+        if self.rank == 0:
+            log("EngineCore failed to start.", "ERROR")  # v1/engine/core.py:1107-1108
+            # v1/engine/utils.py:1057-1061
+            die("RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): "
+                "{'EngineCore': 1}")  # fmt: skip
+        die(WORKER_START_FAILED)
+
+    @staticmethod
+    def _line(conn: socket.socket, deadline: float | None) -> bytes:
+        """One line from conn (b"" when the other end closed); TimeoutError past the deadline."""
+        data = b""
+        while not data.endswith(b"\n"):
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError
+                conn.settimeout(remaining)
+            else:
+                conn.settimeout(None)
+            try:
+                chunk = conn.recv(1)
+            except (ConnectionError, OSError) as exc:
+                if isinstance(exc, TimeoutError):
+                    raise
+                return b""
+            if not chunk:
+                return b""
+            data += chunk
+        return data
+
+    def head(self) -> None:
+        """Node rank 0: the store on --master-addr:--master-port; returns once every rank has joined."""
+        host, port = self.master
+        log(  # multiproc_executor.py:134-144
+            f"DP group leader: node_rank={self.rank}, node_rank_within_dp=0, master_addr={host}, "
+            f"mq_connect_ip={self.ip} (local), world_size={self.world}, local_world_size=1"
+        )
+        self.init_line()
+        try:
+            store = self._bind(host, port)
+        except OSError as exc:
+            self._start_failed(
+                "torch.distributed.DistNetworkError: The server socket has failed to listen on any local network "
+                f"address. port: {port}, useIpv6: {':' in host}, code: -{exc.errno}, name: {exc.strerror}"
+            )
+        deadline = time.monotonic() + self.timeout
+        joined: dict[int, tuple[socket.socket, dict]] = {}
+        while len(joined) < self.world - 1 and time.monotonic() < deadline:
+            store.settimeout(max(0.01, deadline - time.monotonic()))
+            try:
+                conn, _ = store.accept()
+                hello = json.loads(self._line(conn, deadline) or b"{}")
+            except (TimeoutError, ValueError):
+                continue
+            if hello.get("rank") is not None:
+                joined[int(hello["rank"])] = (conn, hello)
+        if len(joined) < self.world - 1:
+            self._start_failed(
+                f"torch.distributed.DistStoreError: Timed out after {int(self.timeout) + 1} seconds waiting for "
+                f"clients. {len(joined) + 1}/{self.world} clients joined."
+            )
+        queue = self._bind(self.ip, 0)  # the step broadcast, on this node's get_ip() (multiproc_executor.py:133)
+        handle = json.dumps({"mq": [self.ip, queue.getsockname()[1]]}).encode() + b"\n"
+        for conn, _ in joined.values():
+            conn.sendall(handle)
+            self.keep.append(conn)
+        queues: dict[int, socket.socket] = {}
+        while len(queues) < len(joined) and time.monotonic() < deadline:
+            queue.settimeout(max(0.01, deadline - time.monotonic()))
+            try:
+                conn, _ = queue.accept()
+                queues[int(self._line(conn, deadline) or b"-1")] = conn
+            except (TimeoutError, ValueError):
+                continue
+        for r, (_, hello) in sorted(joined.items()):
+            ip, rport = hello["answers"]
+            answers = socket.create_connection((ip, rport), timeout=max(0.01, deadline - time.monotonic()))
+            self.peers.append((r, queues[r], answers))
+        ranks = ", ".join(f"rank {r} at {hello['ip']}" for r, (_, hello) in sorted(joined.items()))
+        log(f"all {self.world} ranks joined the rendezvous on {tcp_uri(host, port)}: rank 0 at {self.ip}, {ranks}")
+
+    def step(self) -> None:
+        """One engine step: every rank must answer within VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS."""
+        timeout = execute_model_timeout()
+        with self.lock:
+            if self.failed:  # the engine died with the first timeout (core.py:1106-1111): no second wait
+                raise TimeoutError("RPC call to execute_model timed out.")
+            deadline = time.monotonic() + timeout
+            for _, queue, _ in self.peers:
+                with contextlib.suppress(OSError):  # a publisher's send does not fail when a subscriber is gone
+                    queue.sendall(b"step\n")
+            for _, _, answers in self.peers:
+                try:
+                    answer = self._line(answers, deadline)
+                except TimeoutError:
+                    answer = b""
+                if answer != b"ok\n":
+                    time.sleep(max(0.0, deadline - time.monotonic()))  # a dead peer: the collective never returns
+                    self.failed = True
+                    raise TimeoutError("RPC call to execute_model timed out.")  # multiproc_executor.py:377-378
+
+    def follow(self) -> int:
+        """A headless rank: join the head's store (retrying until the timeout), then answer each step."""
+        host, port = self.master
+        try:
+            answers = self._bind(self.ip, 0)  # this rank's answer queue, on its own get_ip()
+        except OSError as exc:
+            self._start_failed(f"zmq.error.ZMQError: {exc.strerror} (addr='{tcp_uri(self.ip, 0)}')")
+        deadline = time.monotonic() + self.timeout
+        store = None
+        while store is None:
+            try:
+                store = socket.create_connection((host, port), timeout=max(0.01, min(1.0, deadline - time.monotonic())))
+            except OSError:
+                if time.monotonic() >= deadline:
+                    self._start_failed(
+                        f"torch.distributed.DistNetworkError: The client socket has timed out after "
+                        f"{int(self.timeout * 1000)}ms while trying to connect to ({host}, {port})."
+                    )
+                time.sleep(0.2)
+        hello = {"rank": self.rank, "ip": self.ip, "answers": [self.ip, answers.getsockname()[1]]}
+        store.sendall(json.dumps(hello).encode() + b"\n")
+        try:
+            handle = self._line(store, deadline)
+        except TimeoutError:
+            handle = None
+        if not handle:
+            self._start_failed(
+                "torch.distributed.DistNetworkError: Failed to recv, got 0 bytes. Connection was likely closed. "
+                "Did the remote server shutdown or crash?"
+                if handle == b""
+                else "torch.distributed.DistStoreError: Socket Timeout"
+            )
+        ip, qport = json.loads(handle)["mq"]
+        queue = socket.create_connection((ip, qport), timeout=max(0.01, deadline - time.monotonic()))
+        queue.sendall(f"{self.rank}\n".encode())
+        answers.settimeout(max(0.01, deadline - time.monotonic()))
+        try:
+            out, _ = answers.accept()
+        except TimeoutError:
+            self._start_failed("torch.distributed.DistStoreError: Socket Timeout")
+        log(
+            f"headless rank {self.rank} joined the head's rendezvous on {tcp_uri(host, port)} (announced {self.ip}, "
+            f"head's queue at {ip}); no API server on this rank"
+        )
+        while self._line(queue, None) == b"step\n":
+            out.sendall(b"ok\n")
+        # the head is gone: torch's heartbeat monitor fails once on the store and gives up; the rank stays up
+        now = time.time()
+        stamp = time.strftime("%m%d %H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1e9):09d}"
+        print(
+            f"[rank{self.rank}]:[W{stamp} ProcessGroupNCCL.cpp] [PG ID 0 PG GUID 0 Rank {self.rank}] Failed to check "
+            'the "should dump" flag on TCPStore, (maybe TCPStore server has shut down too early), with error: Failed '
+            "to recv, got 0 bytes. Connection was likely closed. Did the remote server shutdown or crash?",
+            flush=True,
+        )
+        while True:
+            time.sleep(3600)  # until a signal: SystemExit (serve.py:176-184)
+
+
+def run_headless(args, version: str) -> int:
+    """entrypoints/cli/serve.py run_headless for node_rank_within_dp > 0 (:154-202): no API server."""
+    requested = False
+
+    def on_signal(signum, frame):  # serve.py:176-184: SIGTERM/SIGINT raise SystemExit once
+        nonlocal requested
+        if not requested:
+            requested = True
+            raise SystemExit
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    mn = MultiNode(args)
+    host, port = mn.master
+    log(  # serve.py:193-198
+        f"Launching vLLM (v{version}) headless multiproc executor, with head node address {host}:{port} for "
+        "torch.distributed process group."
+    )
+    mn.init_line()
+    return mn.follow()
 
 
 # --- the HTTP server: vLLM 0.19.0's routes and middlewares ------------------------------------------
@@ -1425,22 +1764,39 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser(contract).parse_args(argv)
     if not args.model_tag:
         die("`model` should be provided as the first positional argument when using `vllm serve`.")
-    log(f"vLLM API server version {version} (TEST DOUBLE, not vLLM)")
-    log(f"non-default args: {json.dumps({k: v for k, v in vars(args).items() if v is not None}, default=str)}")
+    problems = multinode_problems(args)
+    if problems and problems[0].startswith("ValueError: --api-server-count"):  # serve.py:54-60, before anything
+        log(problems[0], "ERROR")
+        return 1
+    if not args.headless:  # a headless rank runs no API server and logs neither line (serve.py:115-116)
+        log(f"vLLM API server version {version} (TEST DOUBLE, not vLLM)")
+        log(f"non-default args: {json.dumps({k: v for k, v in vars(args).items() if v is not None}, default=str)}")
     for name in unknown_vllm_env(contract):
         # vllm/envs.py validate_environ: a warning, or a ValueError with --fail-on-environ-validation
         if getattr(args, "fail_on_environ_validation", None):
             log(f"ValueError: Unknown vLLM environment variable detected: {name}", "ERROR")
             return 1
         log(f"Unknown vLLM environment variable detected: {name}", "WARNING")
-    problems = engine_config_problems(args, contract)
     spec = getattr(args, "speculative_config", None)
+    config_problems = [f"ValueError: {p}" for p in engine_config_problems(args, contract)]
     if spec is not None:
-        problems += spec_config_problems(spec, contract)
-    if problems:
-        for p in problems:
-            log(f"ValueError: {p}", "ERROR")
+        config_problems += [f"ValueError: {p}" for p in spec_config_problems(spec, contract)]
+    config_problems += problems
+    if config_problems:
+        for p in config_problems:
+            log(p, "ERROR")
         return 1
+    if (args.nnodes or 1) > 1 or args.headless:
+        why = multinode_unsupported(args)
+        if why:
+            die(why)
+        if args.node_rank and not args.headless:
+            # a follower node's executor has no broadcast queue: the engine's first collective_rpc asserts
+            # (multiproc_executor.py:341-343) and the engine core fails to start (v1/engine/utils.py:1057-1061)
+            log("AssertionError: collective_rpc should not be called on follower node", "ERROR")
+            log("EngineCore failed to start.", "ERROR")
+            die("RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): "
+                "{'EngineCore': 1}")  # fmt: skip
     snap = find_weights(args.model_tag, args.revision, args.download_dir)
     log(f"weights found in {snap}")
     drafter = (spec or {}).get("model")
@@ -1448,6 +1804,8 @@ def main(argv: list[str] | None = None) -> int:
         # the drafter loads from the same offline cache (ModelConfig(model=..., revision=...),
         # vllm/config/speculative.py:467-486): missing on this node, vLLM fails to start
         log(f"drafter weights found in {find_weights(drafter, spec.get('revision'), args.download_dir)}")
+    if args.headless:
+        return run_headless(args, version)
     engine = Engine(args, snap, contract)
     Handler.engine = engine
     # vLLM binds its port before the engine starts and listens once it is up (api_server.py:541-548, :596):

@@ -400,13 +400,17 @@ def test_the_real_timeouts_are_the_defaults_and_only_the_stand_in_image_shortens
         str(f.relative_to(ROOT))
         for f in [*ROOT.glob("sim/**/*"), *ROOT.glob("inventory/**/*"), *ROOT.glob("roles/**/*")]
         if f.is_file() and "Dockerfile" not in f.name and f.suffix not in (".py", ".json", ".pyc")
-        and ("SPARKOPS_TEST_DOUBLE_PG_TIMEOUT_S" in f.read_text(errors="replace")
-             or "RAY_CGRAPH_get_timeout" in f.read_text(errors="replace"))
+        and any(knob in f.read_text(errors="replace")
+                for knob in ("SPARKOPS_TEST_DOUBLE_PG_TIMEOUT_S", "RAY_CGRAPH_get_timeout",
+                             "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS"))
     ]  # fmt: skip
     assert setters == []
     image = (ROOT / "sim" / "standin" / "Dockerfile").read_text()
     assert "LISTED SIMULATION DIFFERENCE" in image
     assert "SPARKOPS_TEST_DOUBLE_PG_TIMEOUT_S=120" in image and "RAY_CGRAPH_get_timeout=30" in image
+    assert "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS=30" in image  # the mp executor's (--nnodes) stuck-rank timeout
+    monkeypatch.delenv("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", raising=False)
+    assert d.execute_model_timeout() == 300  # envs.py:186
 
 
 def test_refuses_when_tp_exceeds_the_gpus_and_refuses_connections_until_then(ray_head, hf_home, tmp_path):
