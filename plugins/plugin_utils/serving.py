@@ -49,6 +49,10 @@ EXECUTORS = ("ray", "mp")
 DEPLOYMENT = "main"
 # vLLM 0.19.0's default --master-port (vllm/config/parallel.py: ParallelConfig.master_port = 29501).
 MP_MASTER_PORT = 29501
+# Under vLLM's own executor NCCL's INFO lines go to each rank's stdout; NCCL writes them to the file
+# NCCL_DEBUG_FILE names instead (NCCL's environment variables, since 2.2.12: %h the host, %p the pid),
+# here in the host's private Ray folder mounted at /tmp/ray, where the fast-path proof reads them.
+MP_NCCL_LOG_DIR = "/tmp/ray/nccl-mp"  # noqa: S108 - inside the container: the host's 0700 private folder
 # The API key middleware (roles/vllm_serve/files/sparkops_vllm_auth.py): mounted read-only into the API
 # member's container and imported through PYTHONPATH (eugr's image sets none); it reads the key from
 # the file SPARKOPS_API_KEY_FILE names, so the key is in neither argv nor env.
@@ -225,7 +229,7 @@ def _profile_problems(inputs: dict, profiles: dict, name, gpus_total: int, sizes
     return profile, problems
 
 
-def _vllm_env(base: dict, cache_env: dict, profile_env: dict, ip: str, *, ray: bool, api: bool) -> dict:
+def _vllm_env(base: dict, cache_env: dict, profile_env: dict, ip: str, *, ray: bool, api: bool, mp: bool) -> dict:
     env = {}
     if ray:
         # vLLM is a Ray driver attached to this node's raylet. RAY_DEDUP_LOGS=0: Ray 2.52.1's driver holds
@@ -237,6 +241,8 @@ def _vllm_env(base: dict, cache_env: dict, profile_env: dict, ip: str, *, ray: b
     env.update(profile_env)
     # The address vLLM announces and binds its message queue on: the fast link, never the default route's.
     env["VLLM_HOST_IP"] = ip
+    if mp:
+        env["NCCL_DEBUG_FILE"] = f"{MP_NCCL_LOG_DIR}/nccl.%h.%p.log"
     if api:
         env.update(AUTH_ENV)
     return env
@@ -321,7 +327,7 @@ def build_serving(cluster: dict, inputs: dict) -> dict:  # noqa: PLR0914, PLR091
         allow_rules=inputs.get("allow_rules"),
     )
     if kind == "mp":
-        api_argv = _without_backend(api_argv) + ["--distributed-executor-backend", "mp"]
+        api_argv = _without(api_argv, "--distributed-executor-backend") + ["--distributed-executor-backend", "mp"]
     members = []
     for rank, host in enumerate(group):
         ip = cluster["nodes"][host]["primary"]["ip"]
@@ -330,7 +336,8 @@ def build_serving(cluster: dict, inputs: dict) -> dict:  # noqa: PLR0914, PLR091
         if kind == "ray":
             member["ray"] = {"container": names["ray"], "head": api, "address": f"{head_ip}:{cluster['ray']['port']}"}
         if api or kind == "mp":
-            argv = list(api_argv)
+            # A headless rank starts no API server (vllm/entrypoints/cli/serve.py:115-116): no --host/--port.
+            argv = list(api_argv) if api else _without(api_argv, "--host", "--port")
             if kind == "mp":
                 argv += ["--nnodes", str(nnodes), "--node-rank", str(rank)]
                 argv += ["--master-addr", head_ip, "--master-port", str(master_port)]
@@ -340,7 +347,7 @@ def build_serving(cluster: dict, inputs: dict) -> dict:  # noqa: PLR0914, PLR091
             member["vllm"] = {
                 "container": names["vllm"],
                 "argv": argv,
-                "env": _vllm_env(base_env, cache_env, p["env"], ip, ray=kind == "ray", api=api),
+                "env": _vllm_env(base_env, cache_env, p["env"], ip, ray=kind == "ray", api=api, mp=kind == "mp"),
                 "auth": api,
             }
         members.append(member)
@@ -373,13 +380,14 @@ def build_serving(cluster: dict, inputs: dict) -> dict:  # noqa: PLR0914, PLR091
     return {"deployments": [deployment], "lock": {"wanted": wanted, "upgrade": upgrade}}
 
 
-def _without_backend(argv: list) -> list:
+def _without(argv: list, *flags: str) -> list:
+    """argv without each of `flags` and its value."""
     out, skip = [], False
     for arg in argv:
         if skip:
             skip = False
             continue
-        if arg == "--distributed-executor-backend":
+        if arg in flags:
             skip = True
             continue
         out.append(arg)

@@ -173,7 +173,11 @@ def test_the_mp_executor_runs_vllm_on_every_rank_with_the_head_as_master():
         # Without VLLM_HOST_IP vLLM's message queue binds the default route's address (the management LAN).
         assert m["vllm"]["env"]["VLLM_HOST_IP"] == cluster["nodes"][m["host"]]["primary"]["ip"]
         assert "RAY_ADDRESS" not in m["vllm"]["env"]
+        # NCCL's lines to a file the fast-path proof reads (roles/fastpath/defaults: fastpath_nccl_log_globs).
+        assert m["vllm"]["env"]["NCCL_DEBUG_FILE"].startswith("/tmp/ray/nccl-mp/")
     assert "--headless" not in r0["vllm"]["argv"] and "--headless" in r1["vllm"]["argv"]
+    # A headless rank serves no API: no --host/--port (vllm/entrypoints/cli/serve.py:115-116).
+    assert "--host" in r0["vllm"]["argv"] and "--host" not in r1["vllm"]["argv"] and "--port" not in r1["vllm"]["argv"]
     assert "--middleware" in r0["vllm"]["argv"] and "--middleware" not in r1["vllm"]["argv"]
     assert "SPARKOPS_API_KEY_FILE" not in r1["vllm"]["env"]  # a headless rank serves no HTTP
     assert [m["rank"] for m in node_part(plan, "spark-2")] == [1]
