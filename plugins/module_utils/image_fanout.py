@@ -4,12 +4,12 @@
 
 The build host runs `docker save | zstd` once; the compressed stream flows along the cluster model's
 fan-out edges (`sparkops_cluster.image.fanout`: a chain each way round a ring, a doubling tree on a
-pair or switch). Every node on the way runs RELAY_SOURCE: it pipes its stdin to `zstd -d | docker
+pair or switch). Every node on the way runs the relay (image_relay.py): it pipes its stdin to `zstd -d | docker
 load` (only when it lacks the image) and, at the same time, to one ssh per child that runs the same
 relay there. So a chain of N nodes takes about one transfer's time, not N-1.
 
-The relay is sent in the ssh command itself (base64, run by `python3 -c`), so nothing is installed
-on the nodes. Every relay prints a JSON report (its load, and each child's report with the hop's
+The relay is a real file sent in the ssh command itself (base64, run by `python3 -c`; remote_exec.py),
+so nothing is installed on the nodes. Every relay prints a JSON report (its load, and each child's report with the hop's
 exit status and stderr), so the build host learns every hop's result from one stdout.
 """
 
@@ -24,124 +24,14 @@ import sys
 import tempfile
 import time
 
-# Run on every node, the build host included (there with `load` empty). argv: CODE_B64 NODE SPEC_B64.
-# Python 3.8+ standard library only (whatever python3 the node has).
-RELAY_SOURCE = r"""
-import base64, json, os, subprocess, sys, tempfile, threading, time
-
-def tail(f, n=1500):
-    f.seek(0)
-    return f.read().decode("utf-8", "replace")[-n:].strip()
-
-def write_all(fd, data):
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-def main():
-    code_b64, node, spec_b64 = sys.argv[1], sys.argv[2], sys.argv[3]
-    spec = json.loads(base64.b64decode(spec_b64))
-    deadline = time.monotonic() + float(spec["timeout_s"])
-    procs = []
-    report = {"node": node, "load": None, "bytes": 0, "children": []}
-
-    def on_timeout():
-        for p in procs:
-            try:
-                p.kill()
-            except OSError:
-                pass
-        report["timeout"] = True
-        sys.stdout.write(json.dumps(report) + "\n")
-        sys.stdout.flush()
-        os._exit(124)
-
-    timer = threading.Timer(float(spec["timeout_s"]), on_timeout)
-    timer.daemon = True
-    timer.start()
-    sinks = []
-    if node in spec["load"]:
-        env = dict(os.environ, SPARKOPS_FANOUT_NODE=node)
-        unz_err, load_out, load_err = (tempfile.TemporaryFile() for _ in range(3))
-        unz = subprocess.Popen(["zstd", "-q", "-d"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=unz_err)
-        load = subprocess.Popen([spec["docker"], "load", "-q"], stdin=unz.stdout, stdout=load_out, stderr=load_err,
-                                env=env)
-        unz.stdout.close()
-        procs += [unz, load]
-        sinks.append({"kind": "load", "proc": unz, "fd": unz.stdin.fileno(), "error": None, "bytes": 0,
-                      "files": (unz_err, load_out, load_err), "load": load})
-    for child in spec["children"].get(node, []):
-        remote = " ".join(shlex_quote(a) for a in [spec["python"], "-c", BOOT, code_b64, child, spec_b64])
-        argv = list(spec["ssh"]) + [spec["user"] + "@" + spec["ip"][child], remote]
-        out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
-        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=out, stderr=err)
-        procs.append(proc)
-        sinks.append({"kind": "child", "to": child, "proc": proc, "fd": proc.stdin.fileno(), "error": None,
-                      "bytes": 0, "files": (out, err)})
-    for s in sinks:
-        try:
-            import fcntl
-            fcntl.fcntl(s["fd"], 1031, 1 << 20)  # F_SETPIPE_SZ: fewer stalls between the sinks
-        except (ImportError, OSError):
-            pass
-    # Read to the end even when every sink failed: the hop into this node did not fail.
-    while True:
-        chunk = os.read(0, 1 << 20)
-        if not chunk:
-            break
-        report["bytes"] += len(chunk)
-        for s in sinks:
-            if s["error"] is None:
-                try:
-                    write_all(s["fd"], chunk)
-                    s["bytes"] += len(chunk)
-                except OSError as exc:
-                    s["error"] = "the stream broke after %d bytes: %s" % (s["bytes"], exc)
-    for s in sinks:
-        try:
-            s["proc"].stdin.close()
-        except OSError:
-            pass
-    for s in sinks:
-        left = max(1.0, deadline - time.monotonic())
-        if s["kind"] == "load":
-            unz_rc = s["proc"].wait(timeout=left)
-            load_rc = s["load"].wait(timeout=max(1.0, deadline - time.monotonic()))
-            unz_err, load_out, load_err = s["files"]
-            report["load"] = {"ok": unz_rc == 0 and load_rc == 0 and s["error"] is None, "zstd_rc": unz_rc,
-                              "rc": load_rc, "stdout": tail(load_out, 500),
-                              "stderr": (tail(unz_err, 700) + "\n" + tail(load_err, 700)).strip(),
-                              "error": s["error"]}
-        else:
-            rc = s["proc"].wait(timeout=left)
-            out, err = s["files"]
-            child_report = None
-            for line in reversed(tail(out, 10 ** 7).splitlines()):
-                try:
-                    child_report = json.loads(line)
-                    break
-                except ValueError:
-                    continue
-            report["children"].append({"from": node, "to": s["to"], "ip": spec["ip"][s["to"]], "rc": rc,
-                                       "bytes": s["bytes"], "error": s["error"], "stderr": tail(err),
-                                       "report": child_report})
-    timer.cancel()
-    sys.stdout.write(json.dumps(report) + "\n")
-    sys.stdout.flush()
-
-def shlex_quote(s):
-    return "'" + s.replace("'", "'\"'\"'") + "'"
-
-BOOT = "import base64,sys;exec(base64.b64decode(sys.argv[1]))"
-main()
-"""
-
-# What `python3 -c` runs: decode and run the relay passed as the first argument.
-BOOT = "import base64,sys;exec(base64.b64decode(sys.argv[1]))"
+from ansible_collections.sparkops.cluster.plugins.module_utils import image_relay
+from ansible_collections.sparkops.cluster.plugins.module_utils.remote_exec import ARGV_BOOT as BOOT
+from ansible_collections.sparkops.cluster.plugins.module_utils.remote_exec import source_b64
 
 
 def _code_b64() -> str:
-    return base64.b64encode(RELAY_SOURCE.encode()).decode()
+    """The relay's own source (image_relay.py), as the ssh command carries it."""
+    return source_b64(image_relay)
 
 
 def tree_problems(source: str, edges: list) -> list:
@@ -235,7 +125,7 @@ def relay_argv(python: str, node: str, spec: dict) -> list:
 
 
 def hop_command(spec: dict, parent: str, child: str) -> list:
-    """The ssh argv `parent` runs to start the relay on `child` (what RELAY_SOURCE builds; for tests and docs)."""
+    """The ssh argv `parent` runs to start the relay on `child` (what the relay builds; for tests and docs)."""
     remote = " ".join(shlex.quote(a) for a in [spec["python"], "-c", BOOT, _code_b64(), child, encode_spec(spec)])
     if child not in spec["children"].get(parent, []):
         raise ValueError(f"{parent} does not send to {child} in this plan")

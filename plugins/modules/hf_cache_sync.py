@@ -229,8 +229,6 @@ followed_s:
 """
 
 import contextlib
-import functools
-import inspect
 import ipaddress
 import json
 import os
@@ -244,15 +242,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.sparkops.cluster.plugins.module_utils import hf_cache
+from ansible_collections.sparkops.cluster.plugins.module_utils import hf_cache, remote_exec
 
-# Runs on a target: reads hf_cache's source (length-prefixed) from stdin, then one JSON line per action
-# (hf_cache.remote_main: a session, so one ssh connection and one python start per target).
-REMOTE_BOOT = (
-    "import sys;n=int(sys.stdin.buffer.readline());src=sys.stdin.buffer.read(n);"
-    "g={'__name__':'sparkops_hf_cache_remote'};exec(compile(src,'sparkops_hf_cache.py','exec'),g);"
-    "raise SystemExit(g['remote_main']())"
-)
+# Runs on a target: hf_cache's own source first on stdin (remote_exec.stdin_boot), then one JSON line
+# per action (hf_cache.remote_main: a session, so one ssh connection and one python start per target).
+REMOTE_BOOT = remote_exec.stdin_boot("remote_main", "sparkops_hf_cache.py")
 RSYNC_USER = "sparkops"
 # How often a follower looks for blobs that completed since (a directory scan: cheap).
 FOLLOW_POLL_S = 0.25
@@ -260,12 +254,6 @@ FOLLOW_POLL_S = 0.25
 
 class SyncError(Exception):
     """A failure with a message for the user."""
-
-
-@functools.cache
-def helper_source() -> bytes:
-    """hf_cache's source, sent to every target on every call: read it once."""
-    return inspect.getsource(hf_cache).encode()
 
 
 class Target:
@@ -312,9 +300,8 @@ class Target:
         stderr = self.proc.stderr
         self.stderr_reader = threading.Thread(target=lambda: self.stderr_chunks.append(stderr.read()), daemon=True)
         self.stderr_reader.start()
-        src = helper_source()
         with contextlib.suppress(OSError):  # a dead ssh is reported by call() with its stderr
-            self.proc.stdin.write(b"%d\n" % len(src) + src)
+            self.proc.stdin.write(remote_exec.stdin_preamble(hf_cache))
 
     def _next_result(self) -> dict | None:
         """The next RESULT line already read, else None (other lines are shell noise: dropped)."""
