@@ -39,7 +39,6 @@ HARDWARE = ("dgx_spark", "simulated")
 MIN_MTU = 9000
 MAX_NODES = 64
 _ADDRESS_RE = re.compile(r"^(\d{1,3}\.){3}\d{1,3}/\d{1,2}$")
-_COMMIT_RE = re.compile(r"^[0-9a-fA-F]{40}$")
 _EXAMPLE_LINK = "{netdev: enp1s0f1np1, rdma_device: rocep1s0f1, address: 192.168.100.11/24}"
 # Interface names as the kernel takes them (net/core/dev.c dev_valid_name): not empty, shorter than
 # IFNAMSIZ (16, include/uapi/linux/if.h) bytes, not "." or "..", no '/', ':' or whitespace (the
@@ -709,12 +708,9 @@ def _assemble(topology, head, hosts, ranks, nodes, mgmt, segs, cables, order, se
     bind = str(_setting(settings, "vllm_serve_host", "") or head_ip)
     url_host = head_ip if bind in ("0.0.0.0", "::") else bind  # noqa: S104 - a value compared, not bound
 
-    image_name = str(_setting(settings, "spark_vllm_image_name", "vllm-node"))
     ref = str(_setting(settings, "spark_vllm_image_ref", ""))
-    commit = ref.lower() if _COMMIT_RE.match(ref) else ""
-    # A pinned commit names the image without any I/O; a branch or tag name is only a label
-    # until the build resolves it (the image role then records the commit it built).
-    tag = commit[:12] if commit else re.sub(r"[^A-Za-z0-9_.-]", "-", ref)[:128] or "latest"
+    # The image's exact name (commit and build arguments, or the lock's commit) is the serving plan's
+    # (plugins/plugin_utils/serving.py plan_image): here only where it is built and how it spreads.
     build_host = str(_setting(settings, "sparkops_image_build_host", "") or head)
     weights_source = str(_setting(settings, "sparkops_weights_source_host", "") or head)
     image_source = build_host  # an unknown name was refused (_check_roles)
@@ -747,12 +743,8 @@ def _assemble(topology, head, hosts, ranks, nodes, mgmt, segs, cables, order, se
         "ray": {"head": head, "head_ip": head_ip, "port": gcs_port, "address": f"{head_ip}:{gcs_port}"},
         "endpoint": {"host": head, "bind": bind, "port": port, "url": f"http://{url_host}:{port}"},
         "image": {
-            "name": image_name,
             "repo": str(_setting(settings, "spark_vllm_image_repo", "")),
             "ref": ref,
-            "commit": commit,
-            "tag": tag,
-            "image": f"{image_name}:{tag}",
             "build_host": image_source,
             "fanout": _fanout(image_source, hosts, order, lane_ip),
         },
