@@ -14,7 +14,8 @@ the model or the plan changes nothing on a host; the missing interface needs a h
 from __future__ import annotations
 
 import pytest
-from conftest import NODES, copy_inventory, node_sh, run_playbook
+import yaml
+from conftest import NODES, ROOT, copy_inventory, node_sh, run_playbook
 
 WATCHED = "/etc/sparkops /etc/apt/preferences.d /etc/netplan /var/lib/sparkops /root/.ssh /etc/iptables"
 # The state folder itself: its mtime moves whenever the watchdog replaces a file in it.
@@ -76,29 +77,9 @@ def management_interface_as_fast_link(data):
 
 
 def _profile(**changes):
-    base = {
-        "model": "sparkops-sim/tiny-test-model",
-        "revision": "5157000000000000000000000000000000000001",
-        "served_model_name": "bad",
-        "model_family": "sim",
-        "gated": False,
-        "weights_gib": 0.05,
-        "tensor_parallel_size": 2,
-        "pipeline_parallel_size": 1,
-        "enable_expert_parallel": True,
-        "quantization": "gptq_marlin",
-        "kv_cache_dtype": "fp8",
-        "attention_backend": "TRITON_ATTN",
-        "gpu_memory_utilization": 0.87,
-        "max_model_len": 4096,
-        "max_num_seqs": 4,
-        "max_num_batched_tokens": 4096,
-        "max_cudagraph_capture_size": 2048,
-        "enable_prefix_caching": True,
-        "env": {},
-        "extra_args": [],
-    }
-    base.update(changes)
+    """The simulated cluster's shipped profile under another name, with `changes`."""
+    shipped = yaml.safe_load((ROOT / "roles/sparkops_defaults/defaults/main/serving_profiles.yml").read_text())
+    base = {**shipped["sparkops_serving_profiles"]["sim-tiny-tp2"], "served_model_name": "bad", **changes}
     return {"sparkops_serving_profiles_extra": {"bad": base}, "sparkops_serving_profile": "bad"}
 
 

@@ -267,29 +267,8 @@ def test_the_summary_shows_every_rank_s_command_line_and_the_exact_tag():
 
 
 def _bad(**changes):
-    base = {
-        "model": "sparkops-sim/tiny-test-model",
-        "revision": "5157000000000000000000000000000000000001",
-        "served_model_name": "bad",
-        "model_family": "sim",
-        "gated": False,
-        "weights_gib": 0.05,
-        "tensor_parallel_size": 2,
-        "pipeline_parallel_size": 1,
-        "enable_expert_parallel": True,
-        "quantization": "gptq_marlin",
-        "kv_cache_dtype": "fp8",
-        "attention_backend": "TRITON_ATTN",
-        "gpu_memory_utilization": 0.87,
-        "max_model_len": 4096,
-        "max_num_seqs": 4,
-        "max_num_batched_tokens": 4096,
-        "max_cudagraph_capture_size": 2048,
-        "enable_prefix_caching": True,
-        "env": {},
-        "extra_args": [],
-    }
-    base.update(changes)
+    """The simulated cluster's profile under another name, with `changes` (the cases bad-input runs used)."""
+    base = {**PROFILES["sim-tiny-tp2"], "served_model_name": "bad", **changes}
     return {"profiles": {**PROFILES, "bad": base}, "profile_name": "bad"}
 
 
