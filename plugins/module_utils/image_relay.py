@@ -65,7 +65,7 @@ def main():
     if node in spec["load"]:
         env = dict(os.environ, SPARKOPS_FANOUT_NODE=node)
         # The files and processes live until the report below (the process exits right after it).
-        unz_err, load_out, load_err = (tempfile.TemporaryFile() for _ in range(3))  # noqa: SIM115
+        unz_err, load_out, load_err = (tempfile.TemporaryFile() for _unused in range(3))  # noqa: SIM115
         unz = subprocess.Popen(["zstd", "-q", "-d"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=unz_err)  # noqa: SIM115
         load = subprocess.Popen(  # noqa: SIM115
             [spec["docker"], "load", "-q"], stdin=unz.stdout, stdout=load_out, stderr=load_err, env=env

@@ -51,6 +51,11 @@ def plan_of(cluster_inputs=None, **inputs):
     return cluster, build_serving(cluster, base)
 
 
+def plan_of_only(cluster_inputs=None, **inputs):
+    """The plan alone (plan_of without the cluster model)."""
+    return plan_of(cluster_inputs, **inputs)[1]
+
+
 def lock_for(profile="qwen3-235b-a22b-gptq-int4-tp2", ref=REF, revision="main", **image):
     return {
         "lock_version": 1,
@@ -100,22 +105,22 @@ def test_the_reference_on_a_pair_is_ray_with_the_api_on_the_head_and_today_s_com
 
 
 def test_a_pinned_commit_names_the_image_exactly_as_the_image_role_does_without_a_clone():
-    _, plan = plan_of()
+    plan = plan_of_only()
     img = plan["deployments"][0]["image"]
     assert img["resolved"] is True
     assert img["image"] == the_checkout_roles_tag("vllm-node", REF, VERSIONS["spark_vllm_image_build_args"])
-    _, other = plan_of(
+    other = plan_of_only(
         image={**plan_of()[1]["deployments"][0]["image"], "ref": REF, "build_args": ["--vllm-ref", "v0.20.0"]}
     )
     assert other["deployments"][0]["image"]["image"] != img["image"]  # other arguments, another image
 
 
 def test_a_branch_is_resolved_by_the_lock_or_left_to_the_build():
-    _, unlocked = plan_of(image={"source": "eugr", "name": "vllm-node", "ref": "main", "build_args": []})
+    unlocked = plan_of_only(image={"source": "eugr", "name": "vllm-node", "ref": "main", "build_args": []})
     assert unlocked["deployments"][0]["image"]["resolved"] is False
     assert unlocked["deployments"][0]["image"]["image"] == ""
     lock = lock_for(ref="main", commit=LOCKED_IMAGE, build_args=[])
-    _, locked = plan_of(
+    locked = plan_of_only(
         image={
             "source": "eugr",
             "name": "vllm-node",
@@ -130,8 +135,8 @@ def test_a_branch_is_resolved_by_the_lock_or_left_to_the_build():
 
 def test_with_a_lock_every_entry_point_serves_the_locked_model_commit():
     """serve.yml alone and site.yml hand the plan the same inventory and lock: same argv, same tag."""
-    _, without = plan_of()
-    _, with_lock = plan_of(lock=lock_for())
+    without = plan_of_only()
+    with_lock = plan_of_only(lock=lock_for())
     argv = with_lock["deployments"][0]["members"][0]["vllm"]["argv"]
     assert argv[argv.index("--revision") + 1] == MODEL_COMMIT
     assert with_lock["deployments"][0]["profile_as_given"]["revision"] == MODEL_COMMIT
@@ -148,7 +153,7 @@ def test_an_upgrade_plans_the_inventory_s_values_and_ignores_the_lock():
         plan_of(lock=lock)
     assert "pins what was deployed" in str(refused.value) and "image.ref" in str(refused.value)
     assert "playbooks/upgrade.yml" in str(refused.value)
-    _, plan = plan_of(lock=lock, upgrade=True)
+    plan = plan_of_only(lock=lock, upgrade=True)
     dep = plan["deployments"][0]
     assert dep["image"]["commit"] == REF  # the inventory's ref, not the lock's commit
     argv = dep["members"][0]["vllm"]["argv"]
@@ -184,7 +189,7 @@ def test_the_mp_executor_runs_vllm_on_every_rank_with_the_head_as_master():
 
 
 def test_a_single_node_profile_under_ray_keeps_ray_everywhere_and_vllm_on_the_head():
-    _, plan = plan_of(profile_name="qwen3-30b-a3b")
+    plan = plan_of_only(profile_name="qwen3-30b-a3b")
     dep = plan["deployments"][0]
     assert dep["executor"] == "ray" and [m["ray"]["head"] for m in dep["members"]] == [True, False]
     assert "--distributed-executor-backend" not in dep["members"][0]["vllm"]["argv"]
@@ -192,7 +197,7 @@ def test_a_single_node_profile_under_ray_keeps_ray_everywhere_and_vllm_on_the_he
 
 
 def test_a_single_node_profile_without_ray_runs_alone_on_the_head():
-    _, plan = plan_of(profile_name="qwen3-30b-a3b", executor="mp")
+    plan = plan_of_only(profile_name="qwen3-30b-a3b", executor="mp")
     dep = plan["deployments"][0]
     assert dep["executor"] == "single" and dep["hosts"] == ["spark-1"]
     (m,) = dep["members"]
@@ -229,33 +234,34 @@ def test_a_profile_the_pinned_vllm_refuses_is_named_even_when_another_is_served(
 
 def test_a_rollback_plans_the_recorded_profile():
     recorded = {**PROFILES["qwen3-235b-a22b-gptq-int4-tp2"], "max_num_seqs": 3}
-    _, plan = plan_of(profile_override=recorded, upgrade=True)
+    plan = plan_of_only(profile_override=recorded, upgrade=True)
     argv = plan["deployments"][0]["members"][0]["vllm"]["argv"]
     assert argv[argv.index("--max-num-seqs") + 1] == "3"
 
 
 def test_a_registry_image_is_named_by_its_digest():
     digest = "ab" * 32
-    _, plan = plan_of(
+    plan = plan_of_only(
         image={"source": "registry", "name": "vllm-node", "registry_ref": f"nvcr.io/nvidia/vllm@sha256:{digest}"}
     )
     assert plan["deployments"][0]["image"]["image"] == f"vllm-node:registry-{digest[:12]}"
-    _, tagged = plan_of(image={"source": "registry", "name": "vllm-node", "registry_ref": "nvcr.io/nvidia/vllm:25.11"})
+    by_tag = {"source": "registry", "name": "vllm-node", "registry_ref": "nvcr.io/nvidia/vllm:25.11"}
+    tagged = plan_of_only(image=by_tag)
     assert tagged["deployments"][0]["image"]["resolved"] is False
 
 
 @pytest.mark.parametrize("inventory", [switch(4), ring(4)], ids=["switch-4", "ring-4"])
 def test_bigger_clusters_serve_tp2_on_the_head_and_the_next_node(inventory):
-    _, plan = plan_of(inventory, executor="mp")
+    plan = plan_of_only(inventory, executor="mp")
     dep = plan["deployments"][0]
     assert dep["hosts"] == ["spark-1", "spark-2"] and dep["nnodes"] == 2
     assert all(node_part(plan, h) == [] for h in ("spark-3", "spark-4"))
-    _, ray = plan_of(inventory)
+    ray = plan_of_only(inventory)
     assert [m["host"] for m in ray["deployments"][0]["members"] if m["ray"]] == [f"spark-{i}" for i in range(1, 5)]
 
 
 def test_the_summary_shows_every_rank_s_command_line_and_the_exact_tag():
-    _, plan = plan_of(executor="mp", lock=lock_for())
+    plan = plan_of_only(executor="mp", lock=lock_for())
     text = "\n".join(summary(plan))
     assert the_checkout_roles_tag("vllm-node", REF, VERSIONS["spark_vllm_image_build_args"]) in text
     assert "spark-2 rank 1 (worker, sparkops-vllm): vllm serve" in text and "--headless" in text
@@ -311,7 +317,7 @@ def test_an_allowed_rule_is_served_and_said():
         **_bad(extra_args=["--enforce-eager"]),
         "allow_rules": [{"rule": "no-enforce-eager", "reason": "measuring eager on GB10"}],
     }
-    _, plan = plan_of(**inputs)
+    plan = plan_of_only(**inputs)
     dep = plan["deployments"][0]
     assert "--enforce-eager" in dep["members"][0]["vllm"]["argv"]
     assert any("measuring eager on GB10" in line for line in dep["allowed_rules"])
