@@ -155,12 +155,11 @@ def version_matches(pin: str, found: str | None) -> bool:
     found = str(found).strip()
     if found == pin:
         return True
-    public = found.split("+", 1)[0]
+    public = found.partition("+")[0]
     if public == pin:
         return True
-    if public.startswith(pin + "."):
-        return re.fullmatch(r"[0-9.]+", public[len(pin) + 1 :]) is not None
-    return False
+    # Only further release numbers: ".0", ".1.2" (not ".", "..1", ".dev5" or "rc1").
+    return public.startswith(pin) and re.fullmatch(r"(\.[0-9]+)+", public[len(pin) :]) is not None
 
 
 # setuptools-scm's node-and-date local scheme writes the commit as the label's first part, "g" and the

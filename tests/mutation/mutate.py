@@ -52,12 +52,14 @@ MODULE_UTILS_PARSERS = (
 # Tests that exercise a module without importing it by name (through a module or a filter).
 EXTRA_TESTS = {
     "plugins/plugin_utils/cluster.py": ["tests/unit/plugin_utils/test_cluster.py"],
+    "plugins/module_utils/hf_cache.py": ["tests/unit/plugins/modules/test_hf_cache_manifest.py"],
     "plugins/module_utils/image_versions.py": ["tests/unit/plugins/modules/test_image_versions_cache.py"],
     "plugins/module_utils/nccl_log.py": ["tests/unit/plugins/modules/test_nccl_transport.py"],
     "plugins/module_utils/perftest.py": [
         "tests/unit/plugins/filter/test_perftest_filter.py",
         "tests/unit/plugins/modules/test_ib_write_bw.py",
     ],
+    "plugins/plugin_utils/serving_profile.py": ["tests/unit/plugins/filter/test_serving.py"],
 }
 
 CMP_SWAP = {
@@ -261,9 +263,14 @@ def tests_for(path: str, root: Path = ROOT) -> list[str]:
     module = Path(path)
     pkg, name = module.parent.name, module.stem
     pattern = re.compile(rf"(\b{pkg}\b[ .]+import\b[^\n]*\b{name}\b|\b{pkg}\.{name}\b|{pkg}/{name}\.py)")
+    # A test that puts the module's folder on sys.path and imports it by its bare name
+    # (`sys.path.insert(0, str(ROOT / "plugins" / "plugin_utils"))` then `from cluster import ...`).
+    on_path = re.compile(rf"sys\.path\.insert\([^\n]*[\"']{pkg}[\"']")
+    bare = re.compile(rf"^(from {name} import|import {name}\b)", re.M)
     found = set(EXTRA_TESTS.get(path, []))
     for test in sorted((root / "tests" / "unit").rglob("test_*.py")):
-        if test.name != SELF_TEST and pattern.search(test.read_text()):
+        text = test.read_text()
+        if test.name != SELF_TEST and (pattern.search(text) or (on_path.search(text) and bare.search(text))):
             found.add(str(test.relative_to(root)))
     # The module's own test file first: most mutants die there, and -x stops at the first failure.
     return sorted((t for t in found if (root / t).exists()), key=lambda t: (Path(t).stem != f"test_{name}", t))
