@@ -181,9 +181,10 @@ def _describe(value) -> str:
 
 
 def _coerce(key: str, kind: str, value, errors: list[str]):
-    """Return `value` as `kind`, or append a message to `errors` and return None."""
-    if kind in (_OPT_STR, _OPT_INT, _OPT_DICT) and value is None:
-        return None
+    """Return `value` as `kind`, or append a message to `errors` and return None.
+
+    A None never reaches here for a key with a default (_validate gives it the default, None for the
+    optional kinds); for a required key it is a wrong type."""
     if kind in (_STR, _OPT_STR):
         if isinstance(value, str) and value.strip():
             return str(value)
