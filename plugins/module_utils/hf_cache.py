@@ -67,10 +67,11 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-GIT_SHA1_RE = re.compile(r"^[0-9a-f]{40}$")
-MODEL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9._-]+)?$")
-REF_RE = re.compile(r"^[A-Za-z0-9._/-]+$")
+# \Z, not $: "$" also matches before a final newline, and these names become file names and link targets.
+SHA256_RE = re.compile(r"^[0-9a-f]{64}\Z")
+GIT_SHA1_RE = re.compile(r"^[0-9a-f]{40}\Z")
+MODEL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9._-]+)?\Z")
+REF_RE = re.compile(r"^[A-Za-z0-9._/-]+\Z")
 CHUNK = 8 * 1024 * 1024
 # Markers on the helper's stdout, so that shell start-up noise on a node is never parsed as a result.
 RESULT_MARK = "SPARKOPS-RESULT "
@@ -555,7 +556,7 @@ def _safe_rel(rel: str) -> bool:
 
 
 # rsync writes a file as ``.<name>.XXXXXX`` and renames it when complete; a killed rsync leaves it.
-RSYNC_TEMP_RE = re.compile(r"^\.[0-9a-f]{40,64}\.[A-Za-z0-9]{6}$")
+RSYNC_TEMP_RE = re.compile(r"^\.[0-9a-f]{40,64}\.[A-Za-z0-9]{6}\Z")
 
 
 def node_mkdirs(args: dict) -> dict:

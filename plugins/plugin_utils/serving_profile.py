@@ -244,7 +244,8 @@ def _coerce(key: str, kind: str, value, errors: list[str]):
             return None
         out = {}
         for name, item in value.items():
-            if not isinstance(name, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
+            # \Z, not $: "$" also matches before a final newline, which would end the variable's line.
+            if not isinstance(name, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*\Z", name):
                 errors.append(f"{key}: {name!r} is not a valid environment variable name")
                 continue
             if name.upper() == "VLLM_API_KEY":

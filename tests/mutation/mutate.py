@@ -318,10 +318,14 @@ def check_module(path: str, workdir: Path, args) -> tuple[int, int, list[Mutant]
     not scored (--list, or no tests)."""
     # Read from the copy: the checkout may change while a run goes on.
     root = ROOT if args.list else workdir
+    path, lines = split_spec(path)
     tests = tests_for(path, root)
-    every = mutants_of(path, root)
+    every = [m for m in mutants_of(path, root) if lines is None or lines[0] <= m.lineno <= lines[1]]
     chosen = sorted(sample(every, args.sample, args.seed), key=lambda m: (m.lineno, m.index, m.kind, m.arg))
-    print(f"\n== {path}: {len(chosen)} of {len(every)} mutants, tests: {' '.join(tests) or '(none)'}", flush=True)
+    where = f" (lines {lines[0]}-{lines[1]})" if lines else ""
+    print(
+        f"\n== {path}{where}: {len(chosen)} of {len(every)} mutants, tests: {' '.join(tests) or '(none)'}", flush=True
+    )
     if args.list:
         for m in chosen:
             print(f"  {m.path}:{m.lineno}: {m.desc}")
@@ -355,13 +359,27 @@ def check_module(path: str, workdir: Path, args) -> tuple[int, int, list[Mutant]
     return killed, len(chosen), survivors
 
 
+def split_spec(spec: str) -> tuple[str, tuple[int, int] | None]:
+    """``path`` or ``path:START-END`` (only the mutants on lines START..END, e.g. a module's pure part)."""
+    path, sep, span = spec.rpartition(":")
+    m = re.fullmatch(r"(\d+)-(\d+)", span) if sep else None
+    if not m or int(m.group(1)) > int(m.group(2)):
+        return spec, None
+    return path, (int(m.group(1)), int(m.group(2)))
+
+
 def _interrupt(_signum, _frame):
     raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("modules", nargs="*", help="module paths relative to the checkout (default: the pure modules)")
+    ap.add_argument(
+        "modules",
+        nargs="*",
+        help="module paths relative to the checkout, each optionally PATH:START-END for those lines only "
+        "(default: the pure modules)",
+    )
     ap.add_argument("--sample", type=int, default=None, help="N mutants per module, spread over the whole module")
     ap.add_argument("--seed", type=int, default=0, help="the sample's seed (default 0)")
     ap.add_argument("--timeout", type=float, default=None, help="seconds per mutant (default 5x the baseline, >= 10)")
@@ -372,9 +390,9 @@ def main(argv: list[str] | None = None) -> int:
     # A stopped run (Ctrl-C, kill) still removes its copy: SIGTERM unwinds like Ctrl-C.
     signal.signal(signal.SIGTERM, _interrupt)
     modules = args.modules or default_modules()
-    for path in modules:
-        if not (ROOT / path).is_file():
-            ap.error(f"{path}: no such module under {ROOT}")
+    for spec in modules:
+        if not (ROOT / split_spec(spec)[0]).is_file():
+            ap.error(f"{spec}: no such module under {ROOT} (PATH or PATH:START-END)")
     results = {}
     with tempfile.TemporaryDirectory(prefix="sparkops-mutation-") as tmp:
         workdir = Path(tmp)

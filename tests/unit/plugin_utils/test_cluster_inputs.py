@@ -304,3 +304,12 @@ def test_no_cycle_when_a_node_has_other_than_two_neighbours():
 @pytest.mark.parametrize("bind", ["0.0.0.0", "::"])
 def test_an_api_bound_everywhere_is_reached_at_the_heads_fast_address(bind):
     assert build_cluster(inv.pair(vllm_serve_host=bind))["endpoint"]["url"] == "http://192.168.100.11:8000"
+
+
+def test_an_env_name_with_a_final_newline_is_refused():
+    """Python's "$" matches before a final newline; in the env file it would end the line after the name."""
+    probs = problems_of(inv.pair(roce_network_env_extra={"NCCL_DEBUG\n": "INFO"}))
+    assert probs == [
+        "roce_network_env_extra: 'NCCL_DEBUG\\n' is no environment variable name (letters, digits and '_', "
+        "not starting with a digit)."
+    ]

@@ -519,3 +519,95 @@ def test_an_absent_model_still_names_a_commit_revision_and_only_blob_links_count
     assert hf_cache._blob_of(rel, "../../blobs/" + "a" * 64) == "a" * 64
     for target in ("../../refs/main", "../../blobs/..", "../../blobs/.", "../../snapshots/x", "/abs/blobs/x"):
         assert hf_cache._blob_of(rel, target) is None, target
+
+
+# --- issue 30: what a mutation run found unpinned ----------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", ["org/..", "a/b/c", "org/name\n", "gpt2\n", 7, None])
+def test_repo_dir_refuses_a_dot_dot_name_and_other_non_ids(tmp_path, bad):
+    """'org/..' matches the id's character classes; as a folder it would name the cache's parent."""
+    with pytest.raises(ValueError, match="not a Hugging Face model id"):
+        hf_cache.repo_dir(str(tmp_path), bad)
+    assert hf_cache.repo_dir(str(tmp_path), "gpt2") == os.path.join(str(tmp_path), "models--gpt2")
+    assert hf_cache.repo_dir("/c", "org/..x").endswith("models--org--..x")  # dots inside a name are a name
+
+
+def test_an_absent_model_has_an_empty_manifest(tmp_path):
+    m = hf_cache.build_manifest(str(tmp_path / "models--x--y"), REVISION)
+    assert m == {
+        "repo": "models--x--y",
+        "present": False,
+        "revision": REVISION,
+        "revision_found": False,
+        "refs": {},
+        "links": {},
+        "files": {},
+        "blobs": {},
+        "missing_blobs": [],
+        "total_bytes": 0,
+        "expected_from": None,
+        "expected_files": 0,
+        "missing_files": [],
+        "wrong_size_files": {},
+        "incomplete_downloads": {},
+        "records": {},
+        "complete": False,
+    }
+
+
+def test_referenced_blobs_are_the_snapshot_links_targets(tmp_path):
+    model = make_model(tmp_path)
+    m = hf_cache.build_manifest(str(model["repo"]), REVISION)
+    assert hf_cache.referenced_blobs(m) == set(model["names"].values())
+    assert hf_cache.referenced_blobs({}) == set()
+
+
+def test_diff_fixes_a_link_with_another_target_and_needs_no_space_for_a_longer_target_blob():
+    src = {
+        "blobs": {"a" * 64: 100},
+        "files": {},
+        "links": {"snapshots/r/x": "../../blobs/" + "a" * 64, "snapshots/r/y": "../../blobs/" + "a" * 64},
+        "refs": {},
+    }
+    dst = {
+        "blobs": {"a" * 64: 150},  # longer than the source's: rsync --inplace truncates it
+        "files": {},
+        "links": {"snapshots/r/x": "../../blobs/" + "b" * 64, "snapshots/r/y": "../../blobs/" + "a" * 64},
+        "refs": {},
+    }
+    d = hf_cache.diff_manifests(src, dst)
+    assert d["links_fix"] == {"snapshots/r/x": "../../blobs/" + "a" * 64}
+    assert d["links_create"] == {}
+    assert d["mismatched"] == ["a" * 64]
+    assert (d["bytes_to_copy"], d["bytes_needed"]) == (100, 0)
+    files = hf_cache.diff_manifests({"files": {"f": 10}}, {"files": {"f": 30}})
+    assert (files["files_mismatched"], files["bytes_needed"]) == (["f"], 0)
+
+
+def test_hashing_works_where_the_cpu_count_is_unknown(tmp_path, monkeypatch):
+    """os.cpu_count() may return None (a container that hides it): one worker then."""
+    model = make_model(tmp_path)
+    monkeypatch.setattr(hf_cache.os, "cpu_count", lambda: None)
+    blobs = model["repo"] / "blobs"
+    assert hf_cache.failing_blobs(str(blobs), list(model["names"].values())) == []
+
+
+def test_a_name_with_a_final_newline_is_no_hash_commit_or_ref(tmp_path):
+    """Python's "$" matches before a final newline: these names become file names and link targets."""
+    sha, sha1 = "a" * 64, "b" * 40
+    assert hf_cache.hash_kind(sha) == "sha256" and hf_cache.hash_kind(sha1) == "git-sha1"
+    assert hf_cache.hash_kind(sha + "\n") is None and hf_cache.hash_kind(sha1 + "\n") is None
+    assert not hf_cache.receivable_path(f"blobs/{sha}\n")
+    assert not hf_cache.link_target_ok(f"snapshots/{sha1}/config.json", f"../../blobs/{sha}\n")
+    assert hf_cache.build_manifest(str(tmp_path / "models--x--y"), sha1 + "\n")["revision"] is None
+    repo = tmp_path / "models--org--name"
+    for name, value in (("main\n", sha1), ("main", sha1 + "\n")):
+        with pytest.raises(ValueError, match="refusing ref"):
+            hf_cache.node_links({"repo": str(repo), "refs": {name: value}})
+    assert not (repo / "refs").exists() or list((repo / "refs").iterdir()) == []
+    (repo / "blobs").mkdir(parents=True)
+    leftover = repo / "blobs" / f".{sha}.Ab12Cd\n"  # not what a killed rsync leaves: kept
+    leftover.write_bytes(b"x")
+    assert hf_cache.node_mkdirs({"repo": str(repo)})["stale_temp_removed"] == []
+    assert leftover.exists()

@@ -741,6 +741,7 @@ def test_values_are_coerced_to_their_kind(key, value, want):
         ("env", ["A=1"], "env must be a mapping of environment variable names to values, got ['A=1'] (list)"),
         ("env", {"A": [1]}, "env.A must be a string or a number, got [1] (list)"),
         ("env", {"1A": "x"}, "env: '1A' is not a valid environment variable name"),
+        ("env", {"VLLM_X\n": "1"}, "env: 'VLLM_X\\n' is not a valid environment variable name"),
         (
             "extra_args",
             ["--a", 1],
@@ -838,3 +839,20 @@ def test_a_cutlass_linear_backend_is_refused_only_on_fp4_weights(profiles, refer
         ], found
     # a flag at the end without its value is no CUTLASS choice
     assert profile_violations(dict(reference, extra_args=["--fp4-backend"]), 2) == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"gpus_total": 0}, "gpus_total must be a positive integer, got 0"),
+        ({"gpus_total": True}, "gpus_total must be a positive integer, got True"),
+        ({"gpus_total": 2, "gpus_per_node": 0}, "gpus_per_node must be a positive integer, got 0"),
+        ({"gpus_total": 2, "gpus_per_node": True}, "gpus_per_node must be a positive integer, got True"),
+        ({"gpus_total": 2, "node_memory_gib": 0}, "node_memory_gib must be a positive number, got 0"),
+        ({"gpus_total": 2, "node_memory_gib": "128"}, "node_memory_gib must be a positive number, got '128'"),
+    ],
+)
+def test_cluster_arguments_are_refused_before_any_division(reference, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        profile_violations(reference, **kwargs)
+    assert profile_violations(reference, 2, node_memory_gib=128.0, gpus_per_node=1) == []
