@@ -679,8 +679,8 @@ def canonical_link_target(rel: str) -> str | None:
     """The only target accepted for the snapshot link ``rel`` (``snapshots/<rev>/<path>``): the one
     huggingface_hub writes (os.path.relpath to the blob), ``../`` up to the model's folder then
     ``blobs/<hash>``. None when ``rel`` is not such a path."""
-    parts = rel.split("/")
-    if len(parts) < 3 or parts[0] != "snapshots" or not _safe_rel(rel) or any(p in ("", ".", "..") for p in parts):
+    parts = rel.split("/")  # _safe_rel refuses empty, "." and ".." components (normpath would change them)
+    if len(parts) < 3 or parts[0] != "snapshots" or not _safe_rel(rel):
         return None
     return "../" * (len(parts) - 1) + "blobs/"
 

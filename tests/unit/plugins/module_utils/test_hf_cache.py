@@ -611,3 +611,23 @@ def test_a_name_with_a_final_newline_is_no_hash_commit_or_ref(tmp_path):
     leftover.write_bytes(b"x")
     assert hf_cache.node_mkdirs({"repo": str(repo)})["stale_temp_removed"] == []
     assert leftover.exists()
+
+
+@pytest.mark.parametrize(
+    "rel",
+    [
+        f"snapshots//{REVISION}/a",
+        f"snapshots/{REVISION}/",
+        f"snapshots/{REVISION}/./a",
+        f"snapshots/{REVISION}/../a",
+        f"snapshots/{REVISION}/a/..",
+        f"snapshots/{REVISION}/.",
+        f"./snapshots/{REVISION}/a",
+        f"/snapshots/{REVISION}/a",
+        f"../snapshots/{REVISION}/a",
+    ],
+)
+def test_a_snapshot_path_with_an_empty_dot_or_dot_dot_part_has_no_link_target(rel):
+    assert hf_cache.canonical_link_target(rel) is None
+    assert not hf_cache.receivable_path(rel)
+    assert hf_cache.canonical_link_target(f"snapshots/{REVISION}/original/a") == "../../../blobs/"

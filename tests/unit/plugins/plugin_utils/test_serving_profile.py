@@ -856,3 +856,32 @@ def test_cluster_arguments_are_refused_before_any_division(reference, kwargs, ma
     with pytest.raises(ValueError, match=match):
         profile_violations(reference, **kwargs)
     assert profile_violations(reference, 2, node_memory_gib=128.0, gpus_per_node=1) == []
+
+
+def test_every_allow_entry_is_judged_after_a_bad_one():
+    entries = [
+        "no-cutlass-fp4",
+        {"rule": "no-cutlass-fp4", "reason": "a", "by": "me"},
+        {"rule": "no-such-rule", "reason": "x"},
+        {"rule": "no-enforce-eager", "reason": " "},
+        {"rule": "not-recommended", "reason": " validated on sim-v2 by ops "},
+        {"rule": "not-recommended", "reason": "again"},
+        {"rule": "no-enforce-eager", "reason": "ok"},
+    ]
+    allowed, problems = check_allow_rules(entries)
+    assert allowed == {"not-recommended": "validated on sim-v2 by ops", "no-enforce-eager": "ok"}
+    assert [p.split(" ", 1)[0].rstrip(":") for p in problems] == [f"sparkops_allow_rules[{i}]" for i in (0, 1, 2, 3, 5)]
+    assert check_allow_rules(None) == ({}, [])
+
+
+def test_a_small_node_is_judged_not_refused_as_an_argument(reference):
+    found = profile_violations(reference, 2, node_memory_gib=1)
+    assert len(found) == 1 and found[0].startswith("the model does not fit"), found
+    assert "vLLM may use only node_memory_gib 1 x gpu_memory_utilization 0.87 = 0.9 GiB per GPU" in found[0]
+
+
+@pytest.mark.parametrize(("wanted", "ok"), [("0.19", True), ("0.19.0", True), ("v0.19.0", True), ("0.19.1", False)])
+def test_min_vllm_version_without_a_patch_number_is_patch_0(reference, wanted, ok):
+    contract = load_contract(_pinned())
+    found = profile_violations(dict(reference, min_vllm_version=wanted), 2, contract=contract)
+    assert (found == []) is ok, found
