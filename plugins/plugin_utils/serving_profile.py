@@ -666,7 +666,7 @@ def _split(found: list[tuple[str | None, str]], allowed: dict[str, str]) -> dict
     refused: list[str] = []
     allowed_out: list[dict] = []
     for rule, message in found:
-        if rule is not None and rule in allowed:
+        if rule in allowed:  # never None: allowed holds rule names only (check_allow_rules)
             allowed_out.append({"rule": rule, "reason": allowed[rule], "message": message})
         elif rule is not None:
             refused.append(message + _ALLOW_HINT.format(rule=rule))
