@@ -94,8 +94,8 @@ def _blob_of(link_rel: str, target: str) -> str | None:
     if os.path.isabs(target):
         return None
     resolved = os.path.normpath(os.path.join(os.path.dirname(link_rel), target))
-    parts = resolved.split(os.sep)
-    if len(parts) == 2 and parts[0] == "blobs" and parts[1] not in ("", ".", ".."):
+    parts = resolved.split(os.sep)  # normpath leaves no empty, "." or ".." part after "blobs"
+    if len(parts) == 2 and parts[0] == "blobs":
         return parts[1]
     return None
 

@@ -631,3 +631,21 @@ def test_a_snapshot_path_with_an_empty_dot_or_dot_dot_part_has_no_link_target(re
     assert hf_cache.canonical_link_target(rel) is None
     assert not hf_cache.receivable_path(rel)
     assert hf_cache.canonical_link_target(f"snapshots/{REVISION}/original/a") == "../../../blobs/"
+
+
+@pytest.mark.parametrize(
+    ("target", "blob"),
+    [
+        ("../../blobs/" + "a" * 64, "a" * 64),
+        ("../../blobs/./" + "a" * 64, "a" * 64),
+        ("../../blobs/", None),
+        ("../../blobs/.", None),
+        ("../../blobs/..", None),
+        ("../../blobs/x/..", None),
+        ("../../blobs", None),
+        ("/repo/blobs/" + "a" * 64, None),
+        ("../../../blobs/" + "a" * 64, None),
+    ],
+)
+def test_the_blob_a_snapshot_link_names(target, blob):
+    assert hf_cache.referenced_blobs({"links": {f"snapshots/{REVISION}/a": target}}) == ({blob} if blob else set())
