@@ -492,12 +492,12 @@ def plan_streams(blobs_with_sizes, streams: int) -> list:
     if not items:
         return []
     n = max(1, min(int(streams), len(items)))
-    bins: list = [[0, i, []] for i in range(n)]
+    bins: list = [[0, []] for _stream in range(n)]
     for name, size in sorted(items, key=lambda kv: (-kv[1], kv[0])):
-        target = min(bins, key=lambda b: (b[0], b[1]))
+        target = min(bins, key=lambda b: b[0])  # min() gives the first of equally light bins
         target[0] += size
-        target[2].append(name)
-    return [b[2] for b in bins if b[2]]
+        target[1].append(name)
+    return [b[1] for b in bins if b[1]]
 
 
 def nearest_existing(path: str) -> str:

@@ -649,3 +649,119 @@ def test_a_snapshot_path_with_an_empty_dot_or_dot_dot_part_has_no_link_target(re
 )
 def test_the_blob_a_snapshot_link_names(target, blob):
     assert hf_cache.referenced_blobs({"links": {f"snapshots/{REVISION}/a": target}}) == ({blob} if blob else set())
+
+
+def test_an_absent_commit_is_never_complete(tmp_path):
+    model = make_model(tmp_path)
+    write_listing(model["repo"], "2" * 40)  # a listing of a commit whose snapshot is not here
+    m = hf_cache.build_manifest(str(model["repo"]), "2" * 40)
+    assert (m["revision"], m["revision_found"], m["complete"], m["expected_from"]) == ("2" * 40, False, False, None)
+    assert hf_cache.completeness_problems(m) == ["the revision's snapshot is absent"]
+
+
+def test_a_stray_partial_download_keeps_a_model_without_a_listing_incomplete(tmp_path):
+    model = make_model(tmp_path)
+    assert hf_cache.build_manifest(str(model["repo"]), REVISION)["complete"]
+    (model["repo"] / "blobs" / ("e" * 64 + ".incomplete")).write_bytes(b"x" * 10)
+    m = hf_cache.build_manifest(str(model["repo"]), REVISION)
+    assert (m["complete"], m["incomplete_downloads"]) == (False, {"e" * 64: 10})
+    why = f"1 interrupted download(s) (blobs/*.incomplete): {'e' * 12}... at 10 bytes"
+    assert hf_cache.completeness_problems(m) == [why]
+
+
+def test_a_listing_that_is_a_link_is_no_record(tmp_path):
+    model = make_model(tmp_path)
+    write_listing(model["repo"])
+    rec = model["repo"] / ".sparkops" / f"{REVISION}.json"
+    assert set(hf_cache.build_manifest(str(model["repo"]), REVISION)["records"]) == {f".sparkops/{REVISION}.json"}
+    elsewhere = tmp_path / "listing.json"
+    rec.rename(elsewhere)
+    rec.symlink_to(elsewhere)
+    assert hf_cache.build_manifest(str(model["repo"]), REVISION)["records"] == {}
+
+
+def test_the_hash_record_says_when_each_blob_was_hashed(tmp_path):
+    model = make_model(tmp_path)
+    name = model["names"]["config.json"]
+    hf_cache.save_hash_record(str(model["repo"]), [name, "0" * 64])  # an absent blob is not recorded
+    data = json.loads((model["repo"] / ".sparkops" / "hashed-blobs.json").read_text())
+    assert data["format"] == "sparkops-hashed-blobs/1" and list(data["blobs"]) == [name]
+    st = (model["repo"] / "blobs" / name).stat()
+    rec = data["blobs"][name]
+    assert (rec["size"], rec["mtime_ns"]) == (st.st_size, st.st_mtime_ns)
+    assert rec["hashed_at"].endswith("Z") and len(rec["hashed_at"]) == len("2026-11-25T04:00:00Z")
+
+
+def test_diff_names_extra_blobs_and_files_missing_or_mismatched():
+    src = {"blobs": {"a" * 64: 5}, "files": {"s/r/x": 3, "s/r/y": 4}}
+    dst = {"blobs": {"a" * 64: 5, "b" * 64: 7}, "files": {"s/r/y": 9}}
+    d = hf_cache.diff_manifests(src, dst)
+    assert d["extra"] == ["b" * 64] and d["missing"] == [] and d["mismatched"] == []
+    assert (d["files_missing"], d["files_mismatched"]) == (["s/r/x"], ["s/r/y"])
+    assert d["copy"] == {"s/r/x": 3, "s/r/y": 4} and d["bytes_needed"] == 3
+    assert set(d) == {
+        "missing", "mismatched", "extra", "files_missing", "files_mismatched", "links_create", "links_fix",
+        "refs_update", "copy", "bytes_to_copy", "bytes_needed", "in_sync",
+    }  # fmt: skip
+
+
+def test_hashing_uses_a_few_threads_never_more_than_blobs(tmp_path, monkeypatch):
+    model = make_model(tmp_path)
+    names = list(model["names"].values())
+    seen = []
+    real = hf_cache.ThreadPoolExecutor
+
+    def recording(max_workers):
+        seen.append(max_workers)
+        return real(max_workers=max_workers)
+
+    monkeypatch.setattr(hf_cache, "ThreadPoolExecutor", recording)
+    monkeypatch.setattr(hf_cache.os, "cpu_count", lambda: 64)
+    blobs = str(model["repo"] / "blobs")
+    hf_cache.failing_blobs(blobs, names)
+    hf_cache.failing_blobs(blobs, names[:2])
+    hf_cache.failing_blobs(blobs, names, workers=3)
+    monkeypatch.setattr(hf_cache.os, "cpu_count", lambda: 2)
+    hf_cache.failing_blobs(blobs, names)
+    assert seen == [min(8, len(names)), 2, 3, 2]
+    assert len(names) > 2
+
+
+def test_plan_streams_takes_the_largest_first_and_at_least_one_stream():
+    assert hf_cache.plan_streams({"a": 1, "b": 1, "c": 2}, 2) == [["c"], ["a", "b"]]
+    assert hf_cache.plan_streams([("a", 1), ("b", 3)], 1) == [["b", "a"]]
+    assert hf_cache.plan_streams({"a": 1, "b": 3}, 0) == [["b", "a"]]
+    assert hf_cache.plan_streams({"a": 2, "b": 2}, "2") == [["a"], ["b"]]
+
+
+def test_a_path_on_no_filesystem_ends_at_the_root(monkeypatch):
+    monkeypatch.setattr(hf_cache.os.path, "exists", lambda _path: False)
+    assert hf_cache.nearest_existing("/no/such/mount/x") == "/"
+
+
+def test_node_manifest_without_blobs_to_hash(tmp_path):
+    model = make_model(tmp_path)
+    out = hf_cache.node_manifest({"repo": str(model["repo"]), "revision": REVISION})
+    assert out["hash_failed"] == [] and out["manifest"]["complete"]
+    assert out["hash_record"]["never_hashed"] == len(model["names"])
+    assert not (model["repo"] / ".sparkops" / "hashed-blobs.json").exists()
+
+
+@pytest.mark.parametrize("part", ["", ".", "..", "a/b", "a\0b"])
+def test_a_folder_name_that_is_no_plain_name_is_refused(tmp_path, part):
+    repo = tmp_path / "models--org--name"
+    refused = pytest.raises(ValueError, match="is not a plain folder name")
+    with refused, hf_cache.repo_subdir(str(repo), ["snapshots", part]):
+        pass
+    assert not (tmp_path / "models--org--b").exists()
+
+
+def test_folders_are_made_0755(tmp_path):
+    old = os.umask(0o022)
+    try:
+        with hf_cache.repo_subdir(str(tmp_path / "models--org--name"), ["snapshots", "r"]):
+            pass
+    finally:
+        os.umask(old)
+    assert (tmp_path / "models--org--name" / "snapshots" / "r").stat().st_mode & 0o777 == 0o755
+    assert (tmp_path / "models--org--name" / "snapshots").stat().st_mode & 0o777 == 0o755

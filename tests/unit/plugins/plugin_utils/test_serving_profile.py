@@ -885,3 +885,17 @@ def test_min_vllm_version_without_a_patch_number_is_patch_0(reference, wanted, o
     contract = load_contract(_pinned())
     found = profile_violations(dict(reference, min_vllm_version=wanted), 2, contract=contract)
     assert (found == []) is ok, found
+
+
+def test_the_mxfp4_marlin_switch_is_no_moe_knob_for_nvfp4(profiles):
+    """A release without --moe-backend marlin but with VLLM_MXFP4_USE_MARLIN: that switch is mxfp4's only."""
+    old = copy.deepcopy(load_contract("0.19.0"))
+    old["vllm_version"] = "0.0.2-test"
+    del old["serve_options"]["--moe-backend"]
+    assert "VLLM_MXFP4_USE_MARLIN" in old["env_vars"]
+    nvfp4 = dict(profiles["qwen3.5-122b-a10b-nvfp4"], moe_backend=None)
+    found = contract_violations(nvfp4, old)
+    assert any("vLLM 0.0.2-test has no knob to put FP4 MoE on Marlin" in f for f in found), found
+    assert not any("set env VLLM_MXFP4_USE_MARLIN=1" in f for f in found), found
+    gptoss = dict(profiles["gpt-oss-120b-mxfp4"], moe_backend=None, env={})
+    assert any("set env VLLM_MXFP4_USE_MARLIN=1" in f for f in contract_violations(gptoss, old))
