@@ -194,7 +194,7 @@ def same_commit(a: str, b: str) -> bool:
     a, b = str(a).strip().lower(), str(b).strip().lower()
     if len(a) < 7 or len(b) < 7:
         return False
-    return a.startswith(b) if len(a) >= len(b) else b.startswith(a)
+    return a.startswith(b) or b.startswith(a)  # only the longer can start with the other
 
 
 def vllm_problem(found: dict, pin_version: str | None, pin_commit: str | None) -> str | None:
@@ -222,7 +222,7 @@ def vllm_problem(found: dict, pin_version: str | None, pin_commit: str | None) -
         if same_commit(have_commit, pin_commit):
             return None
         return f"vllm: the image carries {have} (commit {have_commit}), the pin ({where}) is {want}"
-    if have is not None and pin_version not in (None, "") and str(have).split("+", 1)[0] == str(pin_version).strip():
+    if have is not None and pin_version not in (None, "") and str(have).partition("+")[0] == str(pin_version).strip():
         return None
     return (
         f"vllm: the image carries {have if have is not None else 'none'} (commit unknown: no +g label, no commit in "

@@ -297,6 +297,9 @@ def test_no_cycle_when_a_node_has_other_than_two_neighbours():
     hosts = ["a", "b", "c", "d"]
     full = {h: {o for o in hosts if o != h} for h in hosts}  # every node three neighbours
     assert cluster._cycle(hosts, full) is None
+    # a ring with a chord b-d: the walk a-b-c-d-a visits every node, but b and d have three neighbours
+    chord = {"a": {"b", "d"}, "b": {"a", "c", "d"}, "c": {"b", "d"}, "d": {"a", "b", "c"}}
+    assert cluster._cycle(hosts, chord) is None
     ring = {"a": {"b", "d"}, "b": {"a", "c"}, "c": {"b", "d"}, "d": {"c", "a"}}
     assert cluster._cycle(hosts, ring) == ["a", "b", "c", "d"]
 

@@ -188,6 +188,8 @@ def test_same_commit_needs_seven_hex_and_a_prefix():
     assert iv.same_commit("2a69949", "2a69949bd")
     assert iv.same_commit(" 2A69949BD", "2a69949\n")
     assert not iv.same_commit("2a6", "2a69949bd")  # too short on either side
+    assert not iv.same_commit("2a6994", "2a69949bd")
+    assert not iv.same_commit("2a69949bd", "2a6994")
     assert not iv.same_commit("2a69949bd", "2a6994")
     assert not iv.same_commit("2a69949bd", "2a69949be")
 
