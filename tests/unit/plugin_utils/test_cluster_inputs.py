@@ -316,3 +316,32 @@ def test_an_env_name_with_a_final_newline_is_refused():
         "roce_network_env_extra: 'NCCL_DEBUG\\n' is no environment variable name (letters, digits and '_', "
         "not starting with a digit)."
     ]
+
+
+def test_forward_rules_are_the_exact_iptables_arguments():
+    rules = cluster._forward_rules(["f0", "f1"])
+    assert rules == [
+        {
+            "where": ["-I", "SPARKOPS-FWD", "1"],
+            "rule": ["-i", "f0", "-o", "f1", "-m", "comment", "--comment", "sparkops: ring forwarding f0 to f1",
+                     "-j", "ACCEPT"],
+        },
+        {
+            "where": ["-I", "SPARKOPS-FWD", "1"],
+            "rule": ["-i", "f1", "-o", "f0", "-m", "comment", "--comment", "sparkops: ring forwarding f1 to f0",
+                     "-j", "ACCEPT"],
+        },
+        {
+            "where": ["-A", "SPARKOPS-FWD"],
+            "rule": ["-m", "comment", "--comment", "sparkops: no other forwarding to or from the fast links",
+                     "-j", "DROP"],
+        },
+    ] + [
+        {
+            "where": ["-I", "FORWARD", "1"],
+            "rule": [flag, dev, "-m", "comment", "--comment", f"sparkops: forwarding {way} {dev}",
+                     "-j", "SPARKOPS-FWD"],
+        }
+        for dev in ("f0", "f1")
+        for flag, way in (("-i", "from"), ("-o", "to"))
+    ]  # fmt: skip

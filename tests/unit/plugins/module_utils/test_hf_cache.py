@@ -106,6 +106,7 @@ def test_listed_size_decides_and_the_hub_tree_cache_is_read(tmp_path):
     m = hf_cache.build_manifest(str(repo), "main")
     assert m["expected_from"] == "hub tree cache"
     assert not m["complete"] and m["wrong_size_files"] == {shard: [999, 256 * 1024]}
+    assert list(m["records"]) == [f"trees/{REVISION}.json"]  # travels with the model like ours
     # A listed file absent from the snapshot altogether.
     files = write_listing(repo, **{"extra/tokenizer.json": {"size": 10, "blob_id": "a" * 40}})
     m = hf_cache.build_manifest(str(repo), "main")
@@ -718,13 +719,15 @@ def test_hashing_uses_a_few_threads_never_more_than_blobs(tmp_path, monkeypatch)
     monkeypatch.setattr(hf_cache, "ThreadPoolExecutor", recording)
     monkeypatch.setattr(hf_cache.os, "cpu_count", lambda: 64)
     blobs = str(model["repo"] / "blobs")
-    hf_cache.failing_blobs(blobs, names)
+    absent = [f"{i:064x}" for i in range(1, 11)]
+    done = []
+    assert hf_cache.failing_blobs(blobs, names + absent, progress=lambda n, ok: done.append((n, ok))) == absent
+    assert sorted(done) == sorted([(n, True) for n in names] + [(n, False) for n in absent])
     hf_cache.failing_blobs(blobs, names[:2])
     hf_cache.failing_blobs(blobs, names, workers=3)
     monkeypatch.setattr(hf_cache.os, "cpu_count", lambda: 2)
     hf_cache.failing_blobs(blobs, names)
-    assert seen == [min(8, len(names)), 2, 3, 2]
-    assert len(names) > 2
+    assert seen == [8, 2, 3, 2]  # at most 8 threads, at most one a blob, at most one a CPU
 
 
 def test_plan_streams_takes_the_largest_first_and_at_least_one_stream():
@@ -765,3 +768,10 @@ def test_folders_are_made_0755(tmp_path):
         os.umask(old)
     assert (tmp_path / "models--org--name" / "snapshots" / "r").stat().st_mode & 0o777 == 0o755
     assert (tmp_path / "models--org--name" / "snapshots").stat().st_mode & 0o777 == 0o755
+
+
+def test_a_snapshot_folder_named_like_an_unknown_branch_is_not_that_revision(tmp_path):
+    model = make_model(tmp_path)
+    (model["repo"] / "snapshots" / "no-such-branch").mkdir()
+    m = hf_cache.build_manifest(str(model["repo"]), "no-such-branch")
+    assert (m["revision"], m["revision_found"], m["links"]) == (None, False, {})
