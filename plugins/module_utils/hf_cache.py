@@ -467,19 +467,19 @@ def failing_blobs(blob_dir: str, names, workers: int | None = None, progress=Non
     if not names:
         return []
 
-    def bad(name: str) -> bool:
+    def bad(name: str) -> str | None:
+        """``name`` when its blob fails, else None."""
         try:
             failed = not verify_blob(os.path.join(blob_dir, name), name)
         except OSError:
             failed = True
         if progress is not None:
             progress(name, not failed)
-        return failed
+        return name if failed else None
 
     workers = workers or max(1, min(8, os.cpu_count() or 1, len(names)))
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        flags = list(pool.map(bad, names))
-    return sorted(n for n, f in zip(names, flags, strict=True) if f)
+        return sorted(n for n in pool.map(bad, names) if n)
 
 
 def plan_streams(blobs_with_sizes, streams: int) -> list:
