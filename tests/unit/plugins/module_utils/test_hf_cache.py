@@ -748,6 +748,13 @@ def test_node_manifest_without_blobs_to_hash(tmp_path):
     assert out["hash_failed"] == [] and out["manifest"]["complete"]
     assert out["hash_record"]["never_hashed"] == len(model["names"])
     assert not (model["repo"] / ".sparkops" / "hashed-blobs.json").exists()
+    # what hf_cache_sync reads from it: space, ownership for the copy, and whether rsync is there
+    assert set(out) == {
+        "hash_record", "repo_path", "manifest", "free_bytes", "free_path", "rsync", "hash_failed", "uid", "gid",
+    }  # fmt: skip
+    assert (out["uid"], out["gid"], out["repo_path"]) == (os.getuid(), os.getgid(), str(model["repo"]))
+    assert out["free_bytes"] == hf_cache.free_bytes(str(model["repo"])) > 0
+    assert out["free_path"] == str(model["repo"])
 
 
 @pytest.mark.parametrize("part", ["", ".", "..", "a/b", "a\0b"])
