@@ -753,7 +753,7 @@ def test_node_manifest_without_blobs_to_hash(tmp_path):
         "hash_record", "repo_path", "manifest", "free_bytes", "free_path", "rsync", "hash_failed", "uid", "gid",
     }  # fmt: skip
     assert (out["uid"], out["gid"], out["repo_path"]) == (os.getuid(), os.getgid(), str(model["repo"]))
-    assert out["free_bytes"] == hf_cache.free_bytes(str(model["repo"])) > 0
+    assert isinstance(out["free_bytes"], int) and out["free_bytes"] > 0  # another process may write meanwhile
     assert out["free_path"] == str(model["repo"])
 
 
