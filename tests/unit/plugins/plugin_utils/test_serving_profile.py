@@ -741,6 +741,7 @@ def test_values_are_coerced_to_their_kind(key, value, want):
         ("env", ["A=1"], "env must be a mapping of environment variable names to values, got ['A=1'] (list)"),
         ("env", {"A": [1]}, "env.A must be a string or a number, got [1] (list)"),
         ("env", {"1A": "x"}, "env: '1A' is not a valid environment variable name"),
+        ("env", {1: "x"}, "env: 1 is not a valid environment variable name"),  # YAML reads `1: x` as an int
         ("env", {"VLLM_X\n": "1"}, "env: 'VLLM_X\\n' is not a valid environment variable name"),
         (
             "extra_args",
