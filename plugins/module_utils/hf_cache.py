@@ -531,10 +531,9 @@ def node_manifest(args: dict) -> dict:
     expected = args.get("hash") or {}
     wanted = [n for n, size in expected.items() if manifest["blobs"].get(n) == size]
     status = hash_record_status(repo, list(manifest["blobs"]))
-    hash_failed = []
-    if wanted and args.get("record", True):
-        hash_failed = verify_and_record(repo, wanted)
-    elif wanted:  # check mode: nothing may be written, not even the hash record
+    if args.get("record", True):
+        hash_failed = verify_and_record(repo, wanted)  # nothing to hash: nothing hashed or written
+    else:  # check mode: nothing may be written, not even the hash record
         hash_failed = failing_blobs(os.path.join(repo, "blobs"), wanted)
     return {
         "hash_record": {k: len(v) for k, v in status.items()}

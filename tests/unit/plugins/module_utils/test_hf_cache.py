@@ -782,3 +782,21 @@ def test_a_snapshot_folder_named_like_an_unknown_branch_is_not_that_revision(tmp
     (model["repo"] / "snapshots" / "no-such-branch").mkdir()
     m = hf_cache.build_manifest(str(model["repo"]), "no-such-branch")
     assert (m["revision"], m["revision_found"], m["links"]) == (None, False, {})
+
+
+def test_a_linked_blob_that_is_absent_keeps_a_model_without_a_listing_incomplete(tmp_path):
+    model = make_model(tmp_path)
+    shard = model["names"]["model-00002-of-00003.safetensors"]
+    (model["repo"] / "blobs" / shard).unlink()
+    m = hf_cache.build_manifest(str(model["repo"]), REVISION)
+    assert (m["expected_from"], m["missing_files"], m["missing_blobs"]) == ("links only", [], [shard])
+    assert not m["complete"]
+    assert hf_cache.completeness_problems(m) == [f"1 linked blob(s) are absent: {shard}"]
+
+
+def test_hash_record_status_goes_on_past_an_absent_blob(tmp_path):
+    model = make_model(tmp_path)
+    names = sorted(model["names"].values())
+    hf_cache.save_hash_record(str(model["repo"]), names[1:2])
+    status = hf_cache.hash_record_status(str(model["repo"]), ["0" * 64, *names])
+    assert status == {"unchanged": names[1:2], "changed_since_hashed": [], "never_hashed": names[:1] + names[2:]}

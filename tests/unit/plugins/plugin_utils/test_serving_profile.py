@@ -900,3 +900,27 @@ def test_the_mxfp4_marlin_switch_is_no_moe_knob_for_nvfp4(profiles):
     assert not any("set env VLLM_MXFP4_USE_MARLIN=1" in f for f in found), found
     gptoss = dict(profiles["gpt-oss-120b-mxfp4"], moe_backend=None, env={})
     assert any("set env VLLM_MXFP4_USE_MARLIN=1" in f for f in contract_violations(gptoss, old))
+
+
+def test_every_env_entry_is_judged_after_the_api_key():
+    with pytest.raises(ValueError) as exc:
+        normalize_profile({**_BASE, "env": {"VLLM_API_KEY": "k", "1A": "x", "B": [1]}})
+    problems = str(exc.value).removeprefix("invalid serving profile: ").split("; ")
+    assert [p.split(" ", 1)[0] for p in problems] == ["env:", "env:", "env.B"]
+    assert "VLLM_API_KEY would put the key" in problems[0] and "'1A'" in problems[1]
+
+
+def test_an_mxfp4_model_on_a_release_with_neither_moe_knob_is_refused(profiles):
+    bare = copy.deepcopy(load_contract("0.19.0"))
+    bare["vllm_version"] = "0.0.3-test"
+    del bare["serve_options"]["--moe-backend"]
+    bare["env_vars"] = [n for n in bare["env_vars"] if n != "VLLM_MXFP4_USE_MARLIN"]
+    gptoss = dict(profiles["gpt-oss-120b-mxfp4"], moe_backend=None, env={})
+    found = contract_violations(gptoss, bare)
+    assert any("vLLM 0.0.3-test has no knob to put FP4 MoE on Marlin" in f for f in found), found
+
+
+def test_vllm_serve_args_refuses_a_node_without_gpus(reference):
+    with pytest.raises(ValueError, match="gpus_per_node must be a positive integer, got 0"):
+        vllm_serve_args(reference, "0.0.0.0", 8000, gpus_per_node=0)
+    assert "--distributed-executor-backend" not in vllm_serve_args(reference, "0.0.0.0", 8000, gpus_per_node=2)
