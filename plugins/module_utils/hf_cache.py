@@ -492,12 +492,12 @@ def plan_streams(blobs_with_sizes, streams: int) -> list:
     if not items:
         return []
     n = max(1, min(int(streams), len(items)))
-    bins: list = [[0, []] for _stream in range(n)]
-    for name, size in sorted(items, key=lambda kv: (-kv[1], kv[0])):
-        target = min(bins, key=lambda b: b[0])  # min() gives the first of equally light bins
-        target[0] += size
-        target[1].append(name)
-    return [b[1] for b in bins if b[1]]
+    sizes = dict(items)
+    bins: list = [[] for _stream in range(n)]
+    for name, _size in sorted(items, key=lambda kv: (-kv[1], kv[0])):
+        # The lightest bin (min() gives the first of equally light ones); a model has some hundred files.
+        min(bins, key=lambda b: sum(sizes[x] for x in b)).append(name)
+    return [b for b in bins if b]
 
 
 def nearest_existing(path: str) -> str:
@@ -582,7 +582,7 @@ def node_mkdirs(args: dict) -> dict:
 # missing with mkdir(dir_fd=...), and writes, links and renames relative to the last folder's fd: a link
 # anywhere on the way makes the walk fail instead of leading out of the cache.
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def _open_component(name: str, dir_fd: int, create: bool, where: str) -> int:
@@ -612,7 +612,7 @@ def open_repo(repo: str, create: bool = True) -> int:
     parent, name = os.path.split(os.path.abspath(repo))
     if create:
         os.makedirs(parent, exist_ok=True)
-    pfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+    pfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         return _open_component(name, pfd, create, repo)
     finally:

@@ -345,3 +345,10 @@ def test_forward_rules_are_the_exact_iptables_arguments():
         for dev in ("f0", "f1")
         for flag, way in (("-i", "from"), ("-o", "to"))
     ]  # fmt: skip
+
+
+def test_a_host_without_hostvars_is_reported_not_a_crash():
+    inputs = inv.pair()
+    inputs["hostvars"]["spark-2"] = None
+    probs = problems_of(inputs)
+    assert any(p.startswith("spark-2 has no usable 'sparkops_fast_links'") for p in probs), probs

@@ -723,11 +723,11 @@ def test_hashing_uses_a_few_threads_never_more_than_blobs(tmp_path, monkeypatch)
     done = []
     assert hf_cache.failing_blobs(blobs, names + absent, progress=lambda n, ok: done.append((n, ok))) == absent
     assert sorted(done) == sorted([(n, True) for n in names] + [(n, False) for n in absent])
-    hf_cache.failing_blobs(blobs, names[:2])
+    hf_cache.failing_blobs(blobs, names[:1])
     hf_cache.failing_blobs(blobs, names, workers=3)
     monkeypatch.setattr(hf_cache.os, "cpu_count", lambda: 2)
     hf_cache.failing_blobs(blobs, names)
-    assert seen == [8, 2, 3, 2]  # at most 8 threads, at most one a blob, at most one a CPU
+    assert seen == [8, 1, 3, 2]  # at most 8 threads, at most one a blob, at most one a CPU
 
 
 def test_plan_streams_takes_the_largest_first_and_at_least_one_stream():
@@ -800,3 +800,36 @@ def test_hash_record_status_goes_on_past_an_absent_blob(tmp_path):
     hf_cache.save_hash_record(str(model["repo"]), names[1:2])
     status = hf_cache.hash_record_status(str(model["repo"]), ["0" * 64, *names])
     assert status == {"unchanged": names[1:2], "changed_since_hashed": [], "never_hashed": names[:1] + names[2:]}
+
+
+def test_a_broken_listing_or_index_falls_back_instead_of_crashing(tmp_path):
+    model = make_model(tmp_path, index=True)
+    repo = model["repo"]
+    (repo / ".sparkops").mkdir()
+    (repo / ".sparkops" / f"{REVISION}.json").write_text("{not json")
+    m = hf_cache.build_manifest(str(repo), REVISION)
+    assert (m["expected_from"], m["complete"]) == ("model index", True)
+    index = repo / "snapshots" / REVISION / "model.safetensors.index.json"
+    target = index.resolve()
+    index.unlink()
+    index.write_text(json.dumps({"metadata": {}}))  # no weight_map
+    assert hf_cache.expected_files(str(repo), REVISION) == ({}, "links only")
+    index.unlink()
+    index.symlink_to(target)
+
+
+def test_every_missing_file_is_named(tmp_path):
+    model = make_model(tmp_path)
+    write_listing(
+        model["repo"], **{"a.json": {"size": 1, "blob_id": "a" * 40}, "b.json": {"size": 2, "blob_id": "b" * 40}}
+    )
+    m = hf_cache.build_manifest(str(model["repo"]), REVISION)
+    assert m["missing_files"] == ["a.json", "b.json"]
+    assert hf_cache.completeness_problems(m)[0] == "2 of 6 files listed by the hub listing are absent: a.json, b.json"
+
+
+def test_a_missing_link_alone_is_not_in_sync():
+    src = {"links": {"snapshots/r/x": "../../blobs/" + "a" * 64}}
+    d = hf_cache.diff_manifests(src, {})
+    assert (d["links_create"], d["copy"], d["in_sync"]) == (src["links"], {}, False)
+    assert hf_cache.diff_manifests(src, src)["in_sync"]
