@@ -352,3 +352,19 @@ def test_a_host_without_hostvars_is_reported_not_a_crash():
     inputs["hostvars"]["spark-2"] = None
     probs = problems_of(inputs)
     assert any(p.startswith("spark-2 has no usable 'sparkops_fast_links'") for p in probs), probs
+
+
+def test_controller_paths_default_beside_the_inventory():
+    model = build_cluster(inv.pair())
+    assert model["paths"] == {
+        "inventory_dir": "/srv/inv",
+        "credentials_dir": "/srv/inv/credentials",
+        "api_key_file": "/srv/inv/credentials/api_key",
+        "reports_dir": "/srv/inv/reports",
+        "lock_file": "/srv/inv/sparkops.lock.json",
+        "plan_file": "/srv/inv/sparkops-plan.json",
+    }
+    # without inventory_dir (plan.yml on a bare inventory): the working folder, said as "."
+    bare = inv.mutate(inv.pair(), lambda d: d["settings"].pop("inventory_dir"))
+    assert build_cluster(bare)["paths"]["api_key_file"] == "./credentials/api_key"
+    assert build_cluster(inv.pair(inventory_dir=""))["paths"]["reports_dir"] == "./reports"
