@@ -189,7 +189,9 @@ def build_manifest(repo_path: str, revision: str | None = None, all_blobs: bool 
         manifest["revision_found"] = bool(revs)
     else:
         commit = _resolve(repo_path, refs, revision)
-        manifest["revision"] = commit if (revision in refs or GIT_SHA1_RE.match(commit)) else None
+        # A ref is followed only to a commit: huggingface_hub writes 40 hex into refs/<name>; anything else
+        # (e.g. "../..") would name a folder outside snapshots/.
+        manifest["revision"] = commit if GIT_SHA1_RE.match(commit) else None
         # A snapshot folder that is a link is not a snapshot: walking it would list (and a sync send)
         # whatever it points at, e.g. / on a crafted source.
         found = bool(manifest["revision"]) and _real_dir(snap_root) and _real_dir(os.path.join(snap_root, commit))
@@ -207,7 +209,7 @@ def build_manifest(repo_path: str, revision: str | None = None, all_blobs: bool 
             for entry in it:
                 if entry.name.endswith(".incomplete") or not entry.is_file(follow_symlinks=False):
                     continue
-                on_disk[entry.name] = entry.stat(follow_symlinks=False).st_size
+                on_disk[entry.name] = entry.stat().st_size  # a regular file (is_file above did not follow)
     wanted = {b for rel, target in links.items() if (b := _blob_of(rel, target))}
     if revision is None or all_blobs:
         blobs = dict(on_disk)

@@ -368,3 +368,28 @@ def test_controller_paths_default_beside_the_inventory():
     bare = inv.mutate(inv.pair(), lambda d: d["settings"].pop("inventory_dir"))
     assert build_cluster(bare)["paths"]["api_key_file"] == "./credentials/api_key"
     assert build_cluster(inv.pair(inventory_dir=""))["paths"]["reports_dir"] == "./reports"
+
+
+def test_an_empty_cluster_is_told_once_not_judged_as_a_topology():
+    inputs = inv.pair()
+    inputs["groups"] = {"spark_cluster": [], "spark_head": []}
+    probs = problems_of(inputs)
+    assert not any(p.startswith("sparkops_topology is pair") for p in probs), probs
+
+
+def test_only_a_three_node_ring_is_the_mesh():
+    assert build_cluster(inv.ring(3))["mesh"] is True
+    assert build_cluster(inv.switch(3))["mesh"] is False
+    assert build_cluster(inv.ring(4))["mesh"] is False
+
+
+def test_the_ray_head_and_the_weights_source_carry_their_addresses():
+    model = build_cluster(inv.switch(3, sparkops_weights_source_host="spark-3"))
+    assert model["ray"] == {
+        "head": "spark-1",
+        "head_ip": "192.168.100.11",
+        "port": 6379,
+        "address": "192.168.100.11:6379",
+    }
+    assert (model["weights"]["source"], model["weights"]["source_ip"]) == ("spark-3", "192.168.100.13")
+    assert model["weights"]["targets"] == ["spark-1", "spark-2"]

@@ -684,8 +684,10 @@ def test_a_listing_that_is_a_link_is_no_record(tmp_path):
 def test_the_hash_record_says_when_each_blob_was_hashed(tmp_path):
     model = make_model(tmp_path)
     name = model["names"]["config.json"]
-    hf_cache.save_hash_record(str(model["repo"]), [name, "0" * 64])  # an absent blob is not recorded
-    data = json.loads((model["repo"] / ".sparkops" / "hashed-blobs.json").read_text())
+    hf_cache.save_hash_record(str(model["repo"]), ["0" * 64, name])  # an absent blob is not recorded
+    text = (model["repo"] / ".sparkops" / "hashed-blobs.json").read_text()
+    assert f'\n "blobs": {{\n  "{name}": {{\n   "size": ' in text  # one line a field, for a person reading it
+    data = json.loads(text)
     assert data["format"] == "sparkops-hashed-blobs/1" and list(data["blobs"]) == [name]
     st = (model["repo"] / "blobs" / name).stat()
     rec = data["blobs"][name]
@@ -830,3 +832,27 @@ def test_a_missing_link_alone_is_not_in_sync():
     d = hf_cache.diff_manifests(src, {})
     assert (d["links_create"], d["copy"], d["in_sync"]) == (src["links"], {}, False)
     assert hf_cache.diff_manifests(src, src)["in_sync"]
+
+
+def test_a_ref_that_holds_no_commit_is_not_followed(tmp_path):
+    model = make_model(tmp_path)
+    outside = tmp_path / "outside"
+    (outside / "secret").mkdir(parents=True)
+    (outside / "secret" / "key").write_text("x")
+    (model["repo"] / "refs" / "evil").write_text("../../outside/secret")
+    (model["repo"] / "snapshots" / "v1").mkdir()
+    (model["repo"] / "refs" / "tag").write_text("v1")
+    for ref in ("evil", "tag"):
+        m = hf_cache.build_manifest(str(model["repo"]), ref)
+        assert (m["revision"], m["revision_found"], m["files"], m["links"]) == (None, False, {}, {}), ref
+    assert hf_cache.build_manifest(str(model["repo"]), "main")["revision"] == REVISION
+
+
+def test_completeness_problems_name_at_most_five(tmp_path):
+    model = make_model(tmp_path)
+    extra = {f"f{i}.json": {"size": 1, "blob_id": f"{i:040x}"} for i in range(7)}
+    write_listing(model["repo"], **extra)
+    m = hf_cache.build_manifest(str(model["repo"]), REVISION)
+    (first,) = hf_cache.completeness_problems(m)
+    assert first == "7 of 11 files listed by the hub listing are absent: f0.json, f1.json, f2.json, f3.json, f4.json"
+    assert hf_cache.completeness_problems(m, limit=1)[0].endswith("are absent: f0.json")

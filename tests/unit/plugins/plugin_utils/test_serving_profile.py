@@ -924,3 +924,13 @@ def test_vllm_serve_args_refuses_a_node_without_gpus(reference):
     with pytest.raises(ValueError, match="gpus_per_node must be a positive integer, got 0"):
         vllm_serve_args(reference, "0.0.0.0", 8000, gpus_per_node=0)
     assert "--distributed-executor-backend" not in vllm_serve_args(reference, "0.0.0.0", 8000, gpus_per_node=2)
+
+
+@pytest.mark.parametrize(("port", "ok"), [(0, False), (1, True), ("8000", True), (65535, True), (65536, False)])
+def test_the_api_port_is_1_to_65535(reference, port, ok):
+    if ok:
+        argv = vllm_serve_args(reference, "0.0.0.0", port)
+        assert argv[argv.index("--port") + 1] == str(int(port))
+    else:
+        with pytest.raises(ValueError, match=f"port must be within 1-65535, got {port}"):
+            vllm_serve_args(reference, "0.0.0.0", port)
