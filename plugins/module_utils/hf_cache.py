@@ -479,7 +479,7 @@ def failing_blobs(blob_dir: str, names, workers: int | None = None, progress=Non
             progress(name, not failed)
         return name if failed else None
 
-    workers = workers or max(1, min(8, os.cpu_count() or 1, len(names)))
+    workers = workers or min(8, os.cpu_count() or 1, len(names))  # names is not empty: at least 1
     with ThreadPoolExecutor(max_workers=workers) as pool:
         return sorted(n for n in pool.map(bad, names) if n)
 

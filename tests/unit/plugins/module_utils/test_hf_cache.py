@@ -733,6 +733,7 @@ def test_hashing_uses_a_few_threads_never_more_than_blobs(tmp_path, monkeypatch)
 
 
 def test_plan_streams_takes_the_largest_first_and_at_least_one_stream():
+    assert hf_cache.plan_streams({"b": 1, "c": 1, "a": 1}, 1) == [["a", "b", "c"]]  # equal sizes by name
     assert hf_cache.plan_streams({"a": 1, "b": 1, "c": 2}, 2) == [["c"], ["a", "b"]]
     assert hf_cache.plan_streams([("a", 1), ("b", 3)], 1) == [["b", "a"]]
     assert hf_cache.plan_streams({"a": 1, "b": 3}, 0) == [["b", "a"]]
@@ -856,3 +857,23 @@ def test_completeness_problems_name_at_most_five(tmp_path):
     (first,) = hf_cache.completeness_problems(m)
     assert first == "7 of 11 files listed by the hub listing are absent: f0.json, f1.json, f2.json, f3.json, f4.json"
     assert hf_cache.completeness_problems(m, limit=1)[0].endswith("are absent: f0.json")
+
+
+def test_node_mkdirs_makes_the_models_folders(tmp_path):
+    repo = tmp_path / "models--org--m"
+    assert hf_cache.node_mkdirs({"repo": str(repo)}) == {"repo": str(repo), "stale_temp_removed": []}
+    assert sorted(p.name for p in repo.iterdir()) == ["blobs", "refs", "snapshots"]
+
+
+def test_node_manifest_names_at_most_20_blobs_changed_since_hashed(tmp_path):
+    repo = tmp_path / "models--org--m"
+    (repo / "blobs").mkdir(parents=True)
+    names = [f"{i:064x}" for i in range(1, 23)]
+    for name in names:
+        (repo / "blobs" / name).write_bytes(b"x")
+    (repo / ".sparkops").mkdir()
+    record = {"blobs": {n: {"size": 2, "mtime_ns": 0} for n in names}}  # all changed since
+    (repo / ".sparkops" / "hashed-blobs.json").write_text(json.dumps(record))
+    out = hf_cache.node_manifest({"repo": str(repo)})
+    assert out["hash_record"]["changed_since_hashed"] == 22
+    assert out["hash_record"]["changed_since_hashed_names"] == names[:20]
