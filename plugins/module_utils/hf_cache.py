@@ -262,7 +262,7 @@ def _completeness(repo_path: str, commit: str | None, manifest: dict, on_disk: d
                 if entry.name.endswith(".incomplete") and entry.is_file(follow_symlinks=False):
                     incomplete[entry.name.removesuffix(".incomplete")] = entry.stat().st_size
     out = _completeness_unknown()
-    if not manifest["revision_found"] or not commit:
+    if not manifest["revision_found"]:  # found only with a commit (build_manifest)
         out["incomplete_downloads"] = dict(sorted(incomplete.items()))
         return out
     expected, source = expected_files(repo_path, commit)

@@ -833,6 +833,16 @@ def test_a_missing_link_alone_is_not_in_sync():
     d = hf_cache.diff_manifests(src, {})
     assert (d["links_create"], d["copy"], d["in_sync"]) == (src["links"], {}, False)
     assert hf_cache.diff_manifests(src, src)["in_sync"]
+    refs = hf_cache.diff_manifests({"refs": {"main": "c" * 40}}, {"refs": {"main": "d" * 40}})
+    assert (refs["refs_update"], refs["copy"], refs["in_sync"]) == ({"main": "c" * 40}, {}, False)
+
+
+def test_a_link_named_like_a_partial_download_is_none(tmp_path):
+    model = make_model(tmp_path)
+    (tmp_path / "elsewhere").write_bytes(b"x" * 5)
+    (model["repo"] / "blobs" / ("e" * 64 + ".incomplete")).symlink_to(tmp_path / "elsewhere")
+    m = hf_cache.build_manifest(str(model["repo"]), REVISION)
+    assert (m["incomplete_downloads"], m["complete"]) == ({}, True)
 
 
 def test_a_ref_that_holds_no_commit_is_not_followed(tmp_path):

@@ -315,6 +315,7 @@ def test_an_empty_vllm_pin_beside_a_commit_pin_is_no_version_pin(empty):
 
 def test_no_pins_an_empty_commit_pin_and_a_pin_spelled_none():
     assert iv.compare_versions(FOUND, None, None) == []
+    assert iv.compare_versions(FOUND, {**PINS, "vllm": ""}) == []  # YAML's '' unpins the version too
     # YAML's '' unpins the commit like null: the version pin alone judges a build that names its commit
     assert iv.compare_versions({**FOUND, "vllm": "0.19.0+g2a69949bd"}, {**PINS, "vllm_commit": ""}) == []
     # `vllm: None` in YAML is the string "None", not null: an image without vLLM is still refused
