@@ -887,3 +887,27 @@ def test_node_manifest_names_at_most_20_blobs_changed_since_hashed(tmp_path):
     out = hf_cache.node_manifest({"repo": str(repo)})
     assert out["hash_record"]["changed_since_hashed"] == 22
     assert out["hash_record"]["changed_since_hashed_names"] == names[:20]
+
+
+def test_a_link_with_another_target_alone_is_not_in_sync():
+    src = {"links": {"snapshots/r/x": "../../blobs/" + "a" * 64}}
+    dst = {"links": {"snapshots/r/x": "../../blobs/" + "b" * 64}}
+    d = hf_cache.diff_manifests(src, dst)
+    assert (d["links_fix"], d["links_create"], d["copy"], d["in_sync"]) == (src["links"], {}, {}, False)
+
+
+def test_a_tree_cache_of_another_format_is_not_read(tmp_path):
+    model = make_model(tmp_path)
+    (model["repo"] / "trees").mkdir()
+    files = {"config.json": {"size": 1, "blob_id": "a" * 40}, "other.json": {"size": 1, "blob_id": "b" * 40}}
+    (model["repo"] / "trees" / f"{REVISION}.json").write_text(json.dumps({"format_version": 2, "files": files}))
+    assert hf_cache.expected_files(str(model["repo"]), REVISION) == ({}, "links only")
+
+
+def test_the_hash_record_goes_on_past_a_link_under_a_blob_name(tmp_path):
+    model = make_model(tmp_path)
+    name = model["names"]["config.json"]
+    link = "c" * 64
+    (model["repo"] / "blobs" / link).symlink_to(model["repo"] / "blobs" / name)
+    hf_cache.save_hash_record(str(model["repo"]), [link, name])
+    assert list(hf_cache.load_hash_record(str(model["repo"]))) == [name]
