@@ -67,10 +67,11 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-GIT_SHA1_RE = re.compile(r"^[0-9a-f]{40}$")
-MODEL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9._-]+)?$")
-REF_RE = re.compile(r"^[A-Za-z0-9._/-]+$")
+# \Z, not $: "$" also matches before a final newline, and these names become file names and link targets.
+SHA256_RE = re.compile(r"^[0-9a-f]{64}\Z")
+GIT_SHA1_RE = re.compile(r"^[0-9a-f]{40}\Z")
+MODEL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9._-]+)?\Z")
+REF_RE = re.compile(r"^[A-Za-z0-9._/-]+\Z")
 CHUNK = 8 * 1024 * 1024
 # Markers on the helper's stdout, so that shell start-up noise on a node is never parsed as a result.
 RESULT_MARK = "SPARKOPS-RESULT "
@@ -93,8 +94,8 @@ def _blob_of(link_rel: str, target: str) -> str | None:
     if os.path.isabs(target):
         return None
     resolved = os.path.normpath(os.path.join(os.path.dirname(link_rel), target))
-    parts = resolved.split(os.sep)
-    if len(parts) == 2 and parts[0] == "blobs" and parts[1] not in ("", ".", ".."):
+    parts = resolved.split(os.sep)  # normpath leaves no empty, "." or ".." part after "blobs"
+    if len(parts) == 2 and parts[0] == "blobs":
         return parts[1]
     return None
 
@@ -188,7 +189,9 @@ def build_manifest(repo_path: str, revision: str | None = None, all_blobs: bool 
         manifest["revision_found"] = bool(revs)
     else:
         commit = _resolve(repo_path, refs, revision)
-        manifest["revision"] = commit if (revision in refs or GIT_SHA1_RE.match(commit)) else None
+        # A ref is followed only to a commit: huggingface_hub writes 40 hex into refs/<name>; anything else
+        # (e.g. "../..") would name a folder outside snapshots/.
+        manifest["revision"] = commit if GIT_SHA1_RE.match(commit) else None
         # A snapshot folder that is a link is not a snapshot: walking it would list (and a sync send)
         # whatever it points at, e.g. / on a crafted source.
         found = bool(manifest["revision"]) and _real_dir(snap_root) and _real_dir(os.path.join(snap_root, commit))
@@ -206,7 +209,7 @@ def build_manifest(repo_path: str, revision: str | None = None, all_blobs: bool 
             for entry in it:
                 if entry.name.endswith(".incomplete") or not entry.is_file(follow_symlinks=False):
                     continue
-                on_disk[entry.name] = entry.stat(follow_symlinks=False).st_size
+                on_disk[entry.name] = entry.stat().st_size  # a regular file (is_file above did not follow)
     wanted = {b for rel, target in links.items() if (b := _blob_of(rel, target))}
     if revision is None or all_blobs:
         blobs = dict(on_disk)
@@ -259,7 +262,7 @@ def _completeness(repo_path: str, commit: str | None, manifest: dict, on_disk: d
                 if entry.name.endswith(".incomplete") and entry.is_file(follow_symlinks=False):
                     incomplete[entry.name.removesuffix(".incomplete")] = entry.stat().st_size
     out = _completeness_unknown()
-    if not manifest["revision_found"] or not commit:
+    if not manifest["revision_found"]:  # found only with a commit (build_manifest)
         out["incomplete_downloads"] = dict(sorted(incomplete.items()))
         return out
     expected, source = expected_files(repo_path, commit)
@@ -466,19 +469,19 @@ def failing_blobs(blob_dir: str, names, workers: int | None = None, progress=Non
     if not names:
         return []
 
-    def bad(name: str) -> bool:
+    def bad(name: str) -> str | None:
+        """``name`` when its blob fails, else None."""
         try:
             failed = not verify_blob(os.path.join(blob_dir, name), name)
         except OSError:
             failed = True
         if progress is not None:
             progress(name, not failed)
-        return failed
+        return name if failed else None
 
-    workers = workers or max(1, min(8, os.cpu_count() or 1, len(names)))
+    workers = workers or min(8, os.cpu_count() or 1, len(names))  # names is not empty: at least 1
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        flags = list(pool.map(bad, names))
-    return sorted(n for n, f in zip(names, flags, strict=True) if f)
+        return sorted(n for n in pool.map(bad, names) if n)
 
 
 def plan_streams(blobs_with_sizes, streams: int) -> list:
@@ -491,12 +494,12 @@ def plan_streams(blobs_with_sizes, streams: int) -> list:
     if not items:
         return []
     n = max(1, min(int(streams), len(items)))
-    bins: list = [[0, i, []] for i in range(n)]
-    for name, size in sorted(items, key=lambda kv: (-kv[1], kv[0])):
-        target = min(bins, key=lambda b: (b[0], b[1]))
-        target[0] += size
-        target[2].append(name)
-    return [b[2] for b in bins if b[2]]
+    sizes = dict(items)
+    bins: list = [[] for _stream in range(n)]
+    for name, _size in sorted(items, key=lambda kv: (-kv[1], kv[0])):
+        # The lightest bin (min() gives the first of equally light ones); a model has some hundred files.
+        min(bins, key=lambda b: sum(sizes[x] for x in b)).append(name)
+    return [b for b in bins if b]
 
 
 def nearest_existing(path: str) -> str:
@@ -530,10 +533,9 @@ def node_manifest(args: dict) -> dict:
     expected = args.get("hash") or {}
     wanted = [n for n, size in expected.items() if manifest["blobs"].get(n) == size]
     status = hash_record_status(repo, list(manifest["blobs"]))
-    hash_failed = []
-    if wanted and args.get("record", True):
-        hash_failed = verify_and_record(repo, wanted)
-    elif wanted:  # check mode: nothing may be written, not even the hash record
+    if args.get("record", True):
+        hash_failed = verify_and_record(repo, wanted)  # nothing to hash: nothing hashed or written
+    else:  # check mode: nothing may be written, not even the hash record
         hash_failed = failing_blobs(os.path.join(repo, "blobs"), wanted)
     return {
         "hash_record": {k: len(v) for k, v in status.items()}
@@ -555,7 +557,7 @@ def _safe_rel(rel: str) -> bool:
 
 
 # rsync writes a file as ``.<name>.XXXXXX`` and renames it when complete; a killed rsync leaves it.
-RSYNC_TEMP_RE = re.compile(r"^\.[0-9a-f]{40,64}\.[A-Za-z0-9]{6}$")
+RSYNC_TEMP_RE = re.compile(r"^\.[0-9a-f]{40,64}\.[A-Za-z0-9]{6}\Z")
 
 
 def node_mkdirs(args: dict) -> dict:
@@ -582,7 +584,7 @@ def node_mkdirs(args: dict) -> dict:
 # missing with mkdir(dir_fd=...), and writes, links and renames relative to the last folder's fd: a link
 # anywhere on the way makes the walk fail instead of leading out of the cache.
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def _open_component(name: str, dir_fd: int, create: bool, where: str) -> int:
@@ -612,7 +614,7 @@ def open_repo(repo: str, create: bool = True) -> int:
     parent, name = os.path.split(os.path.abspath(repo))
     if create:
         os.makedirs(parent, exist_ok=True)
-    pfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+    pfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         return _open_component(name, pfd, create, repo)
     finally:
@@ -678,8 +680,8 @@ def canonical_link_target(rel: str) -> str | None:
     """The only target accepted for the snapshot link ``rel`` (``snapshots/<rev>/<path>``): the one
     huggingface_hub writes (os.path.relpath to the blob), ``../`` up to the model's folder then
     ``blobs/<hash>``. None when ``rel`` is not such a path."""
-    parts = rel.split("/")
-    if len(parts) < 3 or parts[0] != "snapshots" or not _safe_rel(rel) or any(p in ("", ".", "..") for p in parts):
+    parts = rel.split("/")  # _safe_rel refuses empty, "." and ".." components (normpath would change them)
+    if len(parts) < 3 or parts[0] != "snapshots" or not _safe_rel(rel):
         return None
     return "../" * (len(parts) - 1) + "blobs/"
 

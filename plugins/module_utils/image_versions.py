@@ -155,12 +155,11 @@ def version_matches(pin: str, found: str | None) -> bool:
     found = str(found).strip()
     if found == pin:
         return True
-    public = found.split("+", 1)[0]
+    public = found.partition("+")[0]
     if public == pin:
         return True
-    if public.startswith(pin + "."):
-        return re.fullmatch(r"[0-9.]+", public[len(pin) + 1 :]) is not None
-    return False
+    # Only further release numbers: ".0", ".1.2" (not ".", "..1", ".dev5" or "rc1").
+    return public.startswith(pin) and re.fullmatch(r"(\.[0-9]+)+", public[len(pin) :]) is not None
 
 
 # setuptools-scm's node-and-date local scheme writes the commit as the label's first part, "g" and the
@@ -195,7 +194,7 @@ def same_commit(a: str, b: str) -> bool:
     a, b = str(a).strip().lower(), str(b).strip().lower()
     if len(a) < 7 or len(b) < 7:
         return False
-    return a.startswith(b) if len(a) >= len(b) else b.startswith(a)
+    return a.startswith(b) or b.startswith(a)  # only the longer can start with the other
 
 
 def vllm_problem(found: dict, pin_version: str | None, pin_commit: str | None) -> str | None:
@@ -223,7 +222,7 @@ def vllm_problem(found: dict, pin_version: str | None, pin_commit: str | None) -
         if same_commit(have_commit, pin_commit):
             return None
         return f"vllm: the image carries {have} (commit {have_commit}), the pin ({where}) is {want}"
-    if have is not None and pin_version not in (None, "") and str(have).split("+", 1)[0] == str(pin_version).strip():
+    if have is not None and pin_version not in (None, "") and str(have).partition("+")[0] == str(pin_version).strip():
         return None
     return (
         f"vllm: the image carries {have if have is not None else 'none'} (commit unknown: no +g label, no commit in "

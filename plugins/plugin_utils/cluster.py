@@ -52,8 +52,9 @@ IB_DEVICE_NAME_MAX = 64
 # (udev's predictable names, VLAN and renamed devices): letters, digits, '_', '-' and '.'.
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 _KERNEL_SPACE = frozenset(" \t\n\v\f\r\xa0")
-# Environment variable names (POSIX: letters, digits, underscore, not starting with a digit).
-_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Environment variable names (POSIX: letters, digits, underscore, not starting with a digit). \Z, not $:
+# "$" also matches before a final newline, which would end the env file's line after the name.
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 WILDCARDS = ("0.0.0.0", "::")  # noqa: S104 - values compared, not bound
 
 

@@ -181,9 +181,10 @@ def _describe(value) -> str:
 
 
 def _coerce(key: str, kind: str, value, errors: list[str]):
-    """Return `value` as `kind`, or append a message to `errors` and return None."""
-    if kind in (_OPT_STR, _OPT_INT, _OPT_DICT) and value is None:
-        return None
+    """Return `value` as `kind`, or append a message to `errors` and return None.
+
+    A None never reaches here for a key with a default (_validate gives it the default, None for the
+    optional kinds); for a required key it is a wrong type."""
     if kind in (_STR, _OPT_STR):
         if isinstance(value, str) and value.strip():
             return str(value)
@@ -243,7 +244,8 @@ def _coerce(key: str, kind: str, value, errors: list[str]):
             return None
         out = {}
         for name, item in value.items():
-            if not isinstance(name, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
+            # \Z, not $: "$" also matches before a final newline, which would end the variable's line.
+            if not isinstance(name, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*\Z", name):
                 errors.append(f"{key}: {name!r} is not a valid environment variable name")
                 continue
             if name.upper() == "VLLM_API_KEY":
@@ -665,7 +667,7 @@ def _split(found: list[tuple[str | None, str]], allowed: dict[str, str]) -> dict
     refused: list[str] = []
     allowed_out: list[dict] = []
     for rule, message in found:
-        if rule is not None and rule in allowed:
+        if rule in allowed:  # never None: allowed holds rule names only (check_allow_rules)
             allowed_out.append({"rule": rule, "reason": allowed[rule], "message": message})
         elif rule is not None:
             refused.append(message + _ALLOW_HINT.format(rule=rule))

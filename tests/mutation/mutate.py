@@ -52,12 +52,14 @@ MODULE_UTILS_PARSERS = (
 # Tests that exercise a module without importing it by name (through a module or a filter).
 EXTRA_TESTS = {
     "plugins/plugin_utils/cluster.py": ["tests/unit/plugin_utils/test_cluster.py"],
+    "plugins/module_utils/hf_cache.py": ["tests/unit/plugins/modules/test_hf_cache_manifest.py"],
     "plugins/module_utils/image_versions.py": ["tests/unit/plugins/modules/test_image_versions_cache.py"],
     "plugins/module_utils/nccl_log.py": ["tests/unit/plugins/modules/test_nccl_transport.py"],
     "plugins/module_utils/perftest.py": [
         "tests/unit/plugins/filter/test_perftest_filter.py",
         "tests/unit/plugins/modules/test_ib_write_bw.py",
     ],
+    "plugins/plugin_utils/serving_profile.py": ["tests/unit/plugins/filter/test_serving.py"],
 }
 
 CMP_SWAP = {
@@ -261,9 +263,14 @@ def tests_for(path: str, root: Path = ROOT) -> list[str]:
     module = Path(path)
     pkg, name = module.parent.name, module.stem
     pattern = re.compile(rf"(\b{pkg}\b[ .]+import\b[^\n]*\b{name}\b|\b{pkg}\.{name}\b|{pkg}/{name}\.py)")
+    # A test that puts the module's folder on sys.path and imports it by its bare name
+    # (`sys.path.insert(0, str(ROOT / "plugins" / "plugin_utils"))` then `from cluster import ...`).
+    on_path = re.compile(rf"sys\.path\.insert\([^\n]*[\"']{pkg}[\"']")
+    bare = re.compile(rf"^(from {name} import|import {name}\b)", re.M)
     found = set(EXTRA_TESTS.get(path, []))
     for test in sorted((root / "tests" / "unit").rglob("test_*.py")):
-        if test.name != SELF_TEST and pattern.search(test.read_text()):
+        text = test.read_text()
+        if test.name != SELF_TEST and (pattern.search(text) or (on_path.search(text) and bare.search(text))):
             found.add(str(test.relative_to(root)))
     # The module's own test file first: most mutants die there, and -x stops at the first failure.
     return sorted((t for t in found if (root / t).exists()), key=lambda t: (Path(t).stem != f"test_{name}", t))
@@ -311,10 +318,14 @@ def check_module(path: str, workdir: Path, args) -> tuple[int, int, list[Mutant]
     not scored (--list, or no tests)."""
     # Read from the copy: the checkout may change while a run goes on.
     root = ROOT if args.list else workdir
+    path, lines = split_spec(path)
     tests = tests_for(path, root)
-    every = mutants_of(path, root)
+    every = [m for m in mutants_of(path, root) if lines is None or lines[0] <= m.lineno <= lines[1]]
     chosen = sorted(sample(every, args.sample, args.seed), key=lambda m: (m.lineno, m.index, m.kind, m.arg))
-    print(f"\n== {path}: {len(chosen)} of {len(every)} mutants, tests: {' '.join(tests) or '(none)'}", flush=True)
+    where = f" (lines {lines[0]}-{lines[1]})" if lines else ""
+    print(
+        f"\n== {path}{where}: {len(chosen)} of {len(every)} mutants, tests: {' '.join(tests) or '(none)'}", flush=True
+    )
     if args.list:
         for m in chosen:
             print(f"  {m.path}:{m.lineno}: {m.desc}")
@@ -348,13 +359,27 @@ def check_module(path: str, workdir: Path, args) -> tuple[int, int, list[Mutant]
     return killed, len(chosen), survivors
 
 
+def split_spec(spec: str) -> tuple[str, tuple[int, int] | None]:
+    """``path`` or ``path:START-END`` (only the mutants on lines START..END, e.g. a module's pure part)."""
+    path, sep, span = spec.rpartition(":")
+    m = re.fullmatch(r"(\d+)-(\d+)", span) if sep else None
+    if not m or int(m.group(1)) > int(m.group(2)):
+        return spec, None
+    return path, (int(m.group(1)), int(m.group(2)))
+
+
 def _interrupt(_signum, _frame):
     raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("modules", nargs="*", help="module paths relative to the checkout (default: the pure modules)")
+    ap.add_argument(
+        "modules",
+        nargs="*",
+        help="module paths relative to the checkout, each optionally PATH:START-END for those lines only "
+        "(default: the pure modules)",
+    )
     ap.add_argument("--sample", type=int, default=None, help="N mutants per module, spread over the whole module")
     ap.add_argument("--seed", type=int, default=0, help="the sample's seed (default 0)")
     ap.add_argument("--timeout", type=float, default=None, help="seconds per mutant (default 5x the baseline, >= 10)")
@@ -365,9 +390,9 @@ def main(argv: list[str] | None = None) -> int:
     # A stopped run (Ctrl-C, kill) still removes its copy: SIGTERM unwinds like Ctrl-C.
     signal.signal(signal.SIGTERM, _interrupt)
     modules = args.modules or default_modules()
-    for path in modules:
-        if not (ROOT / path).is_file():
-            ap.error(f"{path}: no such module under {ROOT}")
+    for spec in modules:
+        if not (ROOT / split_spec(spec)[0]).is_file():
+            ap.error(f"{spec}: no such module under {ROOT} (PATH or PATH:START-END)")
     results = {}
     with tempfile.TemporaryDirectory(prefix="sparkops-mutation-") as tmp:
         workdir = Path(tmp)

@@ -76,10 +76,27 @@ def test_a_sample_is_spread_over_the_module_and_repeatable():
     assert mutate.sample(every, None, seed=1) == every
 
 
+def test_a_module_may_be_limited_to_a_line_range(capsys):
+    assert mutate.split_spec("plugins/x/hf_cache.py:82-600") == ("plugins/x/hf_cache.py", (82, 600))
+    assert mutate.split_spec("plugins/module_utils/hf_cache.py") == ("plugins/module_utils/hf_cache.py", None)
+    assert mutate.split_spec("a.py:9-1") == ("a.py:9-1", None)  # not a range: the path as given
+    assert mutate.main(["--list", "plugins/plugin_utils/lockfile.py:20-40"]) == 0
+    out = capsys.readouterr().out
+    listed = [int(line.split(":")[1]) for line in out.splitlines() if line.startswith("  plugins/")]
+    assert listed and all(20 <= n <= 40 for n in listed)
+    assert "(lines 20-40)" in out
+
+
 def test_tests_are_found_for_a_module():
     assert "tests/unit/plugins/plugin_utils/test_lockfile.py" in mutate.tests_for("plugins/plugin_utils/lockfile.py")
     assert "tests/unit/plugins/modules/test_nccl_transport.py" in mutate.tests_for("plugins/module_utils/nccl_log.py")
     assert "tests/unit/plugin_utils/test_cluster.py" in mutate.tests_for("plugins/plugin_utils/cluster.py")
+    # found by the import of the bare name from the folder put on sys.path, not only by EXTRA_TESTS
+    cluster_tests = mutate.tests_for("plugins/plugin_utils/cluster.py")
+    assert "tests/unit/plugin_utils/test_cluster_inputs.py" in cluster_tests
+    assert "tests/unit/plugin_utils/test_ring_forwarding.py" in cluster_tests
+    assert cluster_tests[0] == "tests/unit/plugin_utils/test_cluster.py"
+    assert not any("test_discovery_world" in t or "cluster_inventories" in t for t in cluster_tests)
 
 
 def test_a_run_scores_in_a_copy_and_leaves_the_checkout_unchanged():

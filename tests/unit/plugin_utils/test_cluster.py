@@ -311,6 +311,7 @@ def test_group_refusals(groups, message):
     [
         (None, "has no usable 'sparkops_fast_links'"),
         ([], "has no usable 'sparkops_fast_links'"),
+        ("", "has no usable 'sparkops_fast_links'"),  # `sparkops_fast_links:` left empty in YAML
         ({"netdev": "enp1s0f1np1"}, "is a dict, not a list"),
         ([{"address": "192.168.100.12/24"}], "'netdev' (e.g. enp1s0f1np1) is missing"),
         ([{"netdev": "x", "address": "192.168.100.0/24"}], "network or broadcast address"),

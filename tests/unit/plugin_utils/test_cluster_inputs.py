@@ -12,6 +12,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[2] / "plugins" / "plugin_utils"))
 sys.path.insert(0, str(HERE))
 
+import cluster  # noqa: E402
 import cluster_inventories as inv  # noqa: E402
 from cluster import IB_DEVICE_NAME_MAX, IFNAMSIZ, MAX_NODES, ClusterError, build_cluster  # noqa: E402
 
@@ -219,3 +220,176 @@ def test_ring_ties_go_clockwise():
     # On a 3-ring (the full mesh) every far subnet is a tie: also clockwise.
     routes = build_cluster(inv.ring(3))["nodes"]["spark-1"]["routes"]
     assert [(r["to"], r["through"]) for r in routes] == [("10.2.0.0/24", "spark-2"), ("10.2.1.0/24", "spark-2")]
+
+
+# ------------------------------------------------------------------ issue 30: boundaries a mutation run found
+@pytest.mark.parametrize(("mtu", "ok"), [(8999, False), (9000, True), ("9000", True), (True, False), (None, True)])
+def test_the_fast_mtu_is_at_least_9000(mtu, ok):
+    inputs = inv.pair(sparkops_fast_mtu=mtu)
+    if ok:
+        assert build_cluster(inputs)["mtu"] == 9000
+    else:
+        assert any(
+            p.startswith(f"sparkops_fast_mtu is {mtu}; the QSFP links need MTU 9000") for p in problems_of(inputs)
+        )
+
+
+@pytest.mark.parametrize(("port", "ok"), [(0, False), (1, True), (65535, True), (65536, False), (" 8080 ", True)])
+def test_ports_from_1_to_65535(port, ok):
+    for name in ("ray_cluster_gcs_port", "vllm_serve_port"):
+        inputs = inv.pair(**{name: port})
+        if ok:
+            model = build_cluster(inputs)
+            got = model["ray"]["port"] if name == "ray_cluster_gcs_port" else model["endpoint"]["port"]
+            assert got == int(port)
+        else:
+            assert problems_of(inputs) == [f"{name} is '{port}'; give a TCP port number (1-65535)."]
+
+
+def test_device_name_limits_are_the_kernels():
+    """IFNAMSIZ 16 (include/uapi/linux/if.h), IB_DEVICE_NAME_MAX 64 (include/rdma/ib_verbs.h), NUL included."""
+    assert build_cluster(_with_netdev("x" * 15))["nodes"]["spark-2"]["netdevs"][0] == "x" * 15
+    assert any("is 16 bytes; the kernel takes at most 15" in p for p in problems_of(_with_netdev("x" * 16)))
+    assert build_cluster(_with_netdev("r" * 63, "rdma_device"))["nodes"]["spark-2"]["hcas"][0] == "r" * 63
+    probs = problems_of(_with_netdev("r" * 64, "rdma_device"))
+    assert any("is 64 bytes; the kernel takes at most 63" in p for p in probs), probs
+
+
+def test_a_character_the_kernel_refuses_is_named_once():
+    def link0(name):
+        (prob,) = [p for p in problems_of(_with_netdev(name)) if p.startswith("spark-2: fast link #0")]
+        return prob
+
+    prob = link0("a/b")
+    assert "contains '/', which the kernel refuses" in prob
+    assert "sparkops takes" not in prob  # not named a second time as a character sparkops does not take
+    prob = link0("a/b;c")
+    assert "contains '/', which the kernel refuses" in prob and "contains ';'; sparkops takes" in prob
+
+
+@pytest.mark.parametrize("char", ["\u2028", "\u2029", "\x85", "\x00"])
+def test_line_and_paragraph_separators_are_control_characters(char):
+    probs = problems_of(inv.pair(sparkops_cluster_name=f"sparks{char}X=1"))
+    assert any(p.startswith("sparkops_cluster_name contains control characters") for p in probs), probs
+    probs = problems_of(_with_netdev(f"en{char}p1"))
+    assert any("which the kernel refuses in a device name" in p for p in probs), probs
+
+
+@pytest.mark.parametrize("rdma", ["", "  ", 7])
+def test_an_empty_or_non_string_rdma_device_is_named_as_such(rdma):
+    probs = problems_of(_with_netdev(rdma, "rdma_device"))
+    assert any(
+        p.startswith("spark-2: fast link #0") and "'rdma_device' must be a name such as rocep1s0f1" in p for p in probs
+    ), probs
+
+
+def test_cables_are_listed_in_rank_order_of_their_ends():
+    model = build_cluster(inv.ring(4))
+    assert [(c["a"], c["b"]) for c in model["cables"]] == [
+        ("spark-1", "spark-2"),
+        ("spark-1", "spark-4"),
+        ("spark-2", "spark-3"),
+        ("spark-3", "spark-4"),
+    ]
+
+
+def test_no_cycle_when_a_node_has_other_than_two_neighbours():
+    hosts = ["a", "b", "c", "d"]
+    full = {h: {o for o in hosts if o != h} for h in hosts}  # every node three neighbours
+    assert cluster._cycle(hosts, full) is None
+    # a ring with a chord b-d: the walk a-b-c-d-a visits every node, but b and d have three neighbours
+    chord = {"a": {"b", "d"}, "b": {"a", "c", "d"}, "c": {"b", "d"}, "d": {"a", "b", "c"}}
+    assert cluster._cycle(hosts, chord) is None
+    ring = {"a": {"b", "d"}, "b": {"a", "c"}, "c": {"b", "d"}, "d": {"c", "a"}}
+    assert cluster._cycle(hosts, ring) == ["a", "b", "c", "d"]
+
+
+@pytest.mark.parametrize("bind", ["0.0.0.0", "::"])
+def test_an_api_bound_everywhere_is_reached_at_the_heads_fast_address(bind):
+    assert build_cluster(inv.pair(vllm_serve_host=bind))["endpoint"]["url"] == "http://192.168.100.11:8000"
+
+
+def test_an_env_name_with_a_final_newline_is_refused():
+    """Python's "$" matches before a final newline; in the env file it would end the line after the name."""
+    probs = problems_of(inv.pair(roce_network_env_extra={"NCCL_DEBUG\n": "INFO"}))
+    assert probs == [
+        "roce_network_env_extra: 'NCCL_DEBUG\\n' is no environment variable name (letters, digits and '_', "
+        "not starting with a digit)."
+    ]
+
+
+def test_forward_rules_are_the_exact_iptables_arguments():
+    rules = cluster._forward_rules(["f0", "f1"])
+    assert rules == [
+        {
+            "where": ["-I", "SPARKOPS-FWD", "1"],
+            "rule": ["-i", "f0", "-o", "f1", "-m", "comment", "--comment", "sparkops: ring forwarding f0 to f1",
+                     "-j", "ACCEPT"],
+        },
+        {
+            "where": ["-I", "SPARKOPS-FWD", "1"],
+            "rule": ["-i", "f1", "-o", "f0", "-m", "comment", "--comment", "sparkops: ring forwarding f1 to f0",
+                     "-j", "ACCEPT"],
+        },
+        {
+            "where": ["-A", "SPARKOPS-FWD"],
+            "rule": ["-m", "comment", "--comment", "sparkops: no other forwarding to or from the fast links",
+                     "-j", "DROP"],
+        },
+    ] + [
+        {
+            "where": ["-I", "FORWARD", "1"],
+            "rule": [flag, dev, "-m", "comment", "--comment", f"sparkops: forwarding {way} {dev}",
+                     "-j", "SPARKOPS-FWD"],
+        }
+        for dev in ("f0", "f1")
+        for flag, way in (("-i", "from"), ("-o", "to"))
+    ]  # fmt: skip
+
+
+def test_a_host_without_hostvars_is_reported_not_a_crash():
+    inputs = inv.pair()
+    inputs["hostvars"]["spark-2"] = None
+    probs = problems_of(inputs)
+    assert any(p.startswith("spark-2 has no usable 'sparkops_fast_links'") for p in probs), probs
+
+
+def test_controller_paths_default_beside_the_inventory():
+    model = build_cluster(inv.pair())
+    assert model["paths"] == {
+        "inventory_dir": "/srv/inv",
+        "credentials_dir": "/srv/inv/credentials",
+        "api_key_file": "/srv/inv/credentials/api_key",
+        "reports_dir": "/srv/inv/reports",
+        "lock_file": "/srv/inv/sparkops.lock.json",
+        "plan_file": "/srv/inv/sparkops-plan.json",
+    }
+    # without inventory_dir (plan.yml on a bare inventory): the working folder, said as "."
+    bare = inv.mutate(inv.pair(), lambda d: d["settings"].pop("inventory_dir"))
+    assert build_cluster(bare)["paths"]["api_key_file"] == "./credentials/api_key"
+    assert build_cluster(inv.pair(inventory_dir=""))["paths"]["reports_dir"] == "./reports"
+
+
+def test_an_empty_cluster_is_told_once_not_judged_as_a_topology():
+    inputs = inv.pair()
+    inputs["groups"] = {"spark_cluster": [], "spark_head": []}
+    probs = problems_of(inputs)
+    assert not any(p.startswith("sparkops_topology is pair") for p in probs), probs
+
+
+def test_only_a_three_node_ring_is_the_mesh():
+    assert build_cluster(inv.ring(3))["mesh"] is True
+    assert build_cluster(inv.switch(3))["mesh"] is False
+    assert build_cluster(inv.ring(4))["mesh"] is False
+
+
+def test_the_ray_head_and_the_weights_source_carry_their_addresses():
+    model = build_cluster(inv.switch(3, sparkops_weights_source_host="spark-3"))
+    assert model["ray"] == {
+        "head": "spark-1",
+        "head_ip": "192.168.100.11",
+        "port": 6379,
+        "address": "192.168.100.11:6379",
+    }
+    assert (model["weights"]["source"], model["weights"]["source_ip"]) == ("spark-3", "192.168.100.13")
+    assert model["weights"]["targets"] == ["spark-1", "spark-2"]

@@ -263,3 +263,69 @@ def test_of_two_ray_starts_before_the_api_was_up_the_newest_counts(order):
 
 def test_the_filter_is_registered_under_its_name():
     assert FilterModule().filters() == {"startup_phases": startup_phases}
+
+
+# --- edges a mutation run found unpinned (issue 30) --------------------------------------------------
+
+
+def test_an_absent_start_time_or_log_is_a_clear_answer_not_a_crash():
+    """`docker inspect` of a missing container gives no StartedAt; a container without logs gives no text."""
+    assert parse_ts(None) is None
+    with pytest.raises(ValueError, match="RFC 3339"):
+        startup_phases("", None)
+    got = startup_phases(None, "2026-11-23T10:00:00Z", None)
+    assert [p["note"] for p in got["phases"] if p["at"] is None] == ["not seen in the logs"] * 7 + [
+        "not measured (vLLM was not started by this run)"
+    ]
+    assert got["compile_cache"] == "not seen in the logs"
+
+
+def test_fractions_of_every_length_and_offsets_parse_exactly():
+    assert parse_ts("2026-11-23T10:00:00Z").microsecond == 0
+    assert parse_ts("2026-11-23T10:00:00.5Z").microsecond == 500000
+    assert parse_ts("2026-11-23T10:00:00.1234567Z").microsecond == 123456
+    assert parse_ts("2026-11-23T09:30:00.25-00:30").isoformat() == "2026-11-23T10:00:00.250000+00:00"
+
+
+def test_a_line_written_at_the_start_instant_belongs_to_this_start():
+    log = "2026-11-23T10:00:00.500000000Z INFO [gpu_model_runner.py:4736] Starting to load model m...\n"
+    p = by_phase(startup_phases(log, "2026-11-23T10:00:00.5Z"))
+    assert p["weights_loading"]["since_start_s"] == 0
+
+
+def test_a_missing_phase_has_the_same_keys_as_a_found_one_and_notes_are_cut():
+    long_line = "Starting to load model " + "x" * 300
+    log = f"2026-11-23T10:00:01.0054Z {long_line}\n2026-11-23T10:00:02Z Ray runtime started. {'y' * 300}\n"
+    got = startup_phases(log, " 2026-11-23T10:00:00Z\n", log)
+    p = by_phase(got)
+    assert got["container_started_at"] == "2026-11-23T10:00:00Z"  # docker inspect's newline dropped
+    # since_start_s is rounded to the millisecond, the note cut at 160 characters
+    assert p["weights_loading"] == {
+        "phase": "weights_loading",
+        "at": "2026-11-23T10:00:01.005400Z",
+        "since_start_s": 1.005,
+        "source": "vLLM container log",
+        "note": long_line[:160],
+    }
+    assert p["ray_ready"]["note"] == ("Ray runtime started. " + "y" * 300)[:160]
+    assert p["cuda_graphs"] == {
+        "phase": "cuda_graphs",
+        "at": None,
+        "since_start_s": None,
+        "source": None,
+        "note": "not seen in the logs",
+    }
+
+
+def test_the_test_double_without_a_smoke_completion_says_first_token_was_not_measured():
+    got = startup_phases(DOUBLE, "2026-11-23T10:00:00.6Z", RAY, test_double=True)
+    p = by_phase(got)
+    assert p["first_token"]["note"] == "not measured (vLLM was not started by this run)"
+    assert p["container_start"]["since_start_s"] == 0
+    assert p["ray_ready"]["note"] == "Ray runtime started."
+
+
+def test_a_ray_start_logged_at_the_instant_the_api_came_up_is_this_starts():
+    ray = RAY + "2026-11-23T10:04:41.000000000Z Ray runtime started.\n"  # the api_ready line's time
+    p = by_phase(startup_phases(VLLM_COLD, "2026-11-23T10:00:00.5Z", ray))
+    assert p["ray_ready"]["since_start_s"] == p["api_ready"]["since_start_s"] == 280.5

@@ -106,6 +106,7 @@ def test_listed_size_decides_and_the_hub_tree_cache_is_read(tmp_path):
     m = hf_cache.build_manifest(str(repo), "main")
     assert m["expected_from"] == "hub tree cache"
     assert not m["complete"] and m["wrong_size_files"] == {shard: [999, 256 * 1024]}
+    assert list(m["records"]) == [f"trees/{REVISION}.json"]  # travels with the model like ours
     # A listed file absent from the snapshot altogether.
     files = write_listing(repo, **{"extra/tokenizer.json": {"size": 10, "blob_id": "a" * 40}})
     m = hf_cache.build_manifest(str(repo), "main")
@@ -519,3 +520,394 @@ def test_an_absent_model_still_names_a_commit_revision_and_only_blob_links_count
     assert hf_cache._blob_of(rel, "../../blobs/" + "a" * 64) == "a" * 64
     for target in ("../../refs/main", "../../blobs/..", "../../blobs/.", "../../snapshots/x", "/abs/blobs/x"):
         assert hf_cache._blob_of(rel, target) is None, target
+
+
+# --- issue 30: what a mutation run found unpinned ----------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", ["org/..", "a/b/c", "org/name\n", "gpt2\n", 7, None])
+def test_repo_dir_refuses_a_dot_dot_name_and_other_non_ids(tmp_path, bad):
+    """'org/..' matches the id's character classes; as a folder it would name the cache's parent."""
+    with pytest.raises(ValueError, match="not a Hugging Face model id"):
+        hf_cache.repo_dir(str(tmp_path), bad)
+    assert hf_cache.repo_dir(str(tmp_path), "gpt2") == os.path.join(str(tmp_path), "models--gpt2")
+    assert hf_cache.repo_dir("/c", "org/..x").endswith("models--org--..x")  # dots inside a name are a name
+
+
+def test_an_absent_model_has_an_empty_manifest(tmp_path):
+    m = hf_cache.build_manifest(str(tmp_path / "models--x--y"), REVISION)
+    assert m == {
+        "repo": "models--x--y",
+        "present": False,
+        "revision": REVISION,
+        "revision_found": False,
+        "refs": {},
+        "links": {},
+        "files": {},
+        "blobs": {},
+        "missing_blobs": [],
+        "total_bytes": 0,
+        "expected_from": None,
+        "expected_files": 0,
+        "missing_files": [],
+        "wrong_size_files": {},
+        "incomplete_downloads": {},
+        "records": {},
+        "complete": False,
+    }
+
+
+def test_referenced_blobs_are_the_snapshot_links_targets(tmp_path):
+    model = make_model(tmp_path)
+    m = hf_cache.build_manifest(str(model["repo"]), REVISION)
+    assert hf_cache.referenced_blobs(m) == set(model["names"].values())
+    assert hf_cache.referenced_blobs({}) == set()
+
+
+def test_diff_fixes_a_link_with_another_target_and_needs_no_space_for_a_longer_target_blob():
+    src = {
+        "blobs": {"a" * 64: 100},
+        "files": {},
+        "links": {"snapshots/r/x": "../../blobs/" + "a" * 64, "snapshots/r/y": "../../blobs/" + "a" * 64},
+        "refs": {},
+    }
+    dst = {
+        "blobs": {"a" * 64: 150},  # longer than the source's: rsync --inplace truncates it
+        "files": {},
+        "links": {"snapshots/r/x": "../../blobs/" + "b" * 64, "snapshots/r/y": "../../blobs/" + "a" * 64},
+        "refs": {},
+    }
+    d = hf_cache.diff_manifests(src, dst)
+    assert d["links_fix"] == {"snapshots/r/x": "../../blobs/" + "a" * 64}
+    assert d["links_create"] == {}
+    assert d["mismatched"] == ["a" * 64]
+    assert (d["bytes_to_copy"], d["bytes_needed"]) == (100, 0)
+    files = hf_cache.diff_manifests({"files": {"f": 10}}, {"files": {"f": 30}})
+    assert (files["files_mismatched"], files["bytes_needed"]) == (["f"], 0)
+
+
+def test_hashing_works_where_the_cpu_count_is_unknown(tmp_path, monkeypatch):
+    """os.cpu_count() may return None (a container that hides it): one worker then."""
+    model = make_model(tmp_path)
+    monkeypatch.setattr(hf_cache.os, "cpu_count", lambda: None)
+    blobs = model["repo"] / "blobs"
+    assert hf_cache.failing_blobs(str(blobs), list(model["names"].values())) == []
+
+
+def test_a_name_with_a_final_newline_is_no_hash_commit_or_ref(tmp_path):
+    """Python's "$" matches before a final newline: these names become file names and link targets."""
+    sha, sha1 = "a" * 64, "b" * 40
+    assert hf_cache.hash_kind(sha) == "sha256" and hf_cache.hash_kind(sha1) == "git-sha1"
+    assert hf_cache.hash_kind(sha + "\n") is None and hf_cache.hash_kind(sha1 + "\n") is None
+    assert not hf_cache.receivable_path(f"blobs/{sha}\n")
+    assert not hf_cache.link_target_ok(f"snapshots/{sha1}/config.json", f"../../blobs/{sha}\n")
+    assert hf_cache.build_manifest(str(tmp_path / "models--x--y"), sha1 + "\n")["revision"] is None
+    repo = tmp_path / "models--org--name"
+    for name, value in (("main\n", sha1), ("main", sha1 + "\n")):
+        with pytest.raises(ValueError, match="refusing ref"):
+            hf_cache.node_links({"repo": str(repo), "refs": {name: value}})
+    assert not (repo / "refs").exists() or list((repo / "refs").iterdir()) == []
+    (repo / "blobs").mkdir(parents=True)
+    leftover = repo / "blobs" / f".{sha}.Ab12Cd\n"  # not what a killed rsync leaves: kept
+    leftover.write_bytes(b"x")
+    assert hf_cache.node_mkdirs({"repo": str(repo)})["stale_temp_removed"] == []
+    assert leftover.exists()
+
+
+@pytest.mark.parametrize(
+    "rel",
+    [
+        f"snapshots//{REVISION}/a",
+        f"snapshots/{REVISION}/",
+        f"snapshots/{REVISION}/./a",
+        f"snapshots/{REVISION}/../a",
+        f"snapshots/{REVISION}/a/..",
+        f"snapshots/{REVISION}/.",
+        f"./snapshots/{REVISION}/a",
+        f"/snapshots/{REVISION}/a",
+        f"../snapshots/{REVISION}/a",
+    ],
+)
+def test_a_snapshot_path_with_an_empty_dot_or_dot_dot_part_has_no_link_target(rel):
+    assert hf_cache.canonical_link_target(rel) is None
+    assert not hf_cache.receivable_path(rel)
+    assert hf_cache.canonical_link_target(f"snapshots/{REVISION}/original/a") == "../../../blobs/"
+
+
+@pytest.mark.parametrize(
+    ("target", "blob"),
+    [
+        ("../../blobs/" + "a" * 64, "a" * 64),
+        ("../../blobs/./" + "a" * 64, "a" * 64),
+        ("../../blobs/", None),
+        ("../../blobs/.", None),
+        ("../../blobs/..", None),
+        ("../../blobs/x/..", None),
+        ("../../blobs", None),
+        ("/repo/blobs/" + "a" * 64, None),
+        ("../../../blobs/" + "a" * 64, None),
+    ],
+)
+def test_the_blob_a_snapshot_link_names(target, blob):
+    assert hf_cache.referenced_blobs({"links": {f"snapshots/{REVISION}/a": target}}) == ({blob} if blob else set())
+
+
+def test_an_absent_commit_is_never_complete(tmp_path):
+    model = make_model(tmp_path)
+    write_listing(model["repo"], "2" * 40)  # a listing of a commit whose snapshot is not here
+    m = hf_cache.build_manifest(str(model["repo"]), "2" * 40)
+    assert (m["revision"], m["revision_found"], m["complete"], m["expected_from"]) == ("2" * 40, False, False, None)
+    assert hf_cache.completeness_problems(m) == ["the revision's snapshot is absent"]
+
+
+def test_a_stray_partial_download_keeps_a_model_without_a_listing_incomplete(tmp_path):
+    model = make_model(tmp_path)
+    assert hf_cache.build_manifest(str(model["repo"]), REVISION)["complete"]
+    (model["repo"] / "blobs" / ("e" * 64 + ".incomplete")).write_bytes(b"x" * 10)
+    m = hf_cache.build_manifest(str(model["repo"]), REVISION)
+    assert (m["complete"], m["incomplete_downloads"]) == (False, {"e" * 64: 10})
+    why = f"1 interrupted download(s) (blobs/*.incomplete): {'e' * 12}... at 10 bytes"
+    assert hf_cache.completeness_problems(m) == [why]
+
+
+def test_a_listing_that_is_a_link_is_no_record(tmp_path):
+    model = make_model(tmp_path)
+    write_listing(model["repo"])
+    rec = model["repo"] / ".sparkops" / f"{REVISION}.json"
+    assert set(hf_cache.build_manifest(str(model["repo"]), REVISION)["records"]) == {f".sparkops/{REVISION}.json"}
+    elsewhere = tmp_path / "listing.json"
+    rec.rename(elsewhere)
+    rec.symlink_to(elsewhere)
+    assert hf_cache.build_manifest(str(model["repo"]), REVISION)["records"] == {}
+
+
+def test_the_hash_record_says_when_each_blob_was_hashed(tmp_path):
+    model = make_model(tmp_path)
+    name = model["names"]["config.json"]
+    hf_cache.save_hash_record(str(model["repo"]), ["0" * 64, name])  # an absent blob is not recorded
+    text = (model["repo"] / ".sparkops" / "hashed-blobs.json").read_text()
+    assert f'\n "blobs": {{\n  "{name}": {{\n   "size": ' in text  # one line a field, for a person reading it
+    data = json.loads(text)
+    assert data["format"] == "sparkops-hashed-blobs/1" and list(data["blobs"]) == [name]
+    st = (model["repo"] / "blobs" / name).stat()
+    rec = data["blobs"][name]
+    assert (rec["size"], rec["mtime_ns"]) == (st.st_size, st.st_mtime_ns)
+    assert rec["hashed_at"].endswith("Z") and len(rec["hashed_at"]) == len("2026-11-25T04:00:00Z")
+
+
+def test_diff_names_extra_blobs_and_files_missing_or_mismatched():
+    src = {"blobs": {"a" * 64: 5}, "files": {"s/r/x": 3, "s/r/y": 4}}
+    dst = {"blobs": {"a" * 64: 5, "b" * 64: 7}, "files": {"s/r/y": 9}}
+    d = hf_cache.diff_manifests(src, dst)
+    assert d["extra"] == ["b" * 64] and d["missing"] == [] and d["mismatched"] == []
+    assert (d["files_missing"], d["files_mismatched"]) == (["s/r/x"], ["s/r/y"])
+    assert d["copy"] == {"s/r/x": 3, "s/r/y": 4} and d["bytes_needed"] == 3
+    assert set(d) == {
+        "missing", "mismatched", "extra", "files_missing", "files_mismatched", "links_create", "links_fix",
+        "refs_update", "copy", "bytes_to_copy", "bytes_needed", "in_sync",
+    }  # fmt: skip
+
+
+def test_hashing_uses_a_few_threads_never_more_than_blobs(tmp_path, monkeypatch):
+    model = make_model(tmp_path)
+    names = list(model["names"].values())
+    seen = []
+    real = hf_cache.ThreadPoolExecutor
+
+    def recording(max_workers):
+        seen.append(max_workers)
+        return real(max_workers=max_workers)
+
+    monkeypatch.setattr(hf_cache, "ThreadPoolExecutor", recording)
+    monkeypatch.setattr(hf_cache.os, "cpu_count", lambda: 64)
+    blobs = str(model["repo"] / "blobs")
+    absent = [f"{i:064x}" for i in range(1, 11)]
+    done = []
+    assert hf_cache.failing_blobs(blobs, names + absent, progress=lambda n, ok: done.append((n, ok))) == absent
+    assert sorted(done) == sorted([(n, True) for n in names] + [(n, False) for n in absent])
+    hf_cache.failing_blobs(blobs, names[:1])
+    hf_cache.failing_blobs(blobs, names, workers=3)
+    monkeypatch.setattr(hf_cache.os, "cpu_count", lambda: 2)
+    hf_cache.failing_blobs(blobs, names)
+    assert seen == [8, 1, 3, 2]  # at most 8 threads, at most one a blob, at most one a CPU
+
+
+def test_plan_streams_takes_the_largest_first_and_at_least_one_stream():
+    assert hf_cache.plan_streams({"b": 1, "c": 1, "a": 1}, 1) == [["a", "b", "c"]]  # equal sizes by name
+    assert hf_cache.plan_streams({"a": 1, "b": 1, "c": 2}, 2) == [["c"], ["a", "b"]]
+    assert hf_cache.plan_streams([("a", 1), ("b", 3)], 1) == [["b", "a"]]
+    assert hf_cache.plan_streams({"a": 1, "b": 3}, 0) == [["b", "a"]]
+    assert hf_cache.plan_streams({"a": 2, "b": 2}, "2") == [["a"], ["b"]]
+
+
+def test_a_path_on_no_filesystem_ends_at_the_root(monkeypatch):
+    monkeypatch.setattr(hf_cache.os.path, "exists", lambda _path: False)
+    assert hf_cache.nearest_existing("/no/such/mount/x") == "/"
+
+
+def test_node_manifest_without_blobs_to_hash(tmp_path):
+    model = make_model(tmp_path)
+    out = hf_cache.node_manifest({"repo": str(model["repo"]), "revision": REVISION})
+    assert out["hash_failed"] == [] and out["manifest"]["complete"]
+    assert out["hash_record"]["never_hashed"] == len(model["names"])
+    assert not (model["repo"] / ".sparkops" / "hashed-blobs.json").exists()
+    # what hf_cache_sync reads from it: space, ownership for the copy, and whether rsync is there
+    assert set(out) == {
+        "hash_record", "repo_path", "manifest", "free_bytes", "free_path", "rsync", "hash_failed", "uid", "gid",
+    }  # fmt: skip
+    assert (out["uid"], out["gid"], out["repo_path"]) == (os.getuid(), os.getgid(), str(model["repo"]))
+    assert isinstance(out["free_bytes"], int) and out["free_bytes"] > 0  # another process may write meanwhile
+    assert out["free_path"] == str(model["repo"])
+
+
+@pytest.mark.parametrize("part", ["", ".", "..", "a/b", "a\0b"])
+def test_a_folder_name_that_is_no_plain_name_is_refused(tmp_path, part):
+    repo = tmp_path / "models--org--name"
+    refused = pytest.raises(ValueError, match="is not a plain folder name")
+    with refused, hf_cache.repo_subdir(str(repo), ["snapshots", part]):
+        pass
+    assert not (tmp_path / "models--org--b").exists()
+
+
+def test_folders_are_made_0755(tmp_path):
+    old = os.umask(0o022)
+    try:
+        with hf_cache.repo_subdir(str(tmp_path / "models--org--name"), ["snapshots", "r"]):
+            pass
+    finally:
+        os.umask(old)
+    assert (tmp_path / "models--org--name" / "snapshots" / "r").stat().st_mode & 0o777 == 0o755
+    assert (tmp_path / "models--org--name" / "snapshots").stat().st_mode & 0o777 == 0o755
+
+
+def test_a_snapshot_folder_named_like_an_unknown_branch_is_not_that_revision(tmp_path):
+    model = make_model(tmp_path)
+    (model["repo"] / "snapshots" / "no-such-branch").mkdir()
+    m = hf_cache.build_manifest(str(model["repo"]), "no-such-branch")
+    assert (m["revision"], m["revision_found"], m["links"]) == (None, False, {})
+
+
+def test_a_linked_blob_that_is_absent_keeps_a_model_without_a_listing_incomplete(tmp_path):
+    model = make_model(tmp_path)
+    shard = model["names"]["model-00002-of-00003.safetensors"]
+    (model["repo"] / "blobs" / shard).unlink()
+    m = hf_cache.build_manifest(str(model["repo"]), REVISION)
+    assert (m["expected_from"], m["missing_files"], m["missing_blobs"]) == ("links only", [], [shard])
+    assert not m["complete"]
+    assert hf_cache.completeness_problems(m) == [f"1 linked blob(s) are absent: {shard}"]
+
+
+def test_hash_record_status_goes_on_past_an_absent_blob(tmp_path):
+    model = make_model(tmp_path)
+    names = sorted(model["names"].values())
+    hf_cache.save_hash_record(str(model["repo"]), names[1:2])
+    status = hf_cache.hash_record_status(str(model["repo"]), ["0" * 64, *names])
+    assert status == {"unchanged": names[1:2], "changed_since_hashed": [], "never_hashed": names[:1] + names[2:]}
+
+
+def test_a_broken_listing_or_index_falls_back_instead_of_crashing(tmp_path):
+    model = make_model(tmp_path, index=True)
+    repo = model["repo"]
+    (repo / ".sparkops").mkdir()
+    (repo / ".sparkops" / f"{REVISION}.json").write_text("{not json")
+    m = hf_cache.build_manifest(str(repo), REVISION)
+    assert (m["expected_from"], m["complete"]) == ("model index", True)
+    index = repo / "snapshots" / REVISION / "model.safetensors.index.json"
+    index.unlink()
+    index.write_text(json.dumps({"metadata": {}}))  # no weight_map
+    assert hf_cache.expected_files(str(repo), REVISION) == ({}, "links only")
+
+
+def test_every_missing_file_is_named(tmp_path):
+    model = make_model(tmp_path)
+    write_listing(
+        model["repo"], **{"a.json": {"size": 1, "blob_id": "a" * 40}, "b.json": {"size": 2, "blob_id": "b" * 40}}
+    )
+    m = hf_cache.build_manifest(str(model["repo"]), REVISION)
+    assert m["missing_files"] == ["a.json", "b.json"]
+    assert hf_cache.completeness_problems(m)[0] == "2 of 6 files listed by the hub listing are absent: a.json, b.json"
+
+
+def test_a_missing_link_alone_is_not_in_sync():
+    src = {"links": {"snapshots/r/x": "../../blobs/" + "a" * 64}}
+    d = hf_cache.diff_manifests(src, {})
+    assert (d["links_create"], d["copy"], d["in_sync"]) == (src["links"], {}, False)
+    assert hf_cache.diff_manifests(src, src)["in_sync"]
+    refs = hf_cache.diff_manifests({"refs": {"main": "c" * 40}}, {"refs": {"main": "d" * 40}})
+    assert (refs["refs_update"], refs["copy"], refs["in_sync"]) == ({"main": "c" * 40}, {}, False)
+
+
+def test_a_link_named_like_a_partial_download_is_none(tmp_path):
+    model = make_model(tmp_path)
+    (tmp_path / "elsewhere").write_bytes(b"x" * 5)
+    (model["repo"] / "blobs" / ("e" * 64 + ".incomplete")).symlink_to(tmp_path / "elsewhere")
+    m = hf_cache.build_manifest(str(model["repo"]), REVISION)
+    assert (m["incomplete_downloads"], m["complete"]) == ({}, True)
+
+
+def test_a_ref_that_holds_no_commit_is_not_followed(tmp_path):
+    model = make_model(tmp_path)
+    outside = tmp_path / "outside"
+    (outside / "secret").mkdir(parents=True)
+    (outside / "secret" / "key").write_text("x")
+    (model["repo"] / "refs" / "evil").write_text("../../outside/secret")
+    (model["repo"] / "snapshots" / "v1").mkdir()
+    (model["repo"] / "refs" / "tag").write_text("v1")
+    for ref in ("evil", "tag"):
+        m = hf_cache.build_manifest(str(model["repo"]), ref)
+        assert (m["revision"], m["revision_found"], m["files"], m["links"]) == (None, False, {}, {}), ref
+    assert hf_cache.build_manifest(str(model["repo"]), "main")["revision"] == REVISION
+
+
+def test_completeness_problems_name_at_most_five(tmp_path):
+    model = make_model(tmp_path)
+    extra = {f"f{i}.json": {"size": 1, "blob_id": f"{i:040x}"} for i in range(7)}
+    write_listing(model["repo"], **extra)
+    m = hf_cache.build_manifest(str(model["repo"]), REVISION)
+    (first,) = hf_cache.completeness_problems(m)
+    assert first == "7 of 11 files listed by the hub listing are absent: f0.json, f1.json, f2.json, f3.json, f4.json"
+    assert hf_cache.completeness_problems(m, limit=1)[0].endswith("are absent: f0.json")
+
+
+def test_node_mkdirs_makes_the_models_folders(tmp_path):
+    repo = tmp_path / "models--org--m"
+    assert hf_cache.node_mkdirs({"repo": str(repo)}) == {"repo": str(repo), "stale_temp_removed": []}
+    assert sorted(p.name for p in repo.iterdir()) == ["blobs", "refs", "snapshots"]
+
+
+def test_node_manifest_names_at_most_20_blobs_changed_since_hashed(tmp_path):
+    repo = tmp_path / "models--org--m"
+    (repo / "blobs").mkdir(parents=True)
+    names = [f"{i:064x}" for i in range(1, 23)]
+    for name in names:
+        (repo / "blobs" / name).write_bytes(b"x")
+    (repo / ".sparkops").mkdir()
+    record = {"blobs": {n: {"size": 2, "mtime_ns": 0} for n in names}}  # all changed since
+    (repo / ".sparkops" / "hashed-blobs.json").write_text(json.dumps(record))
+    out = hf_cache.node_manifest({"repo": str(repo)})
+    assert out["hash_record"]["changed_since_hashed"] == 22
+    assert out["hash_record"]["changed_since_hashed_names"] == names[:20]
+
+
+def test_a_link_with_another_target_alone_is_not_in_sync():
+    src = {"links": {"snapshots/r/x": "../../blobs/" + "a" * 64}}
+    dst = {"links": {"snapshots/r/x": "../../blobs/" + "b" * 64}}
+    d = hf_cache.diff_manifests(src, dst)
+    assert (d["links_fix"], d["links_create"], d["copy"], d["in_sync"]) == (src["links"], {}, {}, False)
+
+
+def test_a_tree_cache_of_another_format_is_not_read(tmp_path):
+    model = make_model(tmp_path)
+    (model["repo"] / "trees").mkdir()
+    files = {"config.json": {"size": 1, "blob_id": "a" * 40}, "other.json": {"size": 1, "blob_id": "b" * 40}}
+    (model["repo"] / "trees" / f"{REVISION}.json").write_text(json.dumps({"format_version": 2, "files": files}))
+    assert hf_cache.expected_files(str(model["repo"]), REVISION) == ({}, "links only")
+
+
+def test_the_hash_record_goes_on_past_a_link_under_a_blob_name(tmp_path):
+    model = make_model(tmp_path)
+    name = model["names"]["config.json"]
+    link = "c" * 64
+    (model["repo"] / "blobs" / link).symlink_to(model["repo"] / "blobs" / name)
+    hf_cache.save_hash_record(str(model["repo"]), [link, name])
+    assert list(hf_cache.load_hash_record(str(model["repo"]))) == [name]

@@ -9,7 +9,9 @@ import io
 import json
 import mmap
 import os
+import shutil
 import socket
+import subprocess
 import threading
 import time
 
@@ -431,3 +433,71 @@ def test_nothing_is_written_through_a_link_swapped_into_the_target(repos, tmp_pa
     stopped = rcv.stop()  # the hash record cannot be written through the link: reported, no crash
     assert any("hash record was not written" in e for e in stopped["errors"])
     assert list(outside.iterdir()) == []
+
+
+# --- transport=rsync's temporary daemon, on loopback (issue 30: its start and stop had no unit test) ---
+
+
+@pytest.mark.skipif(not shutil.which("rsync"), reason="rsync is not installed on this machine")
+def test_remote_main_starts_a_write_only_rsync_daemon_on_its_address_and_stops_it(tmp_path):
+    port = free_port()
+    start = {"action": "rsyncd_start", "address": "127.0.0.1", "port": port, "allow": "127.0.0.1"}
+    start |= {"user": "sparkops", "secret": SECRET, "path": str(tmp_path / "models--org--m"), "start_timeout": 10}
+    lines = [json.dumps(start), json.dumps(start), json.dumps({"action": "rsyncd_stop"})]
+    out = io.StringIO()
+    control = io.BytesIO(("\n".join(lines) + "\n").encode())
+    hf_cache.remote_main(control, out)
+    results = [json.loads(line[len(hf_cache.RESULT_MARK) :]) for line in out.getvalue().splitlines()]
+    pid = results[0]["pid"]
+    assert isinstance(pid, int) and pid > 0
+    assert "already runs" in results[1]["error"]  # one daemon a session
+    assert results[2] == {"stopped": True, "pid": pid}
+    assert (tmp_path / "models--org--m").is_dir()
+    with socket.socket() as s, pytest.raises(OSError):  # stopped: its port is closed
+        s.settimeout(1)
+        s.connect(("127.0.0.1", port))
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+@pytest.mark.skipif(not shutil.which("rsync"), reason="rsync is not installed on this machine")
+def test_the_rsync_daemon_listens_until_stopped_and_leaves_no_secret_behind(tmp_path, monkeypatch):
+    port = free_port()
+    args = {"address": "127.0.0.1", "port": port, "allow": "127.0.0.1", "user": "sparkops", "secret": SECRET}
+    daemon = hf_cache.TemporaryRsyncd(args | {"path": str(tmp_path / "m")})
+    try:
+        assert daemon.proc.poll() is None
+        secrets_file = os.path.join(daemon.tmp, "secrets")
+        assert os.stat(secrets_file).st_mode & 0o777 == 0o600  # rsync's strict modes refuse anything looser
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+            assert conn.recv(64).startswith(b"@RSYNCD:")  # the daemon's greeting
+    finally:
+        stopped = daemon.stop()
+    assert stopped["stopped"] and not os.path.exists(daemon.tmp)
+    # A daemon that cannot start (here: a "rsync" that exits at once) says so and leaves no file behind.
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(hf_cache.tempfile, "tempdir", str(scratch))
+    with pytest.raises(RuntimeError, match=f"rsync daemon did not start on 127.0.0.1:{port}"):
+        hf_cache.TemporaryRsyncd(args | {"path": str(tmp_path / "m"), "rsync": "false", "start_timeout": 5})
+    assert list(scratch.iterdir()) == []
+
+
+def test_stop_group_ends_a_process_group(tmp_path):
+    proc = subprocess.Popen(["sleep", "30"], start_new_session=True)  # noqa: S607 - coreutils sleep
+    try:
+        hf_cache._stop_group(proc, grace_s=5.0)
+        assert proc.returncode == -15  # SIGTERM within the grace period
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_refused_folder_name_names_the_whole_path(tmp_path):
+    fd = hf_cache.open_repo(str(tmp_path / "models--org--m"))
+    try:
+        with pytest.raises(ValueError, match=r"refusing 'snapshots/r/\.\.': '\.\.' is not a plain folder name"):
+            hf_cache.open_subdir(fd, ["snapshots", "r", ".."])
+    finally:
+        os.close(fd)

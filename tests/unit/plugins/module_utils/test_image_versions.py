@@ -42,6 +42,12 @@ FOUND = {
         ("2.52.1", "2.52.10", False),
         ("13.2", "13.20.0", False),
         ("0.19.0", None, False),
+        ("0.19.0+cu132", "0.19.0+cu132", True),  # a pin with a local label matches that exact build
+        ("0.19.0+cu132", "0.19.0+cu130", False),
+        ("13.2", "13.3.0", False),  # the numbers after the pin's length count only after the pin itself
+        ("13.2", "13.2.", False),  # a dot with no release number after it
+        ("0.19", "0.19..0", False),
+        (" 13.2 ", "13.2.1\n", True),  # read from YAML and from a probe line
     ],
 )
 def test_version_matches(pin, found, ok):
@@ -180,6 +186,10 @@ def test_commit_pin_without_version_pin():
 def test_same_commit_needs_seven_hex_and_a_prefix():
     assert iv.same_commit("2a69949bd", "2a69949")
     assert iv.same_commit("2a69949", "2a69949bd")
+    assert iv.same_commit(" 2A69949BD", "2a69949\n")
+    assert not iv.same_commit("2a6", "2a69949bd")  # too short on either side
+    assert not iv.same_commit("2a6994", "2a69949bd")
+    assert not iv.same_commit("2a69949bd", "2a6994")
     assert not iv.same_commit("2a69949bd", "2a6994")
     assert not iv.same_commit("2a69949bd", "2a69949be")
 
@@ -285,3 +295,29 @@ def test_probe_reads_eugrs_build_metadata(tmp_path):
     if found["vllm"] is None:  # no vllm here: the metadata's commit is the only source
         assert found["vllm_commit"] == "2a69949bd0000000000000000000000000000000"
     assert iv.lock_record(found)["flashinfer_commit"] == "0123456789abcdef0123456789abcdef01234567"
+
+
+@pytest.mark.parametrize("empty", [None, ""])
+def test_an_empty_vllm_pin_beside_a_commit_pin_is_no_version_pin(empty):
+    """`sparkops_image_pins: {vllm: "", vllm_commit: ...}`: YAML's empty string unpins like null does."""
+    pins = {**COMMIT_PINS, "vllm": empty}
+    (problem,) = iv.compare_versions({**FOUND, "vllm": EUGR_PREBUILT}, pins)
+    assert problem == (
+        f"vllm: the image carries {EUGR_PREBUILT} (commit a73af584f), the pin "
+        "(sparkops_image_pins.vllm_commit) is commit 2a69949bd"
+    )
+    # Without a readable commit a build is accepted only as exactly the pinned release: with no release
+    # pinned, nothing is accepted, not even a probe that read an empty version.
+    for version in ("", "0.19.0", None):
+        (problem,) = iv.compare_versions({**FOUND, "vllm": version}, pins)
+        assert "commit unknown" in problem and problem.endswith("(sparkops_image_pins.vllm_commit) is commit 2a69949bd")
+
+
+def test_no_pins_an_empty_commit_pin_and_a_pin_spelled_none():
+    assert iv.compare_versions(FOUND, None, None) == []
+    assert iv.compare_versions(FOUND, {**PINS, "vllm": ""}) == []  # YAML's '' unpins the version too
+    # YAML's '' unpins the commit like null: the version pin alone judges a build that names its commit
+    assert iv.compare_versions({**FOUND, "vllm": "0.19.0+g2a69949bd"}, {**PINS, "vllm_commit": ""}) == []
+    # `vllm: None` in YAML is the string "None", not null: an image without vLLM is still refused
+    (problem,) = iv.compare_versions({**FOUND, "vllm": None}, {"vllm": "None", "vllm_commit": "2a69949bd"})
+    assert problem.startswith("vllm: the image carries none (commit unknown")

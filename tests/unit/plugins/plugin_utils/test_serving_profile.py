@@ -350,6 +350,32 @@ def test_normalize_fills_defaults_and_coerces():
     assert p["tensor_parallel_size"] == 2 and p["weights_gib"] == 10.0
     assert p["env"] == {"A": "1", "B": "1"}
     assert p["revision"] == "main" and p["extra_args"] == [] and p["chat_template_kwargs"] == {}
+    # every default, as the argv and the rules read them
+    assert {k: p[k] for k in PROFILE_FIELDS if k not in ("model", "model_family", "weights_gib", "env")} == {
+        "revision": "main",
+        "served_model_name": "org/m",
+        "gated": False,
+        "tensor_parallel_size": 2,
+        "pipeline_parallel_size": 1,
+        "enable_expert_parallel": False,
+        "quantization": None,
+        "weights_quantization": None,
+        "kv_cache_dtype": "auto",
+        "attention_backend": None,
+        "moe_backend": None,
+        "gpu_memory_utilization": 0.85,
+        "max_model_len": 32768,
+        "max_num_seqs": 16,
+        "max_num_batched_tokens": 8192,
+        "max_cudagraph_capture_size": None,
+        "enable_prefix_caching": True,
+        "speculative_config": None,
+        "chat_template_kwargs": {},
+        "extra_args": [],
+        "image": None,
+        "min_vllm_version": None,
+        "not_recommended": None,
+    }
 
 
 def test_not_a_mapping():
@@ -496,7 +522,7 @@ def _fp8(reference, **kw):
     return dict(reference, quantization=None, weights_quantization="fp8", enable_expert_parallel=False, **kw)
 
 
-@pytest.mark.parametrize("backend", ["FLASHINFER", "flashinfer", "FLASHINFER_MLA"])
+@pytest.mark.parametrize("backend", ["FLASHINFER", "flashinfer", "FLASHINFER_MLA", "FLASHINFER_MLA_SPARSE"])
 def test_fp8_with_flashinfer_attention_refused(reference, backend):
     found = profile_violations(_fp8(reference, attention_backend=backend), 2)
     assert len(found) == 1 and "fp8-no-flashinfer-attention" in found[0], found
@@ -792,3 +818,254 @@ def test_the_recorded_speculative_facts_are_0_19_0s_source():
     }
     with pytest.raises(ValueError, match="no class SpeculativeConfig"):
         recorder.speculative_from_source("x = 1\n")
+
+
+# ------------------------------------------------------------------ issue 30: every type, its coercion and its message
+_BASE = {"model": "org/m", "model_family": "x", "weights_gib": 10}
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "want"),
+    [
+        ("tensor_parallel_size", 2.0, 2),
+        ("tensor_parallel_size", " 3 ", 3),
+        ("tensor_parallel_size", "+2", 2),
+        ("max_cudagraph_capture_size", None, None),
+        ("max_cudagraph_capture_size", "512", 512),
+        ("gpu_memory_utilization", "0.8", 0.8),
+        ("gpu_memory_utilization", 1, 1.0),
+        ("enable_prefix_caching", " Off ", False),
+        ("enable_prefix_caching", "yes", True),
+        ("gated", "0", False),
+        ("served_model_name", None, "org/m"),
+        ("quantization", None, None),
+        ("env", {"A": False, "B": 1.5, "C": "x"}, {"A": "0", "B": "1.5", "C": "x"}),
+        ("extra_args", ("--a", "b"), ["--a", "b"]),
+        ("speculative_config", {"method": "mtp"}, {"method": "mtp"}),
+    ],
+)
+def test_values_are_coerced_to_their_kind(key, value, want):
+    assert normalize_profile({**_BASE, key: value})[key] == want
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("model", 5, "model must be a non-empty string, got 5 (int)"),
+        ("tensor_parallel_size", True, "tensor_parallel_size must be an integer, got True (bool)"),
+        ("tensor_parallel_size", 2.5, "tensor_parallel_size must be an integer, got 2.5 (float)"),
+        ("tensor_parallel_size", [2], "tensor_parallel_size must be an integer, got [2] (list)"),
+        ("max_cudagraph_capture_size", "many", "max_cudagraph_capture_size must be an integer, got 'many' (str)"),
+        ("weights_gib", True, "weights_gib must be a number, got True (bool)"),
+        ("weights_gib", "ten", "weights_gib must be a number, got 'ten' (str)"),
+        ("weights_gib", [10], "weights_gib must be a number, got [10] (list)"),
+        ("weights_gib", "nan", "weights_gib must be a finite number, got 'nan' (str)"),
+        ("weights_gib", float("inf"), "weights_gib must be a finite number, got inf (float)"),
+        ("gated", 1, "gated must be true or false, got 1 (int)"),
+        (
+            "chat_template_kwargs",
+            {1: True},
+            "chat_template_kwargs must be a mapping with string keys, got {1: True} (dict)",
+        ),
+        (
+            "chat_template_kwargs",
+            {"a": {1, 2}},
+            "chat_template_kwargs must be JSON-serialisable, got {'a': {1, 2}} (dict)",
+        ),
+        ("speculative_config", ["mtp"], "speculative_config must be a mapping with string keys, got ['mtp'] (list)"),
+        ("env", ["A=1"], "env must be a mapping of environment variable names to values, got ['A=1'] (list)"),
+        ("env", {"A": [1]}, "env.A must be a string or a number, got [1] (list)"),
+        ("env", {"1A": "x"}, "env: '1A' is not a valid environment variable name"),
+        ("env", {1: "x"}, "env: 1 is not a valid environment variable name"),  # YAML reads `1: x` as an int
+        ("env", {"VLLM_X\n": "1"}, "env: 'VLLM_X\\n' is not a valid environment variable name"),
+        (
+            "extra_args",
+            ["--a", 1],
+            "extra_args must be a list of strings (one argv element each), got ['--a', 1] (list)",
+        ),
+        ("weights_gib", 0, "weights_gib must be above 0 (the total on-disk size of the weights in GiB), got 0.0"),
+    ],
+)
+def test_each_wrong_type_has_its_own_message(key, value, message):
+    with pytest.raises(ValueError) as exc:
+        normalize_profile({**_BASE, key: value})
+    assert str(exc.value) == f"invalid serving profile: {message}"
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "tensor_parallel_size",
+        "pipeline_parallel_size",
+        "max_model_len",
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "max_cudagraph_capture_size",
+    ],
+)
+def test_every_count_is_at_least_1(key):
+    assert normalize_profile({**_BASE, key: 1})[key] == 1
+    with pytest.raises(ValueError, match=f"{key} must be at least 1, got 0"):
+        normalize_profile({**_BASE, key: 0})
+
+
+@pytest.mark.parametrize(("gmu", "ok"), [(0, False), (0.01, True), (1, True), (1.01, False)])
+def test_gpu_memory_utilization_is_a_fraction(gmu, ok):
+    if ok:
+        assert normalize_profile({**_BASE, "gpu_memory_utilization": gmu})["gpu_memory_utilization"] == gmu
+    else:
+        with pytest.raises(ValueError, match=r"must be a fraction in \(0, 1\]"):
+            normalize_profile({**_BASE, "gpu_memory_utilization": gmu})
+
+
+@pytest.mark.parametrize(
+    ("flag", "key"),
+    [
+        ("--revision", "revision"),
+        ("--served-model-name", "served_model_name"),
+        ("--tensor-parallel-size", "tensor_parallel_size"),
+        ("-tp", "tensor_parallel_size"),
+        ("--pipeline-parallel-size", "pipeline_parallel_size"),
+        ("-pp", "pipeline_parallel_size"),
+        ("--enable-expert-parallel", "enable_expert_parallel"),
+        ("--no-enable-expert-parallel", "enable_expert_parallel"),
+        ("--quantization", "quantization"),
+        ("-q", "quantization"),
+        ("--kv-cache-dtype", "kv_cache_dtype"),
+        ("--attention-backend", "attention_backend"),
+        ("--moe-backend", "moe_backend"),
+        ("--gpu-memory-utilization", "gpu_memory_utilization"),
+        ("--max-model-len", "max_model_len"),
+        ("--max-num-seqs", "max_num_seqs"),
+        ("--max-num-batched-tokens", "max_num_batched_tokens"),
+        ("--max-cudagraph-capture-size", "max_cudagraph_capture_size"),
+        ("--enable-prefix-caching", "enable_prefix_caching"),
+        ("--no-enable-prefix-caching", "enable_prefix_caching"),
+        ("--speculative-config", "speculative_config"),
+        ("--default-chat-template-kwargs", "chat_template_kwargs"),
+        ("--distributed-executor-backend", "tensor_parallel_size/pipeline_parallel_size"),
+        ("--host", "the host argument"),
+        ("--port", "the port argument"),
+        ("--api-key", "vllm_serve's key file"),
+    ],
+)
+def test_every_flag_the_profile_owns_is_refused_in_extra_args(reference, flag, key):
+    """A flag given twice: vLLM's argparse takes the last one, so extra_args would win over the checked key."""
+    reference["extra_args"] = [f"{flag}=x"]
+    msg = _one(profile_violations(reference, gpus_total=2), f"extra_args sets {flag},")
+    assert f"which the profile owns: set {key}" in msg
+
+
+def test_a_cutlass_linear_backend_is_refused_only_on_fp4_weights(profiles, reference):
+    """--linear-backend picks every quantized linear layer's kernel: CUTLASS is an FP4 kernel only for FP4."""
+    assert profile_violations(dict(reference, extra_args=["--linear-backend", "cutlass"]), 2) == []
+    nvfp4 = dict(profiles["qwen3.5-122b-a10b-nvfp4"], extra_args=["--linear-backend", "cutlass"])
+    assert any(
+        "extra_args --linear-backend cutlass selects a CUTLASS FP4 kernel" in f for f in profile_violations(nvfp4, 1)
+    )
+    # the FP4-only flags are refused whatever the weights
+    for flag in ("--mxfp4-backend", "--nvfp4-backend", "--fp4-backend"):
+        found = profile_violations(dict(reference, extra_args=[flag, "CUTLASS"]), 2)
+        assert found == [
+            f"extra_args {flag} CUTLASS selects a CUTLASS FP4 kernel, refused by the hard rule no-cutlass-fp4 "
+            "('no CUTLASS FP4 kernels on SM121'): use Marlin instead (moe_backend: marlin, env "
+            "VLLM_NVFP4_GEMM_BACKEND=marlin, VLLM_MXFP4_USE_MARLIN=1 for gpt-oss) (to go past it on a build you "
+            "have validated: sparkops_allow_rules: [{rule: no-cutlass-fp4, reason: '<why, who validated, on which "
+            "image>'}])"
+        ], found
+    # a flag at the end without its value is no CUTLASS choice
+    assert profile_violations(dict(reference, extra_args=["--fp4-backend"]), 2) == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"gpus_total": 0}, "gpus_total must be a positive integer, got 0"),
+        ({"gpus_total": True}, "gpus_total must be a positive integer, got True"),
+        ({"gpus_total": 2, "gpus_per_node": 0}, "gpus_per_node must be a positive integer, got 0"),
+        ({"gpus_total": 2, "gpus_per_node": True}, "gpus_per_node must be a positive integer, got True"),
+        ({"gpus_total": 2, "node_memory_gib": 0}, "node_memory_gib must be a positive number, got 0"),
+        ({"gpus_total": 2, "node_memory_gib": "128"}, "node_memory_gib must be a positive number, got '128'"),
+    ],
+)
+def test_cluster_arguments_are_refused_before_any_division(reference, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        profile_violations(reference, **kwargs)
+    assert profile_violations(reference, 2, node_memory_gib=128.0, gpus_per_node=1) == []
+
+
+def test_every_allow_entry_is_judged_after_a_bad_one():
+    entries = [
+        "no-cutlass-fp4",
+        {"rule": "no-cutlass-fp4", "reason": "a", "by": "me"},
+        {"rule": "no-such-rule", "reason": "x"},
+        {"rule": "no-enforce-eager", "reason": " "},
+        {"rule": "not-recommended", "reason": " validated on sim-v2 by ops "},
+        {"rule": "not-recommended", "reason": "again"},
+        {"rule": "no-enforce-eager", "reason": "ok"},
+    ]
+    allowed, problems = check_allow_rules(entries)
+    assert allowed == {"not-recommended": "validated on sim-v2 by ops", "no-enforce-eager": "ok"}
+    assert [p.split(" ", 1)[0].rstrip(":") for p in problems] == [f"sparkops_allow_rules[{i}]" for i in (0, 1, 2, 3, 5)]
+    assert check_allow_rules(None) == ({}, [])
+
+
+def test_a_small_node_is_judged_not_refused_as_an_argument(reference):
+    found = profile_violations(reference, 2, node_memory_gib=1)
+    assert len(found) == 1 and found[0].startswith("the model does not fit"), found
+    assert "vLLM may use only node_memory_gib 1 x gpu_memory_utilization 0.87 = 0.9 GiB per GPU" in found[0]
+
+
+@pytest.mark.parametrize(("wanted", "ok"), [("0.19", True), ("0.19.0", True), ("v0.19.0", True), ("0.19.1", False)])
+def test_min_vllm_version_without_a_patch_number_is_patch_0(reference, wanted, ok):
+    contract = load_contract(_pinned())
+    found = profile_violations(dict(reference, min_vllm_version=wanted), 2, contract=contract)
+    assert (found == []) is ok, found
+
+
+def test_the_mxfp4_marlin_switch_is_no_moe_knob_for_nvfp4(profiles):
+    """A release without --moe-backend marlin but with VLLM_MXFP4_USE_MARLIN: that switch is mxfp4's only."""
+    old = copy.deepcopy(load_contract("0.19.0"))
+    old["vllm_version"] = "0.0.2-test"
+    del old["serve_options"]["--moe-backend"]
+    assert "VLLM_MXFP4_USE_MARLIN" in old["env_vars"]
+    nvfp4 = dict(profiles["qwen3.5-122b-a10b-nvfp4"], moe_backend=None)
+    found = contract_violations(nvfp4, old)
+    assert any("vLLM 0.0.2-test has no knob to put FP4 MoE on Marlin" in f for f in found), found
+    assert not any("set env VLLM_MXFP4_USE_MARLIN=1" in f for f in found), found
+    gptoss = dict(profiles["gpt-oss-120b-mxfp4"], moe_backend=None, env={})
+    assert any("set env VLLM_MXFP4_USE_MARLIN=1" in f for f in contract_violations(gptoss, old))
+
+
+def test_every_env_entry_is_judged_after_the_api_key():
+    with pytest.raises(ValueError) as exc:
+        normalize_profile({**_BASE, "env": {"VLLM_API_KEY": "k", "1A": "x", "B": [1]}})
+    problems = str(exc.value).removeprefix("invalid serving profile: ").split("; ")
+    assert [p.split(" ", 1)[0] for p in problems] == ["env:", "env:", "env.B"]
+    assert "VLLM_API_KEY would put the key" in problems[0] and "'1A'" in problems[1]
+
+
+def test_an_mxfp4_model_on_a_release_with_neither_moe_knob_is_refused(profiles):
+    bare = copy.deepcopy(load_contract("0.19.0"))
+    bare["vllm_version"] = "0.0.3-test"
+    del bare["serve_options"]["--moe-backend"]
+    bare["env_vars"] = [n for n in bare["env_vars"] if n != "VLLM_MXFP4_USE_MARLIN"]
+    gptoss = dict(profiles["gpt-oss-120b-mxfp4"], moe_backend=None, env={})
+    found = contract_violations(gptoss, bare)
+    assert any("vLLM 0.0.3-test has no knob to put FP4 MoE on Marlin" in f for f in found), found
+
+
+def test_vllm_serve_args_refuses_a_node_without_gpus(reference):
+    with pytest.raises(ValueError, match="gpus_per_node must be a positive integer, got 0"):
+        vllm_serve_args(reference, "0.0.0.0", 8000, gpus_per_node=0)
+    assert "--distributed-executor-backend" not in vllm_serve_args(reference, "0.0.0.0", 8000, gpus_per_node=2)
+
+
+@pytest.mark.parametrize(("port", "ok"), [(0, False), (1, True), ("8000", True), (65535, True), (65536, False)])
+def test_the_api_port_is_1_to_65535(reference, port, ok):
+    if ok:
+        argv = vllm_serve_args(reference, "0.0.0.0", port)
+        assert argv[argv.index("--port") + 1] == str(int(port))
+    else:
+        with pytest.raises(ValueError, match=f"port must be within 1-65535, got {port}"):
+            vllm_serve_args(reference, "0.0.0.0", port)
