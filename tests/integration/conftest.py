@@ -197,14 +197,17 @@ ENDPOINT = f"http://{HEAD_FAST}:8000"
 
 
 def simctl(*args: str, check: bool = True, timeout: float = 900) -> subprocess.CompletedProcess:
-    """sim/simctl.py with these arguments (its log lines in stdout)."""
-    return subprocess.run(
+    """sim/simctl.py with these arguments (its log lines in stdout); check: fail saying what it said."""
+    res = subprocess.run(
         ["python3", str(ROOT / "sim" / "simctl.py"), *args],
         capture_output=True,
         text=True,
-        check=check,
+        check=False,
         timeout=timeout,
     )
+    if check and res.returncode != 0:
+        pytest.fail(f"simctl {' '.join(args)}: exit {res.returncode}\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}")
+    return res
 
 
 def inventory_hosts(hosts_yml: dict) -> dict:
