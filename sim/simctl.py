@@ -1083,24 +1083,43 @@ ip -o -4 addr show dev "$name" | grep -q " $addr/" || { echo "address $addr lost
 """
 
 
+def node_links(name: str) -> dict:
+    """{IPv4 address: netdev} inside a node."""
+    out = {}
+    for line in node_sh(name, "ip -o -4 addr show").splitlines():
+        parts = line.split()
+        if len(parts) >= 4 and parts[2] == "inet":
+            out[parts[3].split("/")[0]] = parts[1].split("@")[0]
+    return out
+
+
 def rewire(wiring: dict) -> list:
-    """Attach each node to exactly its wanted ring networks (at the wanted address, as the wanted netdev)."""
+    """Attach each node to exactly its wanted ring networks (at the wanted address, as the wanted netdev).
+
+    A network counts as attached only when Docker says so AND the node has the address on the wanted
+    netdev: a connect that failed half-way (Docker's endpoint made, the link not) is done again.
+    """
     changed = []
     for name, want in wiring.items():
-        now = attached(name)
+        now, links = attached(name), node_links(name)
+        ok = {net for net, (addr, ifname) in want.items() if now.get(net) == addr and links.get(addr) == ifname}
         for net, addr in now.items():
-            if want.get(net, (None,))[0] != addr:
-                dev = node_sh(name, ADDR_DEV.format(addr=addr)).split("@")[0]
-                run(["docker", "network", "disconnect", net, name], capture=True, timeout=CABLE_TIMEOUT_S)
-                # Docker deletes the link by the name it gave it (eth<N>): the renamed one stays behind.
-                if dev:
-                    node_sh(name, f"ip link del {dev} 2>/dev/null || true")
-                changed.append(f"{name} off {net}")
-        for net, (addr, ifname) in want.items():
-            if now.get(net) == addr:
+            if net in ok:
                 continue
-            # The port's name must be free for the new link: a link left by an earlier disconnect holds it.
-            node_sh(name, f"ip link del {ifname} 2>/dev/null || true")
+            cmd = ["docker", "network", "disconnect", "-f", net, name]
+            run(cmd, check=False, capture=True, timeout=CABLE_TIMEOUT_S)
+            # Docker deletes the link by the name it gave it (eth<N>): the renamed one stays behind.
+            if links.get(addr):
+                node_sh(name, f"ip link del {links[addr]} 2>/dev/null || true")
+            changed.append(f"{name} off {net}")
+        for net, (addr, ifname) in want.items():
+            if net in ok:
+                continue
+            # The port's name must be free for the new link (a link left by an earlier disconnect may hold
+            # it), and Docker refuses an address whose subnet the node routes elsewhere: a converged ring
+            # node routes every other cable's subnet (roce_network); site.yml puts back the routes it needs.
+            subnet = NETWORKS[net][0]
+            node_sh(name, f"ip link del {ifname}; for i in 1 2 3 4; do ip route del {subnet} || break; done")
             run(["docker", "network", "connect", "--ip", addr, net, name], capture=True, timeout=CABLE_TIMEOUT_S)
             res = run(
                 ["docker", "exec", name, "bash", "-c", RENAME_SCRIPT, "-", addr, ifname, "30"],
@@ -1112,9 +1131,6 @@ def rewire(wiring: dict) -> list:
                 sys.exit(f"simctl: {name}: {res.stderr.strip()}")
             changed.append(f"{name} {ifname} on {net} ({addr})")
     return changed
-
-
-ADDR_DEV = """ip -o -4 addr show | awk '{{split($4, p, "/"); if (p[1] == "{addr}") print $2}}'"""
 
 
 def node_sh(name: str, script: str) -> str:
