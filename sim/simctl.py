@@ -18,7 +18,8 @@ DGX Sparks as far as a machine without GPU or RDMA allows:
   eugr/spark-vllm-docker, and a Hub-speaking server on the management bridge
   that serves a small stand-in model (the head downloads it as from the Hub).
 
-Commands: ensure-host, build, up, down, status, wait-ssh. State lives in .sim/.
+Commands: ensure-host, build, up, down, status, limit-memory, hosts-only, inventory, and on a ring the
+cabling faults unplug, cross, replug. State lives in .sim/.
 """
 
 from __future__ import annotations
@@ -1013,6 +1014,169 @@ def down(args: argparse.Namespace) -> None:
     )
 
 
+# ------------------------------------------------------------------------ cabling faults
+# A ring's cable c joins port 0 of node c to port 1 of node c+1 (configure): one Docker network per
+# twin lane. `unplug` takes a cable's links down at both ends (the bridge's ports lose carrier: each
+# node keeps its netdevs, NO-CARRIER, as a Spark shows an unplugged QSFP port); `cross` swaps the port-1
+# ends of two cables (docker network disconnect/connect, the new link renamed to the netdev the port had);
+# `replug` puts every cable back as `up` made it. Each is idempotent and bounded in time.
+CABLE_TIMEOUT_S = 60
+
+
+def ring_size() -> int:
+    """The number of nodes of the ring that is up (one network per cable and twin), or exit."""
+    res = run(["docker", "network", "ls", "--filter", f"name={PREFIX}-ring-", "--format", "{{.Name}}"], capture=True)
+    cables = {name for name in res.stdout.split() if name.startswith(f"{PREFIX}-ring-c") and name.endswith("t0")}
+    if len(cables) < 3:
+        sys.exit("simctl: no simulated ring is up; start one with `simctl up --nodes 4 --topology ring`")
+    return len(cables)
+
+
+def cable_label(n: int, c: int) -> str:
+    a, b = NODES[c]["name"], NODES[(c + 1) % n]["name"]
+    return f"cable {c}: {a} port 0 ({'/'.join(PORT0)}) - {b} port 1 ({'/'.join(PORT1)})"
+
+
+def ring_wiring(n: int, crossed: tuple[int, int] | None = None) -> dict:
+    """Per node, the ring networks it is attached to: {node: {network: (address, netdev)}}.
+
+    crossed=(c, e): the port-1 ends of cables c and e swapped (node c+1's port 1 on cable e's networks
+    and node e+1's on cable c's), each with an address of its new network's subnet, so the two cables
+    end at the wrong Sparks while every netdev keeps its name.
+    """
+    wiring: dict = {node["name"]: {} for node in NODES}
+    for node in NODES:
+        for addr, ifname, net in node["fast"]:
+            wiring[node["name"]][net] = (addr, ifname)
+    if crossed:
+        c, e = crossed
+        b, d = NODES[(c + 1) % n]["name"], NODES[(e + 1) % n]["name"]
+        for t in range(2):
+            net_c, net_e = f"{PREFIX}-ring-c{c}t{t}", f"{PREFIX}-ring-c{e}t{t}"
+            del wiring[b][net_c], wiring[d][net_e]
+            wiring[b][net_e] = (f"10.214.{2 * e + t}.{11 + (c + 1) % n}", PORT1[t])
+            wiring[d][net_c] = (f"10.214.{2 * c + t}.{11 + (e + 1) % n}", PORT1[t])
+    return wiring
+
+
+def attached(name: str) -> dict:
+    """{ring network: address} that a node is attached to now."""
+    fmt = "{{json .NetworkSettings.Networks}}"
+    nets = json.loads(run(["docker", "inspect", "-f", fmt, name], capture=True, timeout=CABLE_TIMEOUT_S).stdout)
+    return {net: v.get("IPAddress") for net, v in nets.items() if net.startswith(f"{PREFIX}-ring-")}
+
+
+# Inside a node: the link Docker just connected carries the address; name it as the Spark's port (the
+# entrypoint's rename, bounded: Docker may still be renaming veth* -> eth* when the address shows).
+RENAME_SCRIPT = """
+addr=$1 name=$2 deadline=$((SECONDS + $3))
+while :; do
+    dev=$(ip -o -4 addr show | awk -v a="$addr" '{split($4, p, "/"); if (p[1] == a) print $2}')
+    dev=${dev%%@*}
+    [ -n "$dev" ] && [ "$dev" = "$name" ] && break
+    [ -n "$dev" ] && ip link set dev "$dev" down 2>/dev/null && ip link set dev "$dev" name "$name" 2>/dev/null
+    [ "$SECONDS" -ge "$deadline" ] && { echo "address $addr is on '${dev:-no link}', not $name" >&2; exit 1; }
+    sleep 0.2
+done
+ip link set dev "$name" up
+ip -o -4 addr show dev "$name" | grep -q " $addr/" || { echo "address $addr lost after the rename" >&2; exit 1; }
+"""
+
+
+def node_links(name: str) -> dict:
+    """{IPv4 address: netdev} inside a node."""
+    out = {}
+    for line in node_sh(name, "ip -o -4 addr show").splitlines():
+        parts = line.split()
+        if len(parts) >= 4 and parts[2] == "inet":
+            out[parts[3].split("/")[0]] = parts[1].split("@")[0]
+    return out
+
+
+def rewire(wiring: dict) -> list:
+    """Attach each node to exactly its wanted ring networks (at the wanted address, as the wanted netdev).
+
+    A network counts as attached only when Docker says so AND the node has the address on the wanted
+    netdev: a connect that failed half-way (Docker's endpoint made, the link not) is done again.
+    """
+    changed = []
+    for name, want in wiring.items():
+        now, links = attached(name), node_links(name)
+        ok = {net for net, (addr, ifname) in want.items() if now.get(net) == addr and links.get(addr) == ifname}
+        for net, addr in now.items():
+            if net in ok:
+                continue
+            cmd = ["docker", "network", "disconnect", "-f", net, name]
+            run(cmd, check=False, capture=True, timeout=CABLE_TIMEOUT_S)
+            # Docker deletes the link by the name it gave it (eth<N>): the renamed one stays behind.
+            if links.get(addr):
+                node_sh(name, f"ip link del {links[addr]} 2>/dev/null || true")
+            changed.append(f"{name} off {net}")
+        for net, (addr, ifname) in want.items():
+            if net in ok:
+                continue
+            # The port's name must be free for the new link (a link left by an earlier disconnect may hold
+            # it), and Docker refuses an address whose subnet the node routes elsewhere: a converged ring
+            # node routes every other cable's subnet (roce_network); site.yml puts back the routes it needs.
+            subnet = NETWORKS[net][0]
+            node_sh(name, f"ip link del {ifname}; for i in 1 2 3 4; do ip route del {subnet} || break; done")
+            run(["docker", "network", "connect", "--ip", addr, net, name], capture=True, timeout=CABLE_TIMEOUT_S)
+            res = run(
+                ["docker", "exec", name, "bash", "-c", RENAME_SCRIPT, "-", addr, ifname, "30"],
+                check=False,
+                capture=True,
+                timeout=CABLE_TIMEOUT_S,
+            )
+            if res.returncode != 0:
+                sys.exit(f"simctl: {name}: {res.stderr.strip()}")
+            changed.append(f"{name} {ifname} on {net} ({addr})")
+    return changed
+
+
+def node_sh(name: str, script: str) -> str:
+    return run(["docker", "exec", name, "sh", "-c", script], capture=True, timeout=CABLE_TIMEOUT_S).stdout.strip()
+
+
+def bridge_ports(net: str) -> list:
+    """The host ends of the links on a network's bridge (its two cable ends)."""
+    net_id = run(["docker", "network", "inspect", "-f", "{{.Id}}", net], capture=True).stdout.strip()
+    brif = Path("/sys/class/net") / f"br-{net_id[:12]}" / "brif"
+    return sorted(p.name for p in brif.iterdir()) if brif.is_dir() else []
+
+
+def set_cable_carrier(nets: list, up: bool) -> None:
+    """A veth loses carrier at both ends when one end goes down: the cable's far ends see NO-CARRIER."""
+    for net in nets:
+        for port in bridge_ports(net):
+            run(["ip", "link", "set", "dev", port, "up" if up else "down"], capture=True, timeout=CABLE_TIMEOUT_S)
+
+
+def cabling(args: argparse.Namespace) -> None:
+    n = ring_size()
+    configure(n, "ring")
+    for c in getattr(args, "cables", None) or []:
+        if not 0 <= c < n:
+            sys.exit(f"simctl: the ring of {n} has cables 0 to {n - 1}, not {c}")
+    if args.cmd == "unplug":
+        (c,) = args.cables
+        set_cable_carrier([f"{PREFIX}-ring-c{c}t{t}" for t in range(2)], up=False)
+        log(f"unplugged {cable_label(n, c)} (both twins, NO-CARRIER at both ends)")
+    elif args.cmd == "cross":
+        c, e = args.cables
+        if c == e:
+            sys.exit("simctl: cross needs two different cables")
+        rewire(ring_wiring(n, (c, e)))
+        b, d = NODES[(c + 1) % n]["name"], NODES[(e + 1) % n]["name"]
+        log(
+            f"crossed {cable_label(n, c)} and {cable_label(n, e)}: {NODES[c]['name']} port 0 now meets {d} port 1, "
+            f"{NODES[e]['name']} port 0 meets {b} port 1"
+        )
+    else:
+        changed = rewire(ring_wiring(n))
+        set_cable_carrier([net for net in NETWORKS if "-ring-" in net], up=True)
+        log(f"every cable of the ring of {n} as `up` made it" + (f" ({'; '.join(changed)})" if changed else ""))
+
+
 def status(_args: argparse.Namespace) -> None:
     for node in NODES:
         print(f"{node['name']}: {container_state(node['name']) or 'absent'} (mgmt {node['mgmt']})")
@@ -1061,6 +1225,11 @@ def main() -> None:
     p_inv = sub.add_parser("inventory", help="print the inventory path for --nodes/--topology")
     p_inv.add_argument("--nodes", type=int, default=int(os.environ.get("SIM_NODES", "2")))
     p_inv.add_argument("--topology", default=os.environ.get("SIM_TOPOLOGY", "pair"), choices=TOPOLOGIES)
+    p_unplug = sub.add_parser("unplug", help="ring: take cable C's links down at both ends (NO-CARRIER)")
+    p_unplug.add_argument("cables", type=int, nargs=1, metavar="C")
+    p_cross = sub.add_parser("cross", help="ring: swap the port-1 ends of cables C and E")
+    p_cross.add_argument("cables", type=int, nargs=2, metavar="C")
+    sub.add_parser("replug", help="ring: every cable back as `up` made it (undoes unplug and cross)")
     args = parser.parse_args()
     if args.cmd == "ensure-host":
         ensure_host()
@@ -1077,6 +1246,8 @@ def main() -> None:
         limit_memory(args)
     elif args.cmd == "inventory":
         print(inventory_dir(args.nodes, args.topology))
+    elif args.cmd in ("unplug", "cross", "replug"):
+        cabling(args)
     elif args.cmd == "hosts-only":
         configure(args.nodes, args.topology)
         print(write_hosts_only_inventory(args.nodes, args.topology))

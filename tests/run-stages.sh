@@ -108,7 +108,7 @@ sim() {
     stage molecule molecule test -s default
     # -s: the tests print the measured figures (no-op time, upgrade downtime, rollback time).
     SPARKOPS_REQUIRE_SIM=1 SPARKOPS_SIM_TOPOLOGIES=0 stage integration pytest_stage -q -s tests/integration
-    # Last, since it replaces the pair with a 4-node ring (and puts the pair back): ~10 min on 2 cores.
+    # Last, since it replaces the pair with a 4-node switch, then ring (and puts the pair back): ~8 min on 2 cores.
     # SPARKOPS_SIM_TOPOLOGIES=0 make test skips it.
     SPARKOPS_REQUIRE_SIM=1 SPARKOPS_SIM_TOPOLOGIES="${SPARKOPS_SIM_TOPOLOGIES:-1}" \
         stage integration-ring pytest_stage -q -s tests/integration/test_topologies.py

@@ -201,16 +201,19 @@ class Lldpd:
 
         An lldpd of ours then keeps sending for LINGER_S more: a peer whose read started a little later
         hears us before we stop (stopping sends LLDP's shutdown frame, which removes us from its table).
+        What is heard meanwhile is added, never dropped: on a segment that forwards LLDP (the test bed's
+        bridges) a port hears its first peer before the others, and a peer that stopped is still there.
         """
         base = [self.lldpcli] + (["-u", self.sock] if self.sock else [])
         deadline = time.monotonic() + max(wait_s, 0)
-        seen = {}
+        seen: dict = {}
         done_at = None
         while True:
             self.module.run_command(base + ["update"])
             got = _lldp_neighbours(self.module, self.lldpcli, self.sock)
-            if got is not None and done_at is None:
-                seen = got
+            for name, nbs in (got or {}).items():
+                have = seen.setdefault(name, [])
+                have.extend(nb for nb in nbs if nb not in have)
             now = time.monotonic()
             if done_at is None and (all(seen.get(n) for n in up) or now >= deadline):
                 done_at = now

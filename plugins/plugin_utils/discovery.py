@@ -278,8 +278,8 @@ def _ring_problems(hosts, ports, cables, head, *, settings, problems) -> list | 
             problems.append(
                 f"two cables join {a} and {b} ("
                 + "; ".join(_cable_text(c, ports) for c in cabs)
-                + "): a second cable between the same two Sparks adds nothing. "
-                + fix
+                + "): a second cable between the same two Sparks adds nothing."
+                + (f" {fix}" if fix else "")
             )
     bare = [h for h in hosts if deg[h] == 0]
     for h in bare:

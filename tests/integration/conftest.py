@@ -7,6 +7,7 @@ say why.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import shutil
@@ -193,3 +194,60 @@ def api_key() -> str:
 HEAD_FAST = "10.213.0.11"
 WORKER_FAST = "10.213.0.12"
 ENDPOINT = f"http://{HEAD_FAST}:8000"
+
+
+def simctl(*args: str, check: bool = True, timeout: float = 900) -> subprocess.CompletedProcess:
+    """sim/simctl.py with these arguments (its log lines in stdout); check: fail saying what it said."""
+    res = subprocess.run(
+        ["python3", str(ROOT / "sim" / "simctl.py"), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=timeout,
+    )
+    if check and res.returncode != 0:
+        pytest.fail(f"simctl {' '.join(args)}: exit {res.returncode}\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}")
+    return res
+
+
+def inventory_hosts(hosts_yml: dict) -> dict:
+    """Every host of a hosts.yml (any nesting of groups) -> its variables."""
+    found: dict = {}
+
+    def walk(group: dict) -> None:
+        for host, hv in (group.get("hosts") or {}).items():
+            found[host] = hv or {}
+        for child in (group.get("children") or {}).values():
+            walk(child or {})
+
+    for group in hosts_yml.values():
+        walk(group or {})
+    return found
+
+
+def links_by_host(hosts_yml: dict) -> dict:
+    """host -> its fast links as sorted (netdev, rdma_device, address)."""
+    return {
+        host: sorted((lk["netdev"], lk["rdma_device"], lk["address"]) for lk in hv.get("sparkops_fast_links", []))
+        for host, hv in inventory_hosts(hosts_yml).items()
+    }
+
+
+def subnet_ends(hosts_yml: dict) -> set:
+    """The cabling an inventory describes, whatever its addresses: each subnet as the set of its ends
+    (host, netdev, rdma_device)."""
+    ends: dict = {}
+    for host, hv in inventory_hosts(hosts_yml).items():
+        for lk in hv.get("sparkops_fast_links", []):
+            net = ipaddress.ip_interface(lk["address"]).network
+            ends.setdefault(net, set()).add((host, lk["netdev"], lk["rdma_device"]))
+    return {frozenset(e) for e in ends.values()}
+
+
+def discover(hosts_only: Path, out: Path | None, pool: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """playbooks/discover.yml on a hosts-only inventory (the pool: the test bed's own subnets, so the
+    proposed addresses are the ones Docker gave the links)."""
+    extra = {"sparkops_discover_pool": pool}
+    if out is not None:
+        extra["sparkops_discover_out"] = str(out)
+    return run_playbook("playbooks/discover.yml", inventory=hosts_only, extra_vars=extra, timeout=timeout)

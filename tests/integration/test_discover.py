@@ -10,25 +10,9 @@ import sys
 
 import pytest
 import yaml
-from conftest import ROOT, run_playbook
+from conftest import ROOT, links_by_host, run_playbook, subnet_ends
 
 pytestmark = pytest.mark.usefixtures("sim_cluster")
-
-
-def links_by_host(hosts_yml: dict) -> dict:
-    found = {}
-
-    def walk(group: dict) -> None:
-        for host, hv in (group.get("hosts") or {}).items():
-            found[host] = sorted(
-                (lk["netdev"], lk["rdma_device"], lk["address"]) for lk in (hv or {}).get("sparkops_fast_links", [])
-            )
-        for child in (group.get("children") or {}).values():
-            walk(child or {})
-
-    for group in hosts_yml.values():
-        walk(group or {})
-    return found
 
 
 def test_discovery_writes_the_hand_written_pair_and_plan_takes_it(tmp_path):
@@ -55,6 +39,7 @@ def test_discovery_writes_the_hand_written_pair_and_plan_takes_it(tmp_path):
     written = yaml.safe_load((out / "hosts.yml").read_text())
     hand = yaml.safe_load((ROOT / "inventory" / "sim" / "hosts.yml").read_text())
     assert links_by_host(written) == links_by_host(hand)
+    assert subnet_ends(written) == subnet_ends(hand)
     assert "pair" in (out / "hosts.yml").read_text()
     # The same cables heard again: the file is the same, so a rerun keeps it and succeeds.
     again = run_playbook(

@@ -1,6 +1,16 @@
-"""A 4-node ring on the simulated cluster: site.yml converges serving TP=2 x PP=2 over the four
-nodes, jumbo pings go along the cables and non-neighbours are reached through the routes (a TTL of 1
-does not reach them, 2 does), and a second run changes nothing.
+"""Bigger simulated clusters (issue 27's "Done when" for the 4-node switch and ring).
+
+The switch first (from the pair it adds two nodes): four nodes on the two switch segments; discovery
+from an inventory naming only the hosts writes simctl's hand-written switch inventory and plan.yml
+takes it (site.yml on the 4-node switch is left to a run by hand, to keep `make test` short).
+
+The ring: from an inventory that names only the hosts, discover.yml hears the four nodes' cables by
+LLDP and writes an inventory whose links and topology equal simctl's hand-written one; site.yml
+converges on that DISCOVERED inventory, serving TP=2 x PP=2 over the four nodes; jumbo pings go along
+the cables and non-neighbours are reached through the routes (a TTL of 1 does not reach them, 2 does),
+and a second run changes nothing. Then the cabling faults: a cable unplugged (simctl unplug: NO-CARRIER
+at both ends) and two cables crossed (simctl cross: their port-1 ends swapped) are refused naming the
+cable's ends, with a non-zero exit; simctl replug restores the cables and the discovery takes them again.
 
 Heavy on a small machine (four nodes, each with its own dockerd, Ray and the vLLM test double: about
 10 minutes on 2 cores), so `make test` runs it as its own stage after the pair's integration tests
@@ -11,39 +21,99 @@ Heavy on a small machine (four nodes, each with its own dockerd, Ray and the vLL
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
+import re
+from pathlib import Path
 
 import pytest
-from conftest import ROOT, SIM_STATE, node_sh, recap, run_playbook
+import yaml
+from conftest import SIM_STATE, discover, links_by_host, node_sh, recap, run_playbook, simctl, subnet_ends
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("SPARKOPS_SIM_TOPOLOGIES") != "1", reason="set SPARKOPS_SIM_TOPOLOGIES=1 (4 nodes; heavy)"
 )
 
-
-def simctl(*args: str) -> None:
-    subprocess.run([sys.executable, str(ROOT / "sim" / "simctl.py"), "up", *args], check=True, timeout=900)
-
-
-@pytest.fixture(scope="module")
-def ring4():
-    simctl("--nodes", "4", "--topology", "ring")
-    try:
-        yield SIM_STATE / "inventories" / "ring-4"
-    finally:
-        simctl()  # back to the 2-node pair
-
-
+# The test bed's subnets (sim/simctl.py configure): a pool made of them proposes Docker's addresses.
+RING_POOL = "10.214.0.0/16"
+SWITCH_POOL = "10.213.0.0/23"
 # World size 4 over the ring: two pipeline stages of two tensor-parallel ranks each.
 RING_PROFILE = {"sparkops_serving_profile": "sim-tiny-tp2-pp2"}
 
 
-def test_ring_of_four_converges_with_routed_jumbo_pings(ring4):
-    res = run_playbook("site.yml", inventory=ring4, extra_vars=RING_PROFILE, timeout=1500)
+def hosts_only(n: int, topology: str) -> Path:
+    return Path(simctl("hosts-only", "--nodes", str(n), "--topology", topology).stdout.strip().splitlines()[-1])
+
+
+def discovered_inventory(n: int, topology: str, pool: str, out):
+    """Discover from the hosts-only inventory into out/ (its group_vars: the hosts-only one's, which
+    give this cluster its own lock and reports but no topology); the run and the written hosts.yml."""
+    src = hosts_only(n, topology)
+    res = discover(src, out, pool)
+    assert res.returncode == 0, res.stdout[-4000:]
+    print(f"\ndiscover.yml on the {topology} of {n}: {res.elapsed:.1f} s")
+    (out / "group_vars").symlink_to(src / "group_vars")
+    return res, yaml.safe_load((out / "hosts.yml").read_text())
+
+
+def hand_written(n: int, topology: str) -> dict:
+    return yaml.safe_load((SIM_STATE / "inventories" / f"{topology}-{n}" / "hosts.yml").read_text())
+
+
+def topology_of(hosts_yml: dict) -> str:
+    return hosts_yml["all"]["children"]["spark_cluster"]["vars"]["sparkops_topology"]
+
+
+# The switch first: from the pair (where make test's ring stage starts) it only adds two nodes.
+@pytest.fixture(scope="module")
+def switch4():
+    simctl("up", "--nodes", "4", "--topology", "switch")
+    try:
+        yield SIM_STATE / "inventories" / "switch-4"
+    finally:
+        simctl("up")  # back to the 2-node pair
+
+
+def test_switch_discovery_writes_the_hand_written_switch_and_plan_takes_it(switch4, tmp_path):
+    _res, written = discovered_inventory(4, "switch", SWITCH_POOL, tmp_path)
+    hand = hand_written(4, "switch")
+    assert topology_of(written) == "switch"
+    assert subnet_ends(written) == subnet_ends(hand)
+    assert links_by_host(written) == links_by_host(hand)
+    plan = run_playbook("playbooks/plan.yml", inventory=tmp_path, timeout=300)
+    assert plan.returncode == 0, plan.stdout[-3000:]
+    print(f"plan.yml on the discovered switch of 4: {plan.elapsed:.1f} s")
+
+
+@pytest.fixture(scope="module")
+def ring4():
+    simctl("up", "--nodes", "4", "--topology", "ring")
+    try:
+        yield SIM_STATE / "inventories" / "ring-4"
+    finally:
+        simctl("up")  # back to the 2-node pair
+
+
+@pytest.fixture(scope="module")
+def ring4_discovered(ring4, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ring-4-discovered")
+    _res, written = discovered_inventory(4, "ring", RING_POOL, out)
+    return out, written
+
+
+def test_ring_discovery_writes_the_hand_written_ring(ring4_discovered):
+    _out, written = ring4_discovered
+    hand = hand_written(4, "ring")
+    assert topology_of(written) == "ring"
+    # The same cables (each subnet's two ends) and, from the test bed's pool, the same addresses.
+    assert subnet_ends(written) == subnet_ends(hand)
+    assert links_by_host(written) == links_by_host(hand)
+
+
+def test_ring_of_four_converges_on_the_discovered_inventory(ring4_discovered):
+    inv, _written = ring4_discovered
+    res = run_playbook("site.yml", inventory=inv, extra_vars=RING_PROFILE, timeout=1500)
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-4000:]
-    print(f"ring-4 converge: {res.elapsed:.0f} s")
+    print(f"ring-4 converge (discovered inventory): {res.elapsed:.0f} s")
     assert set(recap(out)) == {f"spark-sim-{i}" for i in range(1, 5)}
     # spark-sim-1's neighbours are 2 and 4; 3 is reached through a route, and pinged through it
     # (roce_network's check names every lane it pinged; the callback may wrap long lines).
@@ -59,9 +129,49 @@ def test_ring_of_four_converges_with_routed_jumbo_pings(ring4):
     # vLLM (the double, over real Ray) placed one GPU bundle on each of the four nodes.
     log = node_sh("spark-sim-1", "docker logs sparkops-vllm 2>&1").stdout
     assert "placement group placed on 4 nodes" in log, log[-2000:]
-    served = run_playbook("playbooks/verify.yml", inventory=ring4, extra_vars=RING_PROFILE, timeout=600)
+    served = run_playbook("playbooks/verify.yml", inventory=inv, extra_vars=RING_PROFILE, timeout=600)
     assert served.returncode == 0, served.stdout[-3000:]
-    again = run_playbook("site.yml", inventory=ring4, extra_vars=RING_PROFILE, timeout=900)
+    again = run_playbook("site.yml", inventory=inv, extra_vars=RING_PROFILE, timeout=900)
     assert again.returncode == 0
     assert all(r["changed"] == 0 for r in recap(again.stdout).values()), again.stdout[-3000:]
     print(f"ring-4 no-op: {again.elapsed:.0f} s")
+
+
+def refusal(res) -> str:
+    """The discovery's refusal, one line (the callback wraps long lines)."""
+    out = " ".join((res.stdout + res.stderr).split())
+    assert res.returncode != 0, out[-3000:]
+    assert "The cabling makes no supported sparkops topology" in out, out[-3000:]
+    return out
+
+
+def test_unplugged_and_crossed_cables_are_refused_naming_the_cable(ring4):
+    src = hosts_only(4, "ring")
+    p0 = "port 0 (enp1s0f0np0/enP2p1s0f0np0)"
+    p1 = "port 1 (enp1s0f1np1/enP2p1s0f1np1)"
+    try:
+        # Cable 1 (spark-sim-2 port 0 - spark-sim-3 port 1) unplugged: both ends lose carrier, the
+        # netdevs stay, as on a Spark.
+        simctl("unplug", "1")
+        link = node_sh("spark-sim-2", "cat /sys/class/net/enp1s0f0np0/carrier", check=False)
+        assert link.stdout.strip() == "0", link
+        out = refusal(discover(src, None, RING_POOL))
+        assert f"the ring is missing one cable: connect spark-sim-2 {p0} to spark-sim-3 {p1}" in out, out[-3000:]
+        simctl("replug")
+        # Cables 0 and 2 crossed: their port-1 ends swapped (spark-sim-2's and spark-sim-4's), which
+        # makes two loops of two Sparks; every netdev keeps its name.
+        simctl("cross", "0", "2")
+        names = node_sh("spark-sim-2", "ls /sys/class/net").stdout.split()
+        assert {"enp1s0f1np1", "enP2p1s0f1np1"} <= set(names), names
+        out = refusal(discover(src, None, RING_POOL))
+        assert "the cables make 2 separate loops (spark-sim-1 - spark-sim-4; spark-sim-2 - spark-sim-3)" in out
+        assert f"the cable spark-sim-1 {p0} - spark-sim-4 {p1}" in out, out[-3000:]
+        assert f"the cable spark-sim-2 {p1} - spark-sim-3 {p0}" in out, out[-3000:]
+        assert re.search(r"Two cables are crossed: swap the ends at spark-sim-\d port 1", out), out[-3000:]
+    finally:
+        simctl("replug")
+    # Put back, the cabling is the hand-written ring again.
+    again = discover(src, None, RING_POOL)
+    assert again.returncode == 0, again.stdout[-3000:]
+    said = " ".join(again.stdout.split())
+    assert "ring order: spark-sim-1 -> spark-sim-2 -> spark-sim-3 -> spark-sim-4 -> spark-sim-1" in said

@@ -200,3 +200,29 @@ def test_a_silent_port_waits_wait_s_then_asks_ipv6_neighbours(monkeypatch, spark
     assert r.get("failed") is not True, r
     assert node.clock[0] - t0 == 7  # polled once a second up to wait_s
     assert sorted(c[-1] for c in node.calls if c[:3] == ["ip", "-j", "-6"]) == ["enP2p1s0f1np1", "enp1s0f1np1"]
+
+
+def test_peers_heard_while_lingering_are_added_never_dropped(monkeypatch, spark_sysfs):
+    # A segment that forwards LLDP (the test bed's switch bridges): the first read hears one peer, a later
+    # one (still within LINGER_S) a second; the first may be gone from the table by then (its shutdown
+    # frame). Both are neighbours of the port.
+    node = FakeNode(monkeypatch, lldpd_running=False)
+    second = json.loads(lldp_json0())
+    for iface in second["lldp"][0]["interface"]:
+        iface["chassis"][0]["id"][0]["value"] = "fc:4c:ea:f9:44:30"
+        iface["chassis"][0]["name"][0]["value"] = "spark-3"
+    reads = iter([lldp_json0(), json.dumps(second)])
+    plain = node.run_command
+
+    def run_command(_module, argv, *a, **k):
+        if argv[0].endswith("lldpcli") and "neighbors" in argv:
+            node.calls.append(list(argv))
+            return 0, next(reads, json.dumps(second)), ""
+        return plain(argv, *a, **k)
+
+    monkeypatch.setattr(mod.AnsibleModule, "run_command", run_command)
+    r = run_module(mod, {"sys_class_net": str(spark_sysfs), "wait_s": 5})
+    assert r.get("failed") is not True, r
+    ports = {p["netdev"]: p for p in r["ports"]}
+    heard = [nb["sysname"] for nb in ports["enP2p1s0f1np1"]["neighbours"]]
+    assert heard == ["spark-2", "spark-3"]
