@@ -153,6 +153,8 @@ def plan_image(image: dict, lock: dict, upgrade: bool) -> dict:
             out.update(commit=commit, tag=f"{commit[:12]}-{out['args_hash']}", resolved=True)
     if out["resolved"]:
         out["image"] = f"{name}:{out['tag']}"
+    # The image's ID as the lock recorded it for this very name (the deployment record keeps it).
+    out["id"] = str(locked.get("id") or "") if out["resolved"] and locked.get("tag") == out["image"] else ""
     return out
 
 

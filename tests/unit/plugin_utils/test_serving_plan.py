@@ -131,6 +131,19 @@ def test_a_branch_is_resolved_by_the_lock_or_left_to_the_build():
         lock=lock,
     )
     assert locked["deployments"][0]["image"]["image"] == the_checkout_roles_tag("vllm-node", LOCKED_IMAGE, [])
+    assert locked["deployments"][0]["image"]["id"] == ""  # the lock recorded no ID for this name
+    tag = the_checkout_roles_tag("vllm-node", LOCKED_IMAGE, [])
+    with_id = plan_of_only(
+        image={
+            "source": "eugr",
+            "name": "vllm-node",
+            "ref": "main",
+            "build_args": [],
+            "repo": "https://github.com/eugr/spark-vllm-docker.git",
+        },
+        lock=lock_for(ref="main", commit=LOCKED_IMAGE, build_args=[], tag=tag, id="sha256:" + "e" * 64),
+    )
+    assert with_id["deployments"][0]["image"]["id"] == "sha256:" + "e" * 64
 
 
 def test_with_a_lock_every_entry_point_serves_the_locked_model_commit():
