@@ -24,6 +24,13 @@ def container(node: str, name: str) -> dict | None:
     return json.loads(res.stdout)[0] if res.returncode == 0 else None
 
 
+def failure(res) -> str:
+    """The failed tasks' lines of a run, else its end (a long run's failure is far from its end)."""
+    lines = res.stdout.splitlines()
+    at = [i for i, line in enumerate(lines) if line.startswith(("fatal:", "failed:")) or "FAILED!" in line]
+    return "\n".join("\n".join(lines[max(0, i - 3) : i + 25]) for i in at[:3]) or res.stdout[-4000:]
+
+
 def plan(tmp_path, extra_vars=None) -> dict:
     out = tmp_path / "plan.json"
     res = run_playbook("playbooks/plan.yml", extra_vars={"sparkops_plan_file": str(out), **(extra_vars or {})})
@@ -53,7 +60,7 @@ def test_mp_executor_converges_serves_survives_a_killed_rank_and_goes_back_to_ra
     head_ip = dep["members"][0]["ip"]
     t0 = time.monotonic()
     res = run_playbook("site.yml", extra_vars=MP, timeout=900)
-    assert res.returncode == 0, res.stdout[-5000:]
+    assert res.returncode == 0, failure(res)
     converge_s = time.monotonic() - t0
     try:
         for node, rank in zip(NODES, (0, 1), strict=True):
@@ -68,7 +75,7 @@ def test_mp_executor_converges_serves_survives_a_killed_rank_and_goes_back_to_ra
         assert "headless rank 1 joined the head's rendezvous" in logs, logs[-2000:]
         assert completion_ok()
         again = run_playbook("site.yml", extra_vars=MP, timeout=900)
-        assert again.returncode == 0, again.stdout[-4000:]
+        assert again.returncode == 0, failure(again)
         counts = recap(again.stdout)
         assert all(c["changed"] == 0 for c in counts.values()), counts
 
@@ -96,7 +103,7 @@ def test_mp_executor_converges_serves_survives_a_killed_rank_and_goes_back_to_ra
         wait_serving(60)
     finally:
         back = run_playbook("site.yml", timeout=900)
-    assert back.returncode == 0, back.stdout[-5000:]
+    assert back.returncode == 0, failure(back)
     for node in NODES:
         assert container(node, "sparkops-ray")["State"]["Running"], f"Ray did not come back on {node}"
     assert container(WORKER, "sparkops-vllm") is None or not container(WORKER, "sparkops-vllm")["State"]["Running"]
