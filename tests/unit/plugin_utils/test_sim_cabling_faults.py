@@ -66,7 +66,7 @@ def test_crossing_swaps_the_port_1_ends_and_keeps_every_netdev(monkeypatch, tmp_
         assert sorted(ifname for _a, ifname in crossed[host].values()) == sorted(sim.PORT0 + sim.PORT1)
         for net, (addr, _ifname) in crossed[host].items():
             assert ipaddress.ip_address(addr) in ipaddress.ip_network(sim.NETWORKS[net][0])
-    addrs = [a for nets in crossed.values() for a, _ in nets.values()]
+    addrs = [a for nets in crossed.values() for a, _ifname in nets.values()]
     assert len(addrs) == len(set(addrs))
     assert crossed != plain
 
