@@ -76,11 +76,13 @@ def management_interface_as_fast_link(data):
     _heads(data)["spark_workers"]["hosts"]["spark-sim-2"]["sparkops_fast_links"][1]["netdev"] = "enP7s7"
 
 
-def _profile(**changes):
-    """The simulated cluster's shipped profile under another name, with `changes`."""
+def _profile(name="bad", **changes):
+    """The simulated cluster's shipped profile under `name`, with `changes`. Under another name the lock
+    (the profile the pair was deployed with) refuses it too, in the same message as the profile's own
+    problems; under the deployed name only what `changes` breaks is refused."""
     shipped = yaml.safe_load((ROOT / "roles/sparkops_defaults/defaults/main/serving_profiles.yml").read_text())
-    base = {**shipped["sparkops_serving_profiles"]["sim-tiny-tp2"], "served_model_name": "bad", **changes}
-    return {"sparkops_serving_profiles_extra": {"bad": base}, "sparkops_serving_profile": "bad"}
+    base = {**shipped["sparkops_serving_profiles"]["sim-tiny-tp2"], **changes}
+    return {"sparkops_serving_profiles_extra": {name: base}, "sparkops_serving_profile": name}
 
 
 def ring_declared_on_a_pair(data):
@@ -113,7 +115,8 @@ VARS_CASES = {
         "the value of 'X' contains control characters",
     ),
     "not enough disk for the weights": (
-        {**_profile(weights_gib=100000), "sparkops_node_memory_gib": 10000000},
+        # The deployed profile's name: a node's disk is judged on the node, after the plan (and the lock) passed.
+        {**_profile("sim-tiny-tp2", weights_gib=100000), "sparkops_node_memory_gib": 10000000},
         "GiB free",
     ),
 }
