@@ -32,12 +32,13 @@ def source_b64(module) -> str:
     return base64.b64encode(source(module)).decode()
 
 
-def stdin_boot(entry: str, filename: str) -> str:
-    """The `python3 -c` program that reads a length-prefixed source from stdin, runs it as module
-    `filename` (tracebacks name it) and exits with `entry()`'s return value."""
+def stdin_boot(entry: str, name: str) -> str:
+    """The `python3 -c` program that reads a length-prefixed source from stdin, runs it as module `name`
+    (its tracebacks name `name`.py, and `ps`/`pkill -f` find the process by `name` on its command line)
+    and exits with `entry()`'s return value."""
     return (
         "import sys;n=int(sys.stdin.buffer.readline());src=sys.stdin.buffer.read(n);"
-        f"g={{'__name__':'sparkops_remote'}};exec(compile(src,{filename!r},'exec'),g);"
+        f"g={{'__name__':{name!r}}};exec(compile(src,{name + '.py'!r},'exec'),g);"
         f"raise SystemExit(g[{entry!r}]())"
     )
 

@@ -246,7 +246,7 @@ from ansible_collections.sparkops.cluster.plugins.module_utils import hf_cache, 
 
 # Runs on a target: hf_cache's own source first on stdin (remote_exec.stdin_boot), then one JSON line
 # per action (hf_cache.remote_main: a session, so one ssh connection and one python start per target).
-REMOTE_BOOT = remote_exec.stdin_boot("remote_main", "sparkops_hf_cache.py")
+REMOTE_BOOT = remote_exec.stdin_boot("remote_main", "sparkops_hf_cache_remote")
 RSYNC_USER = "sparkops"
 # How often a follower looks for blobs that completed since (a directory scan: cheap).
 FOLLOW_POLL_S = 0.25
