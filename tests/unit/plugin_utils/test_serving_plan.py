@@ -120,27 +120,16 @@ def test_a_branch_is_resolved_by_the_lock_or_left_to_the_build():
     assert unlocked["deployments"][0]["image"]["resolved"] is False
     assert unlocked["deployments"][0]["image"]["image"] == ""
     lock = lock_for(ref="main", commit=LOCKED_IMAGE, build_args=[])
+    branch = {"source": "eugr", "name": "vllm-node", "ref": "main", "build_args": [], "repo": lock["image"]["repo"]}
     locked = plan_of_only(
-        image={
-            "source": "eugr",
-            "name": "vllm-node",
-            "ref": "main",
-            "build_args": [],
-            "repo": "https://github.com/eugr/spark-vllm-docker.git",
-        },
+        image=branch,
         lock=lock,
     )
     assert locked["deployments"][0]["image"]["image"] == the_checkout_roles_tag("vllm-node", LOCKED_IMAGE, [])
     assert locked["deployments"][0]["image"]["id"] == ""  # the lock recorded no ID for this name
     tag = the_checkout_roles_tag("vllm-node", LOCKED_IMAGE, [])
     with_id = plan_of_only(
-        image={
-            "source": "eugr",
-            "name": "vllm-node",
-            "ref": "main",
-            "build_args": [],
-            "repo": "https://github.com/eugr/spark-vllm-docker.git",
-        },
+        image=branch,
         lock=lock_for(ref="main", commit=LOCKED_IMAGE, build_args=[], tag=tag, id="sha256:" + "e" * 64),
     )
     assert with_id["deployments"][0]["image"]["id"] == "sha256:" + "e" * 64
