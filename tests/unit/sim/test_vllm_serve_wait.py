@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -18,10 +17,10 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT
+from double_fixtures import MODEL, free_port, tiny_hf_home
 
 DOUBLE = ROOT / "sim" / "standin" / "vllm_test_double.py"
 VENV_BIN = Path(sys.executable).parent
-MODEL = "sparkops-org/tiny-model"
 KEY = "sk-wait-test"
 pytestmark = pytest.mark.timeout(180)
 
@@ -33,12 +32,6 @@ PLAYBOOK = """
     - name: Wait the way vllm_serve does
       ansible.builtin.include_tasks: {wait}
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def fake_docker(tmp_path: Path, state: str, log_lines: list[str]) -> Path:
@@ -87,14 +80,7 @@ def run_wait(tmp_path: Path, bindir: Path, port: int, timeout_s: int, every_s: i
 
 @pytest.fixture
 def hf_home(tmp_path) -> Path:
-    repo = tmp_path / "hf" / "hub" / ("models--" + MODEL.replace("/", "--"))
-    snap = repo / "snapshots" / "abc123"
-    snap.mkdir(parents=True)
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text("abc123")
-    (snap / "config.json").write_text('{"model_type": "llama"}')
-    (snap / "model.safetensors").write_bytes(b"\0" * 16)
-    return tmp_path / "hf"
+    return tiny_hf_home(tmp_path / "hf")
 
 
 def test_a_vllm_that_restarted_and_came_up_is_ready(tmp_path, hf_home):
