@@ -34,6 +34,7 @@ import posixpath
 import re
 
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.cluster import ClusterError
+from ansible_collections.sparkops.cluster.plugins.plugin_utils.day2_checks import memory_plan_problems
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.lockfile import conflicts as lock_conflicts
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.lockfile import effective_revision
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving_profile import (
@@ -178,12 +179,10 @@ def lock_wanted(image: dict, profile_name: str, profile: dict | None) -> dict:
     }
 
 
-def _profile_problems(inputs: dict, profiles: dict, name, gpus_total: int, sizes: dict) -> tuple[dict | None, list]:
+def _profile_problems(inputs: dict, profiles: dict, name, gpus_total: int, sizes: dict) -> tuple:
     """Preflight's profile checks, with its messages: the name, every profile's contract, the rules,
-    the gated model's token and the memory plan. Returns the raw profile (or None) and the problems."""
-    # Imported here: day2_checks is only needed for the memory plan, and it is a large module.
-    from ansible_collections.sparkops.cluster.plugins.plugin_utils.day2_checks import memory_plan_problems  # noqa: PLC0415
-
+    the gated model's token and the memory plan. Returns the raw profile and its normalized form (both
+    None when it cannot be served), the pinned vLLM's contract and the problems."""
     problems = []
     known = isinstance(name, str) and name in profiles
     if not known:
@@ -206,7 +205,7 @@ def _profile_problems(inputs: dict, profiles: dict, name, gpus_total: int, sizes
             "Fix the profile for this vLLM release or pin the release it was written for."
         )
     if not known:
-        return None, problems
+        return None, None, contract, problems
     profile = profiles[name]
     rules = profile_violations(
         profile,
@@ -218,7 +217,7 @@ def _profile_problems(inputs: dict, profiles: dict, name, gpus_total: int, sizes
     )
     if rules:
         problems.append(f"Serving profile '{name}' is refused: {' | '.join(rules)}")
-        return None, problems
+        return None, None, contract, problems
     p = normalize_profile(profile)
     if p["gated"] and str(_get(inputs, "weights_source", "hub")) == "hub" and not inputs.get("hf_token_set"):
         problems.append(
@@ -228,7 +227,7 @@ def _profile_problems(inputs: dict, profiles: dict, name, gpus_total: int, sizes
     memory = memory_plan_problems(p, sizes["node_memory_gib"], sizes["overhead_gib"], sizes["floor_gib"])
     if memory:
         problems.append(f"Serving profile '{name}' is refused: {' | '.join(memory)}")
-    return profile, problems
+    return profile, p, contract, problems
 
 
 def _vllm_env(base: dict, cache_env: dict, profile_env: dict, ip: str, *, ray: bool, api: bool, mp: bool) -> dict:
@@ -278,13 +277,15 @@ def build_serving(cluster: dict, inputs: dict) -> dict:  # noqa: PLR0914, PLR091
     if not 1 <= master_port <= 65535:
         problems.append(f"sparkops_mp_master_port must be within 1-65535, got {master_port}")
     hosts = list(cluster["hosts"])
-    raw, found = _profile_problems(inputs, profiles, name, len(hosts) * sizes["gpus_per_node"], sizes)
+    raw, normalized, contract, found = _profile_problems(
+        inputs, profiles, name, len(hosts) * sizes["gpus_per_node"], sizes
+    )
     problems += found
 
     image_in = inputs.get("image") or {}
     lock = inputs.get("lock") or {}
     upgrade = bool(inputs.get("upgrade"))
-    wanted = lock_wanted(image_in, str(name), normalize_profile(raw) if raw is not None else None)
+    wanted = lock_wanted(image_in, str(name), normalized)
     conflicts = [] if upgrade else lock_conflicts(lock, wanted)
     if conflicts:
         problems.append(
@@ -295,7 +296,7 @@ def build_serving(cluster: dict, inputs: dict) -> dict:  # noqa: PLR0914, PLR091
     if problems:
         raise ClusterError(problems)
 
-    p = normalize_profile(raw)
+    p = dict(normalized)
     own_revision = p["revision"]
     p["revision"] = own_revision if upgrade else effective_revision(own_revision, lock, str(name), p["model"])
     world = p["tensor_parallel_size"] * p["pipeline_parallel_size"]
@@ -376,7 +377,7 @@ def build_serving(cluster: dict, inputs: dict) -> dict:  # noqa: PLR0914, PLR091
             str(name),
             raw,
             inputs.get("allow_rules") or [],
-            contract=load_contract(str(_get(inputs, "vllm_version", "0.19.0"))),
+            contract=contract,
         ),
     }
     return {"deployments": [deployment], "lock": {"wanted": wanted, "upgrade": upgrade}}
