@@ -68,11 +68,9 @@ CEILING = {
     "head/primary address derivations": 5,
     "hostvars reach-ins": 23,
     "tasks_from borrowing": 10,
-    # sparkops_image is 2 above BEFORE: serve/weights/watchdog.yml alone check the plan named the image
-    # (3) where they borrowed checkout.yml (which read it in its own file), and checkout.yml checks the
-    # image it names is the plan's. The container tasks still read it: an upgrade's rollback sets it.
+    # The container tasks still read sparkops_image: an upgrade's rollback sets it.
     "sparkops_profile reads": 60,
-    "sparkops_image reads": 44,
+    "sparkops_image reads": 41,
     "vLLM and Ray argv variables": 4,
     "groups['spark_cluster'] reads": 19,
 }
