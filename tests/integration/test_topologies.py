@@ -20,13 +20,26 @@ Heavy on a small machine (four nodes, each with its own dockerd, Ray and the vLL
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import time
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import SIM_STATE, discover, links_by_host, node_sh, recap, run_playbook, simctl, subnet_ends
+from conftest import (
+    SIM_STATE,
+    discover,
+    links_by_host,
+    node_sh,
+    recap,
+    reset_watchdog,
+    run_playbook,
+    simctl,
+    subnet_ends,
+)
+from test_day2_faults import HEAD, wait_event
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("SPARKOPS_SIM_TOPOLOGIES") != "1", reason="set SPARKOPS_SIM_TOPOLOGIES=1 (4 nodes; heavy)"
@@ -135,6 +148,61 @@ def test_ring_of_four_converges_on_the_discovered_inventory(ring4_discovered):
     assert again.returncode == 0
     assert all(r["changed"] == 0 for r in recap(again.stdout).values()), again.stdout[-3000:]
     print(f"ring-4 no-op: {again.elapsed:.0f} s")
+
+
+def test_mp_executor_on_the_ring_serves_survives_a_killed_rank_and_a_hang(ring4_discovered, tmp_path):
+    """vLLM's own executor over the discovered ring (issue 24): plan.yml shows ranks 0..3, one API rank
+    and the head's fast-link address as master; site.yml moves the Ray ring to four vLLM ranks (no Ray
+    left), verify.yml gets a completion, a rerun changes nothing, and the watchdog brings the group back
+    after a rank on a non-neighbour of the head is killed and after the head hangs."""
+    inv, _written = ring4_discovered
+    mp = {**RING_PROFILE, "sparkops_executor": "mp"}
+    out = tmp_path / "plan.json"
+    shown = run_playbook("playbooks/plan.yml", inventory=inv, extra_vars={**mp, "sparkops_plan_file": str(out)})
+    assert shown.returncode == 0, shown.stdout[-3000:]
+    dep = json.loads(out.read_text())["serving"]["deployments"][0]
+    members = dep["members"]
+    assert [m["rank"] for m in members] == [0, 1, 2, 3] and dep["executor"] == "mp"
+    assert [m["role"] for m in members].count("api") == 1 and members[0]["role"] == "api"
+    head_ip = members[0]["ip"]
+    for m in members:
+        argv = m["vllm"]["argv"]
+        assert argv[argv.index("--master-addr") + 1] == head_ip
+        assert argv[argv.index("--node-rank") + 1] == str(m["rank"])
+    res = run_playbook("site.yml", inventory=inv, extra_vars=mp, timeout=1200)
+    assert res.returncode == 0, res.stdout[-4000:]
+    print(f"\nring-4 Ray -> mp: {res.elapsed:.0f} s")
+    for m in members:
+        running = node_sh(m["host"], "docker ps --format '{{.Names}}'").stdout.split()
+        assert "sparkops-vllm" in running and "sparkops-ray" not in running, (m["host"], running)
+        cmd = json.loads(node_sh(m["host"], "docker inspect -f '{{json .Config.Cmd}}' sparkops-vllm").stdout)
+        assert cmd == m["vllm"]["argv"], m["host"]
+    served = run_playbook("playbooks/verify.yml", inventory=inv, extra_vars=mp, timeout=600)
+    assert served.returncode == 0, served.stdout[-3000:]
+    again = run_playbook("site.yml", inventory=inv, extra_vars=mp, timeout=900)
+    assert again.returncode == 0, again.stdout[-3000:]
+    assert all(r["changed"] == 0 for r in recap(again.stdout).values()), again.stdout[-3000:]
+    print(f"ring-4 mp no-op: {again.elapsed:.0f} s")
+
+    # Rank 2 (spark-sim-3, two hops from the head) killed: the engine dies and the group restarts.
+    reset_watchdog(HEAD)
+    t1 = time.time()
+    node_sh("spark-sim-3", "docker kill sparkops-vllm")
+    begun = wait_event("restart_begun", t1, timeout=120)
+    ended = wait_event("restart_ended", t1, timeout=300, pred=lambda e: e.get("ok"))
+    # The head hung (SIGSTOP): the probe times out and the group restarts.
+    reset_watchdog(HEAD)
+    pid = node_sh(HEAD, "pgrep -f -o 'vllm_test_double.py'").stdout.split()[0]
+    t2 = time.time()
+    node_sh(HEAD, f"kill -STOP {pid}")
+    wait_event("hang_seen", t2, timeout=30)
+    hang_ended = wait_event("restart_ended", t2, timeout=300, pred=lambda e: e.get("ok"))
+    print(
+        f"ring-4 mp: rank 2 killed, restart begun after {begun['epoch'] - t1:.1f} s ({begun['reason']}), serving "
+        f"after {ended['epoch'] - t1:.1f} s; head hung, serving after {hang_ended['epoch'] - t2:.1f} s (2 cores)"
+    )
+    served = run_playbook("playbooks/verify.yml", inventory=inv, extra_vars=mp, timeout=600)
+    assert served.returncode == 0, served.stdout[-3000:]
 
 
 def refusal(res) -> str:
