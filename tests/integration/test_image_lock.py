@@ -83,6 +83,25 @@ def test_an_inventory_that_differs_from_the_lock_is_refused(tmp_path):
     assert serving_image() == image
 
 
+def test_a_locked_commit_the_repository_no_longer_has_is_refused_naming_the_lock(tmp_path):
+    """A lock written before the repository was force-pushed (or another repository): the build's
+    checkout fails, and the refusal names the lock file and the way out, not only git's words."""
+    lock = tmp_path / "sparkops.lock.json"
+    assert run("playbooks/image.yml", lock).returncode == 0
+    data = json.loads(lock.read_text())
+    gone = "b775332563f348b8482e1ec180a380acfc973d64"
+    assert standin_commit("sim-v1") != gone
+    data["image"]["commit"] = gone
+    lock.write_text(json.dumps(data))
+    image = serving_image()
+    res = run("playbooks/image.yml", lock)
+    assert res.returncode != 0
+    text = out(res)
+    assert f"The image commit {gone} could not be checked out" in text, text[-3000:]
+    assert f"It comes from the lock file {lock}" in text and "playbooks/upgrade.yml -e spark_vllm_image_ref=" in text
+    assert serving_image() == image
+
+
 def test_an_image_built_without_the_vllm_pin_is_refused_naming_both_versions(tmp_path):
     image = serving_image()
     res = run("playbooks/image.yml", tmp_path / "lock.json", {"spark_vllm_image_build_args": []})
