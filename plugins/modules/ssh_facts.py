@@ -163,7 +163,7 @@ def main():
         argument_spec={
             "host_keys_dir": {"type": "path", "default": "/etc/ssh"},
             "key_path": {"type": "path"},
-            "key_comment": {"type": "str"},
+            "key_comment": {"type": "str", "no_log": False},
             "authorized_keys_user": {"type": "str", "no_log": False},
             "files": {"type": "list", "elements": "path", "default": []},
         },
