@@ -141,3 +141,57 @@ def run_side_by_side(commands: list, deadline_s: float) -> list:
             out, err = proc.communicate()
             results.append((None, out or "", (err or "") + f"killed after {deadline_s:g} s"))
     return results
+
+
+# The `files_wanted` option of the state modules (fabric_facts, gpu_facts, ssh_facts): what a role
+# would write, so the module answers "in place or not" and the role only reads the answer.
+FILES_WANTED_SPEC = {
+    "type": "list",
+    "elements": "dict",
+    "default": [],
+    "options": {
+        "path": {"type": "path", "required": True},
+        "kind": {"type": "str", "choices": ["file", "directory"], "default": "file"},
+        "mode": {"type": "str", "required": True},
+        "sha1": {"type": "str"},
+    },
+}
+
+
+def wanted_problems(wanted: list) -> list:
+    """What is wrong with a `files_wanted` list (a mode that is not octal, a sha1 that is not 40 hex digits)."""
+    out = []
+    for i, want in enumerate(wanted):
+        try:
+            int(str(want["mode"]), 8)
+        except ValueError:
+            out.append(f"files_wanted[{i}] ({want['path']}): mode {want['mode']!r} is not an octal mode such as '0644'")
+        sha1 = want.get("sha1")
+        if sha1 and (len(sha1) != 40 or any(c not in "0123456789abcdef" for c in sha1.lower())):
+            out.append(
+                f"files_wanted[{i}] ({want['path']}): sha1 {sha1!r} is not 40 hex digits (hash('sha1') of the content)"
+            )
+    return out
+
+
+def stale_files(wanted: list, states: dict) -> list:
+    """The paths of `wanted` not in place: missing, of another kind or mode, or (a file given its
+    sha1) with other bytes. `states` is file_states() of at least those paths."""
+    out = []
+    for want in wanted:
+        now = states.get(want["path"]) or file_state(want["path"])
+        in_place = (
+            now["kind"] == want.get("kind", "file")
+            and now["mode"] == f"{int(str(want['mode']), 8):04o}"
+            and (not want.get("sha1") or now["sha1"] == want["sha1"].lower())
+        )
+        if not in_place:
+            out.append(want["path"])
+    return out
+
+
+def files_with_wanted(paths: list, wanted: list) -> list:
+    """`paths` then the wanted paths not among them, in order (one read covers both)."""
+    out = list(paths)
+    out += [w["path"] for w in wanted if w["path"] not in out]
+    return out

@@ -77,6 +77,12 @@ options:
       labels:
         description: Labels the container must carry with these values (others may exist).
         type: dict
+  json_files:
+    description: JSON files to read (a state a role recorded, such as the last start's phases).
+    type: list
+    elements: path
+    default: []
+    version_added: "0.9.0"
   docker_path:
     description: The docker CLI (a name looked up on PATH, or a path).
     type: str
@@ -135,11 +141,19 @@ paths:
   sample: {/etc/grafana/provisioning: false}
 containers:
   description:
-    - Per container name, C(exists), C(running), C(differences) (a list of sentences naming each setting that
+    - Per container name, C(exists), C(running), C(image) (the image reference it was started from,
+      C(Config.Image); null without the container), C(differences) (a list of sentences naming each setting that
       differs) and C(matches) (exists, runs and has no difference).
   returned: always
   type: dict
-  sample: {sparkops-watchdog: {exists: true, running: true, differences: [], matches: true}}
+  sample: {sparkops-watchdog: {exists: true, running: true, image: "vllm-node:abc", differences: [], matches: true}}
+json_files:
+  description:
+    - Per path of I(json_files), C(data) (the parsed content; null when the file is missing or not JSON) and
+      C(error) (why C(data) is null for a file that exists; null otherwise).
+  returned: always
+  type: dict
+  sample: {/var/lib/sparkops/startup-phases.json: {data: {phases: []}, error: null}}
 """
 
 import glob
@@ -176,6 +190,17 @@ def missing_packages(module: AnsibleModule, names: list[str]) -> list[str]:
     out = module.run_command([dpkg, "-W", "-f", "${Package} ${db:Status-Status}\\n", *names])[1]
     installed = {line.split(" ")[0] for line in out.splitlines() if line.endswith(" installed")}
     return [n for n in names if n not in installed]
+
+
+def json_file(path: str) -> dict:
+    """A recorded JSON state: its data, or why there is none (a missing file is no error: nothing recorded yet)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return {"data": json.load(fh), "error": None}
+    except FileNotFoundError:
+        return {"data": None, "error": None}
+    except (OSError, ValueError) as exc:
+        return {"data": None, "error": f"{path}: {exc}"}
 
 
 def container_differences(info: dict, want: dict, image_id: str | None) -> list[str]:
@@ -219,18 +244,36 @@ def docker_inspect(module: AnsibleModule, docker: str, *names: str) -> list[dict
 
 def container_state(module: AnsibleModule, docker: str | None, want: dict) -> dict:
     if docker is None:
-        return {"exists": False, "running": False, "differences": ["no docker CLI on this node"], "matches": False}
+        return {
+            "exists": False,
+            "running": False,
+            "image": None,
+            "differences": ["no docker CLI on this node"],
+            "matches": False,
+        }
     # One docker process for the container and its image: a container has State, an image RepoTags
     # (a container's name cannot contain the image reference's colon, and containers are looked up first).
     found = docker_inspect(module, docker, want["name"], *([want["image"]] if want.get("image") else []))
     info = next((o for o in found if "State" in o and o.get("Name") == "/" + want["name"]), None)
     if info is None:
-        return {"exists": False, "running": False, "differences": ["no such container"], "matches": False}
+        return {
+            "exists": False,
+            "running": False,
+            "image": None,
+            "differences": ["no such container"],
+            "matches": False,
+        }
     image = next((o for o in found if "RepoTags" in o), None)
     image_id = image.get("Id") if image else None
     running = bool((info.get("State") or {}).get("Running"))
     diffs = container_differences(info, want, image_id)
-    return {"exists": True, "running": running, "differences": diffs, "matches": running and not diffs}
+    return {
+        "exists": True,
+        "running": running,
+        "image": (info.get("Config") or {}).get("Image"),
+        "differences": diffs,
+        "matches": running and not diffs,
+    }
 
 
 def main() -> None:
@@ -255,6 +298,7 @@ def main() -> None:
                     "labels": {"type": "dict"},
                 },
             },
+            "json_files": {"type": "list", "elements": "path", "default": []},
             "docker_path": {"type": "str", "default": "docker"},
         },
         supports_check_mode=True,
@@ -275,6 +319,7 @@ def main() -> None:
         missing_packages=missing_packages(module, p["packages"]),
         paths={path: os.path.lexists(path) for path in p["paths"]},
         containers={c["name"]: container_state(module, docker, c) for c in p["containers"]},
+        json_files={path: json_file(path) for path in p["json_files"]},
     )
 
 

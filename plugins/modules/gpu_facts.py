@@ -60,6 +60,36 @@ options:
     elements: path
     default: []
     version_added: "0.7.0"
+  package_version:
+    description:
+      - The exact version every package of I(packages) must be at for I(install_needed) to be false; empty
+        accepts any installed version (the branch is judged apart, I(off_branch)).
+    type: str
+    default: ""
+  files_wanted:
+    description:
+      - What the role would write - each entry's C(path) must be of C(kind), have C(mode) and, given C(sha1), that
+        SHA-1 (C(hash('sha1')) of the rendered content); those that are not are I(files_stale).
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      path:
+        description: The file or folder.
+        type: path
+        required: true
+      kind:
+        description: What it must be.
+        type: str
+        choices: [file, directory]
+        default: file
+      mode:
+        description: Its mode, four octal digits such as C(0644).
+        type: str
+        required: true
+      sha1:
+        description: The SHA-1 of the content it must hold; left out, the content is not compared.
+        type: str
 extends_documentation_fragment:
   - sparkops.cluster.attributes
   - sparkops.cluster.attributes.read_only
@@ -155,13 +185,60 @@ files:
   type: dict
   sample: {"/etc/apt/preferences.d/sparkops-nvidia-driver-pin": {"exists": true, "kind": "file", "mode": "0644",
            "sha1": "0a4d55a8d778e5022fab701977c5d840bbc486d0"}}
+installed:
+  description: Per package of I(packages) that is installed, its version.
+  returned: always
+  type: dict
+  sample: {"nvidia-driver-580-open": "580.95.05-0ubuntu1"}
+held:
+  description: The packages of I(packages) whose apt selection is C(hold).
+  returned: always
+  type: list
+  elements: str
+unheld:
+  description: The packages of I(packages) not held, in the order given.
+  returned: always
+  type: list
+  elements: str
+packages_on_branch:
+  description: The installed packages whose version is on I(expected_branch).
+  returned: always
+  type: list
+  elements: str
+packages_not_on_branch:
+  description: The packages of I(packages) not installed on I(expected_branch) (missing or another branch).
+  returned: always
+  type: list
+  elements: str
+off_branch:
+  description:
+    - Whether an installed package, or the driver of a GPU that answered, is off I(expected_branch) (fixing it
+      needs a reboot).
+  returned: always
+  type: bool
+install_needed:
+  description: Whether a package of I(packages) is missing, or not at I(package_version) when one is given.
+  returned: always
+  type: bool
+files_stale:
+  description: The paths of I(files_wanted) not in place (missing, other kind, mode or content).
+  returned: always
+  type: list
+  elements: str
 """
 
 import subprocess
 from pathlib import Path
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.sparkops.cluster.plugins.module_utils.node_read import file_states
+from ansible_collections.sparkops.cluster.plugins.module_utils.driver_packages import package_verdicts
+from ansible_collections.sparkops.cluster.plugins.module_utils.node_read import (
+    FILES_WANTED_SPEC,
+    file_states,
+    files_with_wanted,
+    stale_files,
+    wanted_problems,
+)
 from ansible_collections.sparkops.cluster.plugins.module_utils.nvidia_smi import (
     NvidiaSmiError,
     branch_status,
@@ -300,6 +377,8 @@ def main():
             "packages": {"type": "list", "elements": "str", "default": []},
             "query_gpu": {"type": "bool", "default": True},
             "files": {"type": "list", "elements": "path", "default": []},
+            "package_version": {"type": "str", "default": ""},
+            "files_wanted": FILES_WANTED_SPEC,
         },
         supports_check_mode=True,
     )
@@ -310,9 +389,16 @@ def main():
         )
     if p["timeout_s"] <= 0:
         module.fail_json(msg=f"timeout_s must be positive, got {p['timeout_s']:g}")
+    problems = wanted_problems(p["files_wanted"])
+    if problems:
+        module.fail_json(msg="; ".join(problems))
     result, error = gather(p)
     result["packages"] = read_packages(p["packages"], p["timeout_s"])
-    result["files"] = file_states(p["files"])
+    result.update(
+        package_verdicts(result["packages"], p["packages"], p["expected_branch"], p["package_version"], result)
+    )
+    result["files"] = file_states(files_with_wanted(p["files"], p["files_wanted"]))
+    result["files_stale"] = stale_files(p["files_wanted"], result["files"])
     if error:
         module.fail_json(msg=error, changed=False, **result)
     module.exit_json(changed=False, **result)

@@ -28,6 +28,11 @@ options:
   key_path:
     description: A private key to read (its public half is derived with C(ssh-keygen -y)); left out, none is read.
     type: path
+  key_comment:
+    description:
+      - With I(key_path), the comment the key was made with; I(key_in_place) then says whether the key pair is as
+        C(community.crypto.openssh_keypair) with C(type=ed25519) and this comment leaves it.
+    type: str
   authorized_keys_user:
     description: The account whose C(~/.ssh/authorized_keys) to read; left out, none is read.
     type: str
@@ -64,6 +69,12 @@ key:
       I(key_path).
   returned: always
   type: dict
+key_in_place:
+  description:
+    - Whether the key pair is there, the private half mode C(0600), an ed25519 key whose C(.pub) file matches it and
+      carries I(key_comment); null without I(key_path) and I(key_comment).
+  returned: always
+  type: bool
 authorized_keys:
   description:
     - C(path), C(exists), C(mode), C(dir_mode), C(lines) (non-empty ones); empty without I(authorized_keys_user).
@@ -119,6 +130,17 @@ def key_pair(module: AnsibleModule, path: str) -> dict:
     }
 
 
+def key_in_place(key: dict, comment: str) -> bool:
+    """What community.crypto.openssh_keypair (type ed25519, this comment, mode 0600) would otherwise fix."""
+    public = key.get("public_key") or ""
+    return bool(
+        key.get("exists")
+        and key.get("mode") == "0600"
+        and public.startswith("ssh-ed25519 ")
+        and key.get("pub") == f"{public} {comment}"
+    )
+
+
 def authorized_keys(module: AnsibleModule, user: str) -> dict:
     try:
         home = pwd.getpwnam(user).pw_dir
@@ -141,16 +163,19 @@ def main():
         argument_spec={
             "host_keys_dir": {"type": "path", "default": "/etc/ssh"},
             "key_path": {"type": "path"},
+            "key_comment": {"type": "str", "no_log": False},
             "authorized_keys_user": {"type": "str", "no_log": False},
             "files": {"type": "list", "elements": "path", "default": []},
         },
         supports_check_mode=True,
     )
     p = module.params
+    key = key_pair(module, p["key_path"]) if p["key_path"] else {}
     module.exit_json(
         changed=False,
         host_keys=host_keys(p["host_keys_dir"]),
-        key=key_pair(module, p["key_path"]) if p["key_path"] else {},
+        key=key,
+        key_in_place=key_in_place(key, p["key_comment"]) if p["key_path"] and p["key_comment"] is not None else None,
         authorized_keys=authorized_keys(module, p["authorized_keys_user"]) if p["authorized_keys_user"] else {},
         files=file_states(p["files"]),
     )

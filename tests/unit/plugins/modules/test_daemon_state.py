@@ -119,6 +119,7 @@ def test_one_docker_inspect_finds_the_container_and_its_image(tmp_path):
     assert res["containers"]["sparkops-watchdog"] == {
         "exists": True,
         "running": True,
+        "image": INSPECT["Config"]["Image"],
         "differences": [],
         "matches": True,
     }, res
@@ -129,6 +130,24 @@ def test_one_docker_inspect_finds_the_container_and_its_image(tmp_path):
     assert res["containers"]["sparkops-gone"] == {
         "exists": False,
         "running": False,
+        "image": None,
         "differences": ["no such container"],
         "matches": False,
     }
+
+
+def test_recorded_json_files_are_read_and_a_broken_one_says_why(tmp_path):
+    good, broken = tmp_path / "startup-phases.json", tmp_path / "broken.json"
+    good.write_text('{"phases": [{"name": "api_ready", "at_s": 412.5}],\n "compile_cache": "hit"}\n')
+    broken.write_text('{"phases": [')
+    res = run_module(
+        daemon_state, {"json_files": [str(good), str(broken), str(tmp_path / "none.json")]}, check_mode=True
+    )
+    assert not res.get("failed"), res
+    files = res["json_files"]
+    assert files[str(good)] == {
+        "data": {"phases": [{"name": "api_ready", "at_s": 412.5}], "compile_cache": "hit"},
+        "error": None,
+    }
+    assert files[str(broken)]["data"] is None and files[str(broken)]["error"].startswith(str(broken))
+    assert files[str(tmp_path / "none.json")] == {"data": None, "error": None}

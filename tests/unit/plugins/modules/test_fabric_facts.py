@@ -73,3 +73,51 @@ def test_a_ping_that_cannot_start_is_a_failed_lane_with_its_reason():
 def test_bad_arguments_are_refused_with_what_to_fix(args, message):
     r = run_module(mod, args)
     assert r["failed"] is True and message in r["msg"]
+
+
+def test_the_role_verdicts_come_ready_made(tmp_path):
+    """What roce_network reads instead of judging in Jinja: files, forwarding, links, problems."""
+    env = tmp_path / "fabric.env"
+    env.write_text("A=1\n")
+    env.chmod(0o644)
+    sysctl_file = tmp_path / "60-sparkops-fabric.conf"
+    want_sha1 = hashlib.sha1(b"A=1\n").hexdigest()  # noqa: S324
+    args = {
+        "node": "spark-1",
+        "links": [{"netdev": "lo", "address": "127.0.0.1/8"}, {"netdev": "sparkops-none0", "address": "10.0.0.1/24"}],
+        "mtu": 9000,
+        "sysfs_root": str(SYSFS / "right" / "sys"),
+        "forwarding_wanted": {"net.ipv4.ip_forward": 1},
+        "forwarding_file": str(sysctl_file),
+        "files_wanted": [
+            {"path": str(tmp_path), "kind": "directory", "mode": f"{tmp_path.stat().st_mode & 0o7777:04o}"},
+            {"path": str(env), "mode": "0644", "sha1": want_sha1},
+            {"path": str(tmp_path / "netplan.yaml"), "mode": "0600", "sha1": want_sha1},
+        ],
+        "rdma_required": True,
+    }
+    r = run_module(mod, args, check_mode=True)
+    assert r.get("failed") is not True, r
+    assert r["files_stale"] == [str(tmp_path / "netplan.yaml")]
+    assert r["forwarding_stale"] is True  # no file
+    assert str(sysctl_file) in r["files"] and "net.ipv4.ip_forward" in r["sysctls"]
+    # lo's MTU (65536) is jumbo; the missing netdev is not
+    assert [p.split(";")[0] for p in r["link_problems"]] == ["spark-1: sparkops-none0 has no IPv4 address and MTU None"]
+    assert r["problems"][0] == r["link_problems"][0] and r["jumbo_problem"] == ""
+    env.write_text("A=2\n")
+    assert run_module(mod, args)["files_stale"] == [str(env), str(tmp_path / "netplan.yaml")]
+    assert run_module(mod, dict(args, mtu=0))["link_problems"] == []
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ({"forwarding_wanted": {"net.ipv4.ip_forward": 1}}, "forwarding_wanted needs forwarding_file"),
+        ({"files_wanted": [{"path": "/x", "mode": "rw"}]}, "is not an octal mode"),
+        ({"files_wanted": [{"path": "/x", "mode": "0644", "sha1": "abc"}]}, "is not 40 hex digits"),
+        ({"routes_wanted": [{"to": "10.0.5.0/24", "dev": "a"}]}, "routes_wanted[0] has no via"),
+    ],
+)
+def test_bad_verdict_arguments_are_refused(args, message):
+    r = run_module(mod, args)
+    assert r["failed"] is True and message in r["msg"]

@@ -160,6 +160,11 @@ def test_held_and_removed_driver_packages(tmp_path, monkeypatch):
         "nvidia-driver-580-open": {"version": "580.95.05-0ubuntu1", "selection": "hold", "installed": True},
         "nvidia-dkms-580-open": {"version": "580.95.05-0ubuntu1", "selection": "deinstall", "installed": False},
     }
+    # the role's verdicts, ready-made: two packages missing (one removed, one never seen), one held
+    assert r["installed"] == {"nvidia-driver-580-open": "580.95.05-0ubuntu1"}
+    assert r["held"] == ["nvidia-driver-580-open"] and r["unheld"] == ["nvidia-dkms-580-open", "libnvidia-x"]
+    assert r["packages_not_on_branch"] == ["nvidia-dkms-580-open", "libnvidia-x"]
+    assert r["install_needed"] is True and r["off_branch"] is False
 
 
 def test_query_gpu_false_reads_packages_only_and_never_runs_nvidia_smi(tmp_path):
@@ -169,3 +174,18 @@ def test_query_gpu_false_reads_packages_only_and_never_runs_nvidia_smi(tmp_path)
     assert r.get("failed") is not True, r
     assert r["gpu_present"] is False and "not asked" in r["reason"]
     assert r["packages"]["dpkg"]["installed"] is True
+
+
+def test_the_pin_file_is_judged_against_what_the_role_would_write(tmp_path):
+    import hashlib  # noqa: PLC0415
+
+    pin = tmp_path / "sparkops-nvidia-driver-pin"
+    pin.write_text("Package: nvidia-*\n")
+    pin.chmod(0o644)
+    want = {"path": str(pin), "mode": "0644", "sha1": hashlib.sha1(b"Package: nvidia-*\n").hexdigest()}  # noqa: S324
+    args = {"nvidia_smi_path": str(tmp_path / "none"), "files_wanted": [want]}
+    assert run_module(mod, args)["files_stale"] == []
+    pin.chmod(0o600)
+    assert run_module(mod, args)["files_stale"] == [str(pin)]
+    r = run_module(mod, dict(args, files_wanted=[dict(want, mode="u+rw")]))
+    assert r["failed"] is True and "is not an octal mode" in r["msg"]

@@ -62,3 +62,20 @@ def test_missing_key_and_authorized_keys_of_this_user(tmp_path):
     assert ak["exists"] == os.path.exists(ak["path"])
     f = run_module(ssh_facts, {"authorized_keys_user": "no-such-user-sparkops"})
     assert f["failed"] is True and "does not exist" in f["msg"]
+
+
+def test_key_in_place_is_what_openssh_keypair_would_leave_alone(tmp_path):
+    key = tmp_path / "fabric"
+    keygen(key, "ed25519", "sparkops-fabric@spark-1")
+    os.chmod(key, 0o600)
+    args = {"host_keys_dir": str(tmp_path), "key_path": str(key), "key_comment": "sparkops-fabric@spark-1"}
+    assert run_module(ssh_facts, args, check_mode=True)["key_in_place"] is True
+    assert run_module(ssh_facts, dict(args, key_comment="sparkops-fabric@spark-2"))["key_in_place"] is False
+    assert run_module(ssh_facts, {"host_keys_dir": str(tmp_path), "key_path": str(key)})["key_in_place"] is None
+    os.chmod(key, 0o644)
+    assert run_module(ssh_facts, args)["key_in_place"] is False
+    rsa = tmp_path / "rsa"
+    keygen(rsa, "rsa", "sparkops-fabric@spark-1")
+    os.chmod(rsa, 0o600)
+    assert run_module(ssh_facts, dict(args, key_path=str(rsa)))["key_in_place"] is False
+    assert run_module(ssh_facts, dict(args, key_path=str(tmp_path / "none")))["key_in_place"] is False
