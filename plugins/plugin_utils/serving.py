@@ -83,6 +83,37 @@ INPUT_VARIABLES = {
     # Set only by an upgrade's rollback (playbooks/tasks/upgrade-swap.yml): the recorded profile.
     "profile_override": "upgrade_rollback_profile",
 }
+# Ray's `ray start` options (roles/sparkops_defaults/defaults/main/ray.yml holds their defaults; the
+# firewall of roles/ray_cluster reads the same variables). Each: input name -> (variable, fallback).
+# The fallbacks are the shipped defaults, for callers that give none (the unit tests check they agree).
+RAY_OPTIONS = {
+    "ray_gpus_per_node": ("ray_cluster_gpus_per_node", None),  # None: sparkops_gpus_per_node
+    "ray_dashboard": ("ray_cluster_dashboard", True),
+    "ray_dashboard_port": ("ray_cluster_dashboard_port", 8265),
+    "ray_client": ("ray_cluster_client", False),
+    "ray_client_port": ("ray_cluster_client_port", 10001),
+    "ray_node_manager_port": ("ray_cluster_node_manager_port", 6381),
+    "ray_object_manager_port": ("ray_cluster_object_manager_port", 6382),
+    "ray_metrics_export_port": ("ray_cluster_metrics_export_port", 6383),
+    "ray_dashboard_agent_grpc_port": ("ray_cluster_dashboard_agent_grpc_port", 6384),
+    "ray_dashboard_agent_listen_port": ("ray_cluster_dashboard_agent_listen_port", 52365),
+    "ray_runtime_env_agent_port": ("ray_cluster_runtime_env_agent_port", 6385),
+    "ray_min_worker_port": ("ray_cluster_min_worker_port", 20000),
+    "ray_max_worker_port": ("ray_cluster_max_worker_port", 20999),
+    "ray_object_store_bytes": ("ray_cluster_object_store_bytes", "1073741824"),
+}
+INPUT_VARIABLES.update({key: variable for key, (variable, _) in RAY_OPTIONS.items()})
+# The `ray start` flag of each port option, in the order the command line gives them.
+_RAY_PORT_FLAGS = (
+    ("ray_node_manager_port", "--node-manager-port"),
+    ("ray_object_manager_port", "--object-manager-port"),
+    ("ray_metrics_export_port", "--metrics-export-port"),
+    ("ray_dashboard_agent_grpc_port", "--dashboard-agent-grpc-port"),
+    ("ray_dashboard_agent_listen_port", "--dashboard-agent-listen-port"),
+    ("ray_runtime_env_agent_port", "--runtime-env-agent-port"),
+    ("ray_min_worker_port", "--min-worker-port"),
+    ("ray_max_worker_port", "--max-worker-port"),
+)
 IMAGE_VARIABLES = {
     "source": "spark_vllm_image_source",
     "name": "spark_vllm_image_name",
@@ -118,6 +149,69 @@ def _float(inputs: dict, name: str, default: float, problems: list) -> float:
     except (TypeError, ValueError):
         problems.append(f"{INPUT_VARIABLES[name]} must be a number, got {value!r}")
         return default
+
+
+def _bool(inputs: dict, name: str, default: bool, problems: list) -> bool:
+    value = _get(inputs, name, default)
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "yes", "on", "1"):
+        return True
+    if text in ("false", "no", "off", "0"):
+        return False
+    problems.append(f"{INPUT_VARIABLES[name]} must be true or false, got {value!r}")
+    return default
+
+
+def ray_options(inputs: dict, gpus_per_node: int, problems: list) -> dict:
+    """The `ray start` options from the inventory, checked: ports within 1-65535, the worker range in
+    order, the object store empty (Ray's default) or a whole number of bytes."""
+    opts = {}
+    for key, (variable, default) in RAY_OPTIONS.items():
+        if key in ("ray_dashboard", "ray_client"):
+            opts[key] = _bool(inputs, key, default, problems)
+        elif key == "ray_object_store_bytes":
+            value = str(_get(inputs, key, default)).strip()
+            if value and not value.isdigit():
+                problems.append(f"{variable} must be a number of bytes or empty (Ray's default), got {value!r}")
+                value = default
+            opts[key] = value
+        elif key == "ray_gpus_per_node":
+            opts[key] = _int(inputs, key, gpus_per_node, problems)
+        else:
+            opts[key] = _int(inputs, key, default, problems)
+            if not 1 <= opts[key] <= 65535:
+                problems.append(f"{variable} must be within 1-65535, got {opts[key]}")
+    if opts["ray_min_worker_port"] > opts["ray_max_worker_port"]:
+        problems.append(
+            f"ray_cluster_min_worker_port ({opts['ray_min_worker_port']}) is above ray_cluster_max_worker_port "
+            f"({opts['ray_max_worker_port']}): set the lower one first"
+        )
+    return opts
+
+
+def ray_start_argv(opts: dict, ip: str, head_address: str, *, head: bool) -> list:
+    """A node's `ray start` command line: bound to its fast-link address, every port fixed (the firewall
+    names each one); the head starts the GCS (and the dashboard, the client server when asked), a worker
+    joins the head's GCS at `head_address` (ip:port)."""
+    argv = ["ray", "start", "--block", "--disable-usage-stats", "--node-ip-address", ip]
+    argv += ["--num-gpus", str(opts["ray_gpus_per_node"])]
+    for key, flag in _RAY_PORT_FLAGS:
+        argv += [flag, str(opts[key])]
+    if opts["ray_object_store_bytes"]:
+        argv += ["--object-store-memory", opts["ray_object_store_bytes"]]
+    if not head:
+        return [*argv, "--address", head_address]
+    argv += ["--head", "--port", head_address.rsplit(":", 1)[1]]
+    if opts["ray_client"]:
+        argv += ["--ray-client-server-port", str(opts["ray_client_port"])]
+    if opts["ray_dashboard"]:
+        argv += ["--include-dashboard=true", "--dashboard-host", ip]
+        argv += ["--dashboard-port", str(opts["ray_dashboard_port"])]
+    else:
+        argv.append("--include-dashboard=false")
+    return argv
 
 
 def args_hash(build_args) -> str:
@@ -276,6 +370,7 @@ def build_serving(cluster: dict, inputs: dict) -> dict:  # noqa: PLR0914, PLR091
     master_port = _int(inputs, "mp_master_port", MP_MASTER_PORT, problems)
     if not 1 <= master_port <= 65535:
         problems.append(f"sparkops_mp_master_port must be within 1-65535, got {master_port}")
+    ray_opts = ray_options(inputs, sizes["gpus_per_node"], problems)
     hosts = list(cluster["hosts"])
     raw, normalized, contract, found = _profile_problems(
         inputs, profiles, name, len(hosts) * sizes["gpus_per_node"], sizes
@@ -337,7 +432,13 @@ def build_serving(cluster: dict, inputs: dict) -> dict:  # noqa: PLR0914, PLR091
         api = rank == 0
         member = {"host": host, "rank": rank, "role": "api" if api else "worker", "ip": ip, "vllm": None, "ray": None}
         if kind == "ray":
-            member["ray"] = {"container": names["ray"], "head": api, "address": f"{head_ip}:{cluster['ray']['port']}"}
+            address = f"{head_ip}:{cluster['ray']['port']}"
+            member["ray"] = {
+                "container": names["ray"],
+                "head": api,
+                "address": address,
+                "argv": ray_start_argv(ray_opts, ip, address, head=api),
+            }
         if api or kind == "mp":
             # A headless rank starts no API server (vllm/entrypoints/cli/serve.py:115-116): no --host/--port.
             argv = list(api_argv) if api else _without(api_argv, "--host", "--port")
