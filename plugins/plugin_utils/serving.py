@@ -577,6 +577,11 @@ def build_serving(cluster: dict, inputs: dict) -> dict:  # noqa: PLR0912, PLR091
     for spec in specs:
         gpus = len(spec["hosts"]) * sizes["gpus_per_node"]
         where = f"{spec['label']}: profile" if spec["given"] else None
+        if not gpus:  # no host of the cluster (reported): only whether its profile exists is known
+            if spec["profile_name"] not in profiles:
+                problems += _profile_problems(inputs, profiles, spec["profile_name"], 1, sizes, where=where)[2]
+            served.append((spec, None, None, 0))
+            continue
         raw, normalized, found = _profile_problems(
             inputs, profiles, spec["profile_name"], gpus, sizes, contract=contract, where=where
         )
