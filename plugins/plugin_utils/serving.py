@@ -322,7 +322,7 @@ def _profile_problems(inputs: dict, profiles: dict, name, gpus_total: int, sizes
         contract=ctx["contract"],
         allow_rules=allow_rules,
     )
-    label = f"Serving profile '{name}'" + (f" ({where})" if ctx.get("where") else "")
+    label = f"Serving profile '{name}'" + (f" ({where}{ctx.get('on', '')})" if ctx.get("where") else "")
     if rules:
         problems.append(f"{label} is refused: {' | '.join(rules)}")
         return None, None, problems
@@ -576,6 +576,7 @@ def build_serving(cluster: dict, inputs: dict) -> dict:  # noqa: PLR0912, PLR091
     served, by_model = [], {}
     for spec in specs:
         gpus = len(spec["hosts"]) * sizes["gpus_per_node"]
+        # A deployment's profile is judged on its own hosts (the messages' "cluster" is those hosts).
         where = f"{spec['label']}: profile" if spec["given"] else None
         if not gpus:  # no host of the cluster (reported): only whether its profile exists is known
             if spec["profile_name"] not in profiles:
@@ -583,7 +584,14 @@ def build_serving(cluster: dict, inputs: dict) -> dict:  # noqa: PLR0912, PLR091
             served.append((spec, None, None, 0))
             continue
         raw, normalized, found = _profile_problems(
-            inputs, profiles, spec["profile_name"], gpus, sizes, contract=contract, where=where
+            inputs,
+            profiles,
+            spec["profile_name"],
+            gpus,
+            sizes,
+            contract=contract,
+            where=where,
+            on=f" on {len(spec['hosts'])} host(s)",
         )
         problems += found
         if normalized is None:

@@ -172,13 +172,17 @@ def test_a_profile_that_does_not_fit_its_nodes_is_refused():
         profiles={**PROFILES, "big": big},
         deployments=[{"name": "chat", "profile": "big", "hosts": ["spark-1"]}],
     )
-    msg = _one(problems, "Serving profile 'big' (sparkops_deployments 'chat': profile) is refused", "does not fit")
+    msg = _one(
+        problems, "Serving profile 'big' (sparkops_deployments 'chat': profile on 1 host(s)) is refused", "does not fit"
+    )
     assert "Raise tensor_parallel_size or pipeline_parallel_size" in msg
 
 
 def test_a_profile_that_breaks_the_memory_floor_is_refused_for_its_deployment():
     problems = _problems(memory_floor_gib=20, deployments=[{"name": "code", "profile": QWEN30, "hosts": ["spark-2"]}])
-    msg = _one(problems, "Serving profile 'qwen3-30b-a3b' (sparkops_deployments 'code': profile) is refused")
+    msg = _one(
+        problems, "Serving profile 'qwen3-30b-a3b' (sparkops_deployments 'code': profile on 1 host(s)) is refused"
+    )
     assert "below the memory floor" in msg and "lower gpu_memory_utilization" in msg
 
 
