@@ -7,11 +7,25 @@ with EVERY problem found, in the messages preflight gave before the plan existed
 so every entry point (``site.yml``, ``serve.yml`` alone, ``plan.yml``) that hands it the same
 inventory and lock gets the same containers, command lines and image tag.
 
-One deployment today (``name: main``): the selected profile, served from the head. Its executor
-(``sparkops_executor``):
+Deployments: without ``sparkops_deployments``, one (``name: main``), the selected profile on every
+node, served from the head, exactly as before deployments existed. With it, each deployment is a
+profile on its own hosts (a node serves one deployment), cut in the order given into groups of
+TP x PP / GPUs-per-node nodes: each group is a replica with its own API on its first host, Ray or
+vLLM's executor only where a group spans nodes. Refused, all at once: a node in two deployments,
+hosts that do not make whole groups, a profile that does not fit its hosts, one served model name
+twice, malformed or repeated names, unknown hosts, and a group whose fast-link traffic to its head
+would be forwarded by a node outside it (a ring's routes, followed hop by hop). ``deployments[i]``
+keeps the keys consumers read (hosts, members, api_host, endpoint, executor) for its FIRST replica;
+``replicas`` and ``all_hosts`` hold every one. One image serves every deployment. The lock's
+``model`` is the first deployment's (a lock from before deployments loads unchanged); ``models.<name>``
+records each deployment's profile and revision.
 
-* ``ray`` (the default): a Ray container on every node, ``vllm serve`` on the head attached to the
-  head's raylet, with ``--distributed-executor-backend ray`` when TP x PP spans nodes;
+A multi-node group's executor (``sparkops_executor``, or the deployment's ``executor``):
+
+* ``ray`` (the default): a Ray container on every node of the group (every node of the cluster for
+  the default deployment), ``vllm serve`` on the head attached to the head's raylet, with
+  ``--distributed-executor-backend ray`` when TP x PP spans nodes; each member's ``ray.argv`` is its
+  ``ray start`` command line (the ``ray_cluster_*`` variables);
 * ``single`` (``mp`` with a profile that fits one node): one ``vllm serve`` on the head, no Ray;
 * ``mp``: vLLM's own multi-node executor: every member runs ``vllm serve --nnodes N --node-rank R
   --master-addr <head fast-link address> --master-port P``; ranks above 0 with ``--headless``
