@@ -80,6 +80,27 @@ def conflicts(lock: dict, wanted: dict) -> list[str]:
     return out
 
 
+def model_conflicts(lock: dict, wanted: dict) -> list[str]:
+    """Where a deployment of sparkops_deployments asks for another profile or model than the lock records
+    under `models` by its name. A name the lock does not record (a lock from before deployments, a new
+    deployment) is no conflict: its first run records it."""
+    recorded = (lock or {}).get("models")
+    if not isinstance(recorded, dict):
+        return []
+    out = []
+    for name, want in (wanted.get("models") or {}).items():
+        have = recorded.get(name)
+        if not isinstance(have, dict):
+            continue
+        for key in ("profile", "id", "revision"):
+            if _norm(have.get(key)) != _norm(want.get(key)):
+                out.append(
+                    f"models.{name}.{key}: the lock has {json.dumps(_norm(have.get(key)))}, "
+                    f"the inventory asks for {json.dumps(_norm(want.get(key)))}"
+                )
+    return out
+
+
 def _plain(value: object) -> object:
     """A copy of nested dicts and lists as plain dict and list.
 

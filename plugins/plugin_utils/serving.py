@@ -7,11 +7,25 @@ with EVERY problem found, in the messages preflight gave before the plan existed
 so every entry point (``site.yml``, ``serve.yml`` alone, ``plan.yml``) that hands it the same
 inventory and lock gets the same containers, command lines and image tag.
 
-One deployment today (``name: main``): the selected profile, served from the head. Its executor
-(``sparkops_executor``):
+Deployments: without ``sparkops_deployments``, one (``name: main``), the selected profile on every
+node, served from the head, exactly as before deployments existed. With it, each deployment is a
+profile on its own hosts (a node serves one deployment), cut in the order given into groups of
+TP x PP / GPUs-per-node nodes: each group is a replica with its own API on its first host, Ray or
+vLLM's executor only where a group spans nodes. Refused, all at once: a node in two deployments,
+hosts that do not make whole groups, a profile that does not fit its hosts, one served model name
+twice, malformed or repeated names, unknown hosts, and a group whose fast-link traffic to its head
+would be forwarded by a node outside it (a ring's routes, followed hop by hop). ``deployments[i]``
+keeps the keys consumers read (hosts, members, api_host, endpoint, executor) for its FIRST replica;
+``replicas`` and ``all_hosts`` hold every one. One image serves every deployment. The lock's
+``model`` is the first deployment's (a lock from before deployments loads unchanged); ``models.<name>``
+records each deployment's profile and revision.
 
-* ``ray`` (the default): a Ray container on every node, ``vllm serve`` on the head attached to the
-  head's raylet, with ``--distributed-executor-backend ray`` when TP x PP spans nodes;
+A multi-node group's executor (``sparkops_executor``, or the deployment's ``executor``):
+
+* ``ray`` (the default): a Ray container on every node of the group (every node of the cluster for
+  the default deployment), ``vllm serve`` on the head attached to the head's raylet, with
+  ``--distributed-executor-backend ray`` when TP x PP spans nodes; each member's ``ray.argv`` is its
+  ``ray start`` command line (the ``ray_cluster_*`` variables);
 * ``single`` (``mp`` with a profile that fits one node): one ``vllm serve`` on the head, no Ray;
 * ``mp``: vLLM's own multi-node executor: every member runs ``vllm serve --nnodes N --node-rank R
   --master-addr <head fast-link address> --master-port P``; ranks above 0 with ``--headless``
@@ -33,10 +47,11 @@ import json
 import posixpath
 import re
 
-from ansible_collections.sparkops.cluster.plugins.plugin_utils.cluster import ClusterError
+from ansible_collections.sparkops.cluster.plugins.plugin_utils.cluster import WILDCARDS, ClusterError
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.day2_checks import memory_plan_problems
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.lockfile import conflicts as lock_conflicts
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.lockfile import effective_revision
+from ansible_collections.sparkops.cluster.plugins.plugin_utils.lockfile import model_conflicts as lock_model_conflicts
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving_profile import (
     allowed_rule_warnings,
     contract_violations,
@@ -48,6 +63,9 @@ from ansible_collections.sparkops.cluster.plugins.plugin_utils.vllm_contract imp
 
 EXECUTORS = ("ray", "mp")
 DEPLOYMENT = "main"
+# A deployment of sparkops_deployments: its keys, and its name (a DNS label: it names reports and metrics).
+DEPLOYMENT_KEYS = ("name", "profile", "hosts", "executor")
+_DEPLOYMENT_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 # vLLM 0.19.0's default --master-port (vllm/config/parallel.py: ParallelConfig.master_port = 29501).
 MP_MASTER_PORT = 29501
 # Under vLLM's own executor NCCL's INFO lines go to each rank's stdout; NCCL writes them to the file
@@ -66,6 +84,7 @@ _DIGEST_RE = re.compile(r"^[^@\s]+@sha256:([0-9a-f]{64})$")
 # The inventory variable behind each input (the cluster_facts action reads them; messages name them).
 INPUT_VARIABLES = {
     "profile_name": "sparkops_serving_profile",
+    "deployments": "sparkops_deployments",
     "profiles": "sparkops_all_serving_profiles",
     "gpus_per_node": "sparkops_gpus_per_node",
     "node_memory_gib": "sparkops_node_memory_gib",
@@ -83,6 +102,37 @@ INPUT_VARIABLES = {
     # Set only by an upgrade's rollback (playbooks/tasks/upgrade-swap.yml): the recorded profile.
     "profile_override": "upgrade_rollback_profile",
 }
+# Ray's `ray start` options (roles/sparkops_defaults/defaults/main/ray.yml holds their defaults; the
+# firewall of roles/ray_cluster reads the same variables). Each: input name -> (variable, fallback).
+# The fallbacks are the shipped defaults, for callers that give none (the unit tests check they agree).
+RAY_OPTIONS = {
+    "ray_gpus_per_node": ("ray_cluster_gpus_per_node", None),  # None: sparkops_gpus_per_node
+    "ray_dashboard": ("ray_cluster_dashboard", True),
+    "ray_dashboard_port": ("ray_cluster_dashboard_port", 8265),
+    "ray_client": ("ray_cluster_client", False),
+    "ray_client_port": ("ray_cluster_client_port", 10001),
+    "ray_node_manager_port": ("ray_cluster_node_manager_port", 6381),
+    "ray_object_manager_port": ("ray_cluster_object_manager_port", 6382),
+    "ray_metrics_export_port": ("ray_cluster_metrics_export_port", 6383),
+    "ray_dashboard_agent_grpc_port": ("ray_cluster_dashboard_agent_grpc_port", 6384),
+    "ray_dashboard_agent_listen_port": ("ray_cluster_dashboard_agent_listen_port", 52365),
+    "ray_runtime_env_agent_port": ("ray_cluster_runtime_env_agent_port", 6385),
+    "ray_min_worker_port": ("ray_cluster_min_worker_port", 20000),
+    "ray_max_worker_port": ("ray_cluster_max_worker_port", 20999),
+    "ray_object_store_bytes": ("ray_cluster_object_store_bytes", "1073741824"),
+}
+INPUT_VARIABLES.update({key: variable for key, (variable, _) in RAY_OPTIONS.items()})
+# The `ray start` flag of each port option, in the order the command line gives them.
+_RAY_PORT_FLAGS = (
+    ("ray_node_manager_port", "--node-manager-port"),
+    ("ray_object_manager_port", "--object-manager-port"),
+    ("ray_metrics_export_port", "--metrics-export-port"),
+    ("ray_dashboard_agent_grpc_port", "--dashboard-agent-grpc-port"),
+    ("ray_dashboard_agent_listen_port", "--dashboard-agent-listen-port"),
+    ("ray_runtime_env_agent_port", "--runtime-env-agent-port"),
+    ("ray_min_worker_port", "--min-worker-port"),
+    ("ray_max_worker_port", "--max-worker-port"),
+)
 IMAGE_VARIABLES = {
     "source": "spark_vllm_image_source",
     "name": "spark_vllm_image_name",
@@ -118,6 +168,69 @@ def _float(inputs: dict, name: str, default: float, problems: list) -> float:
     except (TypeError, ValueError):
         problems.append(f"{INPUT_VARIABLES[name]} must be a number, got {value!r}")
         return default
+
+
+def _bool(inputs: dict, name: str, default: bool, problems: list) -> bool:
+    value = _get(inputs, name, default)
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "yes", "on", "1"):
+        return True
+    if text in ("false", "no", "off", "0"):
+        return False
+    problems.append(f"{INPUT_VARIABLES[name]} must be true or false, got {value!r}")
+    return default
+
+
+def ray_options(inputs: dict, gpus_per_node: int, problems: list) -> dict:
+    """The `ray start` options from the inventory, checked: ports within 1-65535, the worker range in
+    order, the object store empty (Ray's default) or a whole number of bytes."""
+    opts = {}
+    for key, (variable, default) in RAY_OPTIONS.items():
+        if key in ("ray_dashboard", "ray_client"):
+            opts[key] = _bool(inputs, key, default, problems)
+        elif key == "ray_object_store_bytes":
+            value = str(_get(inputs, key, default)).strip()
+            if value and not value.isdigit():
+                problems.append(f"{variable} must be a number of bytes or empty (Ray's default), got {value!r}")
+                value = default
+            opts[key] = value
+        elif key == "ray_gpus_per_node":
+            opts[key] = _int(inputs, key, gpus_per_node, problems)
+        else:
+            opts[key] = _int(inputs, key, default, problems)
+            if not 1 <= opts[key] <= 65535:
+                problems.append(f"{variable} must be within 1-65535, got {opts[key]}")
+    if opts["ray_min_worker_port"] > opts["ray_max_worker_port"]:
+        problems.append(
+            f"ray_cluster_min_worker_port ({opts['ray_min_worker_port']}) is above ray_cluster_max_worker_port "
+            f"({opts['ray_max_worker_port']}): set the lower one first"
+        )
+    return opts
+
+
+def ray_start_argv(opts: dict, ip: str, head_address: str, *, head: bool) -> list:
+    """A node's `ray start` command line: bound to its fast-link address, every port fixed (the firewall
+    names each one); the head starts the GCS (and the dashboard, the client server when asked), a worker
+    joins the head's GCS at `head_address` (ip:port)."""
+    argv = ["ray", "start", "--block", "--disable-usage-stats", "--node-ip-address", ip]
+    argv += ["--num-gpus", str(opts["ray_gpus_per_node"])]
+    for key, flag in _RAY_PORT_FLAGS:
+        argv += [flag, str(opts[key])]
+    if opts["ray_object_store_bytes"]:
+        argv += ["--object-store-memory", opts["ray_object_store_bytes"]]
+    if not head:
+        return [*argv, "--address", head_address]
+    argv += ["--head", "--port", head_address.rsplit(":", 1)[1]]
+    if opts["ray_client"]:
+        argv += ["--ray-client-server-port", str(opts["ray_client_port"])]
+    if opts["ray_dashboard"]:
+        argv += ["--include-dashboard=true", "--dashboard-host", ip]
+        argv += ["--dashboard-port", str(opts["ray_dashboard_port"])]
+    else:
+        argv.append("--include-dashboard=false")
+    return argv
 
 
 def args_hash(build_args) -> str:
@@ -179,17 +292,9 @@ def lock_wanted(image: dict, profile_name: str, profile: dict | None) -> dict:
     }
 
 
-def _profile_problems(inputs: dict, profiles: dict, name, gpus_total: int, sizes: dict) -> tuple:
-    """Preflight's profile checks, with its messages: the name, every profile's contract, the rules,
-    the gated model's token and the memory plan. Returns the raw profile and its normalized form (both
-    None when it cannot be served), the pinned vLLM's contract and the problems."""
+def _contract_problems(inputs: dict, profiles: dict, sizes: dict) -> tuple:
+    """Every profile (served or not) against the pinned vLLM's contract: the contract and the problems."""
     problems = []
-    known = isinstance(name, str) and name in profiles
-    if not known:
-        problems.append(
-            f"sparkops_serving_profile '{name}' is not a known profile. Known: {', '.join(sorted(profiles))}. "
-            "Add your own under sparkops_serving_profiles_extra (same keys as the shipped ones)."
-        )
     version = str(_get(inputs, "vllm_version", "0.19.0"))
     contract = load_contract(version)
     allow_rules = inputs.get("allow_rules") or []
@@ -204,20 +309,37 @@ def _profile_problems(inputs: dict, profiles: dict, name, gpus_total: int, sizes
             f"Serving profiles refused by vLLM {version} (sparkops_vllm_version): {text}"
             "Fix the profile for this vLLM release or pin the release it was written for."
         )
+    return contract, problems
+
+
+def _profile_problems(inputs: dict, profiles: dict, name, gpus_total: int, sizes: dict, **ctx) -> tuple:
+    """Preflight's checks of one served profile, with its messages: the name, the rules, the gated
+    model's token and the memory plan. `ctx`: the contract and, for a deployment of
+    sparkops_deployments, `where` (what names the profile in the messages). Returns the raw profile
+    and its normalized form (both None when it cannot be served) and the problems."""
+    problems = []
+    where = ctx.get("where") or "sparkops_serving_profile"
+    known = isinstance(name, str) and name in profiles
     if not known:
-        return None, None, contract, problems
+        problems.append(
+            f"{where} '{name}' is not a known profile. Known: {', '.join(sorted(profiles))}. "
+            "Add your own under sparkops_serving_profiles_extra (same keys as the shipped ones)."
+        )
+        return None, None, problems
     profile = profiles[name]
+    allow_rules = inputs.get("allow_rules") or []
     rules = profile_violations(
         profile,
         gpus_total,
         node_memory_gib=sizes["node_memory_gib"],
         gpus_per_node=sizes["gpus_per_node"],
-        contract=contract,
+        contract=ctx["contract"],
         allow_rules=allow_rules,
     )
+    label = f"Serving profile '{name}'" + (f" ({where}{ctx.get('on', '')})" if ctx.get("where") else "")
     if rules:
-        problems.append(f"Serving profile '{name}' is refused: {' | '.join(rules)}")
-        return None, None, contract, problems
+        problems.append(f"{label} is refused: {' | '.join(rules)}")
+        return None, None, problems
     p = normalize_profile(profile)
     if p["gated"] and str(_get(inputs, "weights_source", "hub")) == "hub" and not inputs.get("hf_token_set"):
         problems.append(
@@ -226,8 +348,8 @@ def _profile_problems(inputs: dict, profiles: dict, name, gpus_total: int, sizes
         )
     memory = memory_plan_problems(p, sizes["node_memory_gib"], sizes["overhead_gib"], sizes["floor_gib"])
     if memory:
-        problems.append(f"Serving profile '{name}' is refused: {' | '.join(memory)}")
-    return profile, p, contract, problems
+        problems.append(f"{label} is refused: {' | '.join(memory)}")
+    return profile, p, problems
 
 
 def _vllm_env(base: dict, cache_env: dict, profile_env: dict, ip: str, *, ray: bool, api: bool, mp: bool) -> dict:
@@ -249,7 +371,193 @@ def _vllm_env(base: dict, cache_env: dict, profile_env: dict, ip: str, *, ray: b
     return env
 
 
-def build_serving(cluster: dict, inputs: dict) -> dict:  # noqa: PLR0914, PLR0915
+def _deployment_specs(inputs: dict, cluster: dict, executor: str, problems: list) -> list:
+    """sparkops_deployments, checked, as [{name, profile_name, hosts, executor, given, label}]; without
+    it the one deployment of today: `main`, sparkops_serving_profile on every node, sparkops_executor."""
+    hosts = list(cluster["hosts"])
+    default_profile = inputs.get("profile_name")
+    given = inputs.get("deployments")
+    if given in (None, "", []):
+        return [
+            {"name": DEPLOYMENT, "profile_name": default_profile, "hosts": hosts, "executor": executor, "given": False}
+        ]
+    if not isinstance(given, list):
+        problems.append(
+            f"sparkops_deployments must be a list of deployments ({{name, profile, hosts, executor}}), got "
+            f"{type(given).__name__}; leave it empty for one deployment of sparkops_serving_profile on every node"
+        )
+        return []
+    specs, names, owner, shared = [], {}, {}, {}
+    for i, entry in enumerate(given):
+        label = f"sparkops_deployments[{i}]"
+        if not isinstance(entry, dict):
+            problems.append(f"{label} must be a mapping with name, profile and hosts, got {entry!r}")
+            continue
+        unknown = sorted(set(map(str, entry)) - set(DEPLOYMENT_KEYS))
+        if unknown:
+            problems.append(
+                f"{label} has unknown key(s) {', '.join(unknown)}: a deployment takes {', '.join(DEPLOYMENT_KEYS)}"
+            )
+        name = entry.get("name")
+        if not isinstance(name, str) or not _DEPLOYMENT_NAME_RE.match(name):
+            problems.append(
+                f"{label}: the name {name!r} is malformed: give each deployment a name of lower-case letters, "
+                "digits and '-', at most 63, starting and ending with a letter or digit (e.g. chat)"
+            )
+        elif name in names:
+            problems.append(
+                f"sparkops_deployments: the name '{name}' is given twice ({names[name]} and {label}): "
+                "give each deployment its own name"
+            )
+        else:
+            names[name] = label
+            label = f"sparkops_deployments '{name}'"
+        dep_hosts = hosts if entry.get("hosts") is None else entry["hosts"]
+        if not isinstance(dep_hosts, list) or not dep_hosts or not all(isinstance(h, str) for h in dep_hosts):
+            problems.append(
+                f"{label}: hosts must be a list of host names of group 'spark_cluster' ({', '.join(hosts)}), got "
+                f"{dep_hosts!r}; leave it out for every node"
+            )
+            dep_hosts = []
+        strangers = [h for h in dep_hosts if h not in hosts]
+        if strangers:
+            problems.append(
+                f"{label}: {', '.join(strangers)} is not a host of group 'spark_cluster' ({', '.join(hosts)}): "
+                "name hosts of the inventory"
+            )
+        twice = sorted({h for h in dep_hosts if dep_hosts.count(h) > 1})
+        if twice:
+            problems.append(f"{label}: {', '.join(twice)} is listed twice in its hosts: name each host once")
+        dep_hosts = [h for h in dict.fromkeys(dep_hosts) if h in hosts]
+        for h in dep_hosts:
+            if h in owner:
+                shared.setdefault((owner[h], label), []).append(h)
+            else:
+                owner[h] = label
+        dep_executor = entry.get("executor") or executor
+        if dep_executor not in EXECUTORS:
+            problems.append(f"{label}: executor must be one of {', '.join(EXECUTORS)}, got {dep_executor!r}")
+        profile = entry.get("profile") or default_profile
+        specs.append(
+            {"name": str(name), "profile_name": profile, "hosts": dep_hosts, "executor": str(dep_executor),
+             "given": True, "label": label}
+        )  # fmt: skip
+    for (first, second), both in shared.items():
+        problems.append(
+            f"{', '.join(both)} {'is' if len(both) == 1 else 'are'} in two deployments ({first} and {second}): a node "
+            "serves one deployment; remove it from the hosts of one of them (a deployment without hosts takes "
+            "every node)"
+        )
+    return specs
+
+
+def _path_outside(cluster: dict, group: list, member: str) -> list:
+    """The nodes outside `group` that `member`'s fast-link traffic to the group's head passes through,
+    following the model's routes hop by hop (a ring forwards through neighbours; a pair and a switch
+    share a segment, no node in between). ['(no route)'] where the model has no path."""
+    nodes = cluster["nodes"]
+    head = group[0]
+    outside = []
+    for cidr in [link["cidr"] for link in nodes[head]["links"]]:
+        here = member
+        for _hop in range(len(nodes)):
+            if cidr in {link["cidr"] for link in nodes[here]["links"]}:
+                break
+            route = next((r for r in nodes[here]["routes"] if r["to"] == cidr), None)
+            if route is None:
+                outside.append("(no route)")
+                break
+            here = route["through"]
+            if here not in group and here not in outside:
+                outside.append(here)
+    return outside
+
+
+def _endpoint_on(cluster: dict, host: str) -> dict:
+    """The API endpoint on `host`: the model's (the head's) moved to the same kind of address of `host`
+    (a wildcard stays, the head's management address becomes host's, its n-th fast link host's n-th)."""
+    ep = dict(cluster["endpoint"])
+    if host == cluster["head"]:
+        return ep
+    head, node = cluster["nodes"][cluster["head"]], cluster["nodes"][host]
+    bind = ep["bind"]
+    if bind not in WILDCARDS:
+        if bind == head.get("mgmt_address"):
+            bind = node["mgmt_address"]
+        elif bind in head["ips"] and head["ips"].index(bind) < len(node["ips"]):
+            bind = node["ips"][head["ips"].index(bind)]
+        else:
+            bind = node["primary"]["ip"]
+    url_host = node["primary"]["ip"] if bind in WILDCARDS else bind
+    return {"host": host, "bind": bind, "port": ep["port"], "url": f"http://{url_host}:{ep['port']}"}
+
+
+def _shape(spec: dict, nnodes: int) -> list:
+    """(executor kind, hosts) of each replica of a deployment."""
+    hosts = spec["hosts"]
+    if not spec["given"]:
+        if spec["executor"] == "ray":
+            # Today's shape: Ray on every node (the head's GCS, the others join) and vLLM attached to the
+            # head's raylet, whatever the group's size; the Ray backend only when TP x PP spans nodes.
+            return [("ray", hosts)]
+        # The head first: the model orders hosts head, then workers.
+        return [("single" if nnodes == 1 else "mp", hosts[:nnodes])]
+    # A deployment of sparkops_deployments: one replica per TP x PP group, Ray only where a group spans
+    # nodes under the Ray executor (a node of one replica runs vLLM alone).
+    kind = "single" if nnodes == 1 else spec["executor"]
+    return [(kind, hosts[i : i + nnodes]) for i in range(0, len(hosts), nnodes)]
+
+
+def _replica_members(cluster: dict, kind: str, group: list, p: dict, *, nnodes: int, ctx: dict) -> tuple:
+    """A replica's endpoint and members: the head (group[0]) serves the API."""
+    head = group[0]
+    head_ip = cluster["nodes"][head]["primary"]["ip"]
+    endpoint = _endpoint_on(cluster, head)
+    names = ctx["names"]
+    # The argv builder judges the hard rules again and adds the Ray backend for a multi-node group.
+    api_argv = vllm_serve_args(
+        p,
+        endpoint["bind"],
+        endpoint["port"],
+        gpus_per_node=ctx["gpus_per_node"],
+        allow_rules=ctx["allow_rules"],
+    )
+    if kind == "mp":
+        api_argv = _without(api_argv, "--distributed-executor-backend") + ["--distributed-executor-backend", "mp"]
+    members = []
+    for rank, host in enumerate(group):
+        ip = cluster["nodes"][host]["primary"]["ip"]
+        api = rank == 0
+        member = {"host": host, "rank": rank, "role": "api" if api else "worker", "ip": ip, "vllm": None, "ray": None}
+        if kind == "ray":
+            address = f"{head_ip}:{cluster['ray']['port']}"
+            member["ray"] = {
+                "container": names["ray"],
+                "head": api,
+                "address": address,
+                # The nodes of this Ray cluster; the head tells its workers when it started.
+                "hosts": list(group),
+                "workers": list(group[1:]),
+                "argv": ray_start_argv(ctx["ray"], ip, address, head=api),
+            }
+        if api or kind == "mp":
+            # A headless rank starts no API server (vllm/entrypoints/cli/serve.py:115-116): no --host/--port.
+            argv = list(api_argv) if api else _without(api_argv, "--host", "--port")
+            if kind == "mp":
+                argv += ["--nnodes", str(nnodes), "--node-rank", str(rank)]
+                argv += ["--master-addr", head_ip, "--master-port", str(ctx["master_port"])]
+                if not api:
+                    argv.append("--headless")
+            argv += ["--middleware", f"{AUTH_MODULE}.RequireApiKey"] if api else []
+            env = _vllm_env(
+                ctx["base_env"], ctx["cache_env"], p["env"], ip, ray=kind == "ray", api=api, mp=kind == "mp"
+            )
+            member["vllm"] = {"container": names["vllm"], "argv": argv, "env": env, "auth": api}
+        members.append(member)
+    return endpoint, members
+
+
+def build_serving(cluster: dict, inputs: dict) -> dict:  # noqa: PLR0912, PLR0914, PLR0915
     """The serving plan for `cluster`; ClusterError with every problem when it cannot be served."""
     problems: list[str] = []
     profiles = inputs.get("profiles") or {}
@@ -276,17 +584,78 @@ def build_serving(cluster: dict, inputs: dict) -> dict:  # noqa: PLR0914, PLR091
     master_port = _int(inputs, "mp_master_port", MP_MASTER_PORT, problems)
     if not 1 <= master_port <= 65535:
         problems.append(f"sparkops_mp_master_port must be within 1-65535, got {master_port}")
-    hosts = list(cluster["hosts"])
-    raw, normalized, contract, found = _profile_problems(
-        inputs, profiles, name, len(hosts) * sizes["gpus_per_node"], sizes
-    )
-    problems += found
+    ray_opts = ray_options(inputs, sizes["gpus_per_node"], problems)
+    specs = _deployment_specs(inputs, cluster, executor, problems)
+    contract, contract_problems = _contract_problems(inputs, profiles, sizes)
+    served, by_model = [], {}
+    for spec in specs:
+        gpus = len(spec["hosts"]) * sizes["gpus_per_node"]
+        # A deployment's profile is judged on its own hosts (the messages' "cluster" is those hosts).
+        where = f"{spec['label']}: profile" if spec["given"] else None
+        if not gpus:  # no host of the cluster (reported): only whether its profile exists is known
+            if spec["profile_name"] not in profiles:
+                problems += _profile_problems(inputs, profiles, spec["profile_name"], 1, sizes, where=where)[2]
+            served.append((spec, None, None, 0))
+            continue
+        raw, normalized, found = _profile_problems(
+            inputs,
+            profiles,
+            spec["profile_name"],
+            gpus,
+            sizes,
+            contract=contract,
+            where=where,
+            on=f" on {len(spec['hosts'])} host(s)",
+        )
+        problems += found
+        if normalized is None:
+            served.append((spec, raw, normalized, 0))
+            continue
+        world = normalized["tensor_parallel_size"] * normalized["pipeline_parallel_size"]
+        nnodes = -(-world // sizes["gpus_per_node"])
+        served.append((spec, raw, normalized, nnodes))
+        by_model.setdefault(normalized["served_model_name"], []).append(spec.get("label") or spec["name"])
+        if not spec["given"]:
+            continue
+        if len(spec["hosts"]) % nnodes:
+            problems.append(
+                f"{spec['label']}: its {len(spec['hosts'])} host(s) ({', '.join(spec['hosts'])}) do not divide into "
+                f"groups of {nnodes} node(s), the TP x PP = {world} GPUs of profile '{spec['profile_name']}' at "
+                f"{sizes['gpus_per_node']} GPU(s) per node: give it a multiple of {nnodes} hosts (each group of "
+                f"{nnodes} is one replica)"
+            )
+            continue
+        for index, (_kind, group) in enumerate(_shape(spec, nnodes)):
+            for member in group[1:]:
+                outside = _path_outside(cluster, group, member)
+                if outside:
+                    problems.append(
+                        f"{spec['label']} replica {index} ({', '.join(group)}): {member} reaches the group's head "
+                        f"{group[0]} over the fast links only through {', '.join(outside)}, outside the group, "
+                        f"which would forward this group's NCCL traffic ({cluster['topology']}, ring order "
+                        f"{', '.join(cluster['ring_order']) or '-'}). List the hosts so that each group of {nnodes} "
+                        "are neighbours on the fast links"
+                    )
+    for model, labels in by_model.items():
+        if len(labels) > 1:
+            problems.append(
+                f"{' and '.join(labels)} serve the same served model name '{model}': a client could not tell them "
+                "apart; give one of them another profile (or one with its own served_model_name)"
+            )
+    problems += contract_problems
 
     image_in = inputs.get("image") or {}
     lock = inputs.get("lock") or {}
     upgrade = bool(inputs.get("upgrade"))
-    wanted = lock_wanted(image_in, str(name), normalized)
-    conflicts = [] if upgrade else lock_conflicts(lock, wanted)
+    first = served[0] if served else ({"profile_name": name}, None, None, 0)
+    wanted = lock_wanted(image_in, str(first[0]["profile_name"]), first[2])
+    if any(spec["given"] for spec in specs):
+        # Every deployment's profile and revision by name; `model` stays the first's (today's lock readers).
+        wanted["models"] = {
+            spec["name"]: lock_wanted(image_in, str(spec["profile_name"]), normalized)["model"]
+            for spec, _raw, normalized, _n in served
+        }
+    conflicts = [] if upgrade else lock_conflicts(lock, wanted) + lock_model_conflicts(lock, wanted)
     if conflicts:
         problems.append(
             f"{cluster['paths']['lock_file']} pins what was deployed, and the inventory now asks for something "
@@ -296,91 +665,68 @@ def build_serving(cluster: dict, inputs: dict) -> dict:  # noqa: PLR0914, PLR091
     if problems:
         raise ClusterError(problems)
 
-    p = dict(normalized)
-    own_revision = p["revision"]
-    p["revision"] = own_revision if upgrade else effective_revision(own_revision, lock, str(name), p["model"])
-    world = p["tensor_parallel_size"] * p["pipeline_parallel_size"]
-    nnodes = -(-world // sizes["gpus_per_node"])
-    if executor == "ray":
-        # Today's shape: Ray on every node (the head's GCS, the others join) and vLLM attached to the
-        # head's raylet, whatever the group's size; the Ray backend only when TP x PP spans nodes.
-        kind, group = "ray", hosts
-    else:
-        # The head first: the model orders hosts head, then workers.
-        kind, group = ("single" if nnodes == 1 else "mp"), hosts[:nnodes]
-    head = cluster["head"]
-    head_ip = cluster["nodes"][head]["primary"]["ip"]
-    endpoint = dict(cluster["endpoint"])
-    names = {**_DEFAULT_CONTAINERS, **(inputs.get("container_names") or {})}
-    cache_env = {str(k): str(v) for k, v in (inputs.get("container_cache_env") or {}).items()}
-    base_env = {
-        "HF_HOME": CONTAINER_HF_HOME,
-        "HF_HUB_OFFLINE": "1",
-        # As eugr/spark-vllm-docker launch-cluster.sh @ 013cd2ea (DOCKER_ARGS): NCCL keeps its threads off
-        # the container's CPU mask; expandable segments fragment the shared unified memory less.
-        "NCCL_IGNORE_CPU_AFFINITY": "1",
-        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+    ctx = {
+        "names": {**_DEFAULT_CONTAINERS, **(inputs.get("container_names") or {})},
+        "cache_env": {str(k): str(v) for k, v in (inputs.get("container_cache_env") or {}).items()},
+        "base_env": {
+            "HF_HOME": CONTAINER_HF_HOME,
+            "HF_HUB_OFFLINE": "1",
+            # As eugr/spark-vllm-docker launch-cluster.sh @ 013cd2ea (DOCKER_ARGS): NCCL keeps its threads off
+            # the container's CPU mask; expandable segments fragment the shared unified memory less.
+            "NCCL_IGNORE_CPU_AFFINITY": "1",
+            "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+        },
+        "gpus_per_node": sizes["gpus_per_node"],
+        "allow_rules": inputs.get("allow_rules"),
+        "master_port": master_port,
+        "ray": ray_opts,
     }
-    # The argv builder judges the hard rules again and adds the Ray backend for a multi-node group.
-    api_argv = vllm_serve_args(
-        p,
-        endpoint["bind"],
-        endpoint["port"],
-        gpus_per_node=sizes["gpus_per_node"],
-        allow_rules=inputs.get("allow_rules"),
-    )
-    if kind == "mp":
-        api_argv = _without(api_argv, "--distributed-executor-backend") + ["--distributed-executor-backend", "mp"]
-    members = []
-    for rank, host in enumerate(group):
-        ip = cluster["nodes"][host]["primary"]["ip"]
-        api = rank == 0
-        member = {"host": host, "rank": rank, "role": "api" if api else "worker", "ip": ip, "vllm": None, "ray": None}
-        if kind == "ray":
-            member["ray"] = {"container": names["ray"], "head": api, "address": f"{head_ip}:{cluster['ray']['port']}"}
-        if api or kind == "mp":
-            # A headless rank starts no API server (vllm/entrypoints/cli/serve.py:115-116): no --host/--port.
-            argv = list(api_argv) if api else _without(api_argv, "--host", "--port")
-            if kind == "mp":
-                argv += ["--nnodes", str(nnodes), "--node-rank", str(rank)]
-                argv += ["--master-addr", head_ip, "--master-port", str(master_port)]
-                if not api:
-                    argv.append("--headless")
-            argv += ["--middleware", f"{AUTH_MODULE}.RequireApiKey"] if api else []
-            member["vllm"] = {
-                "container": names["vllm"],
-                "argv": argv,
-                "env": _vllm_env(base_env, cache_env, p["env"], ip, ray=kind == "ray", api=api, mp=kind == "mp"),
-                "auth": api,
-            }
-        members.append(member)
     hf_home = str(_get(inputs, "hf_home", "/var/lib/sparkops/huggingface"))
-    deployment = {
-        "name": DEPLOYMENT,
-        "profile_name": str(name),
-        "profile": p,
-        "own_revision": own_revision,
-        # The profile as the inventory gives it, with the revision served: what the roles that record
-        # and compare deployments (deployment_state, upgrade) keep as `sparkops_profile`.
-        "profile_as_given": {**raw, "revision": p["revision"]},
-        "hosts": group,
-        "executor": kind,
-        "nnodes": nnodes,
-        "members": members,
-        "api_host": head,
-        "endpoint": endpoint,
-        "served_model_name": p["served_model_name"],
-        "model_cache_dir": posixpath.join(hf_home, "hub", "models--" + p["model"].replace("/", "--")),
-        "image": plan_image(image_in, lock, upgrade),
-        "weights": dict(cluster["weights"]),
-        "allowed_rules": allowed_rule_warnings(
-            str(name),
-            raw,
-            inputs.get("allow_rules") or [],
-            contract=contract,
-        ),
-    }
-    return {"deployments": [deployment], "lock": {"wanted": wanted, "upgrade": upgrade}}
+    # One image for the whole cluster: every deployment runs the same vLLM build (the lock pins one).
+    image = plan_image(image_in, lock, upgrade)
+    deployments = []
+    for number, (spec, raw, normalized, nnodes) in enumerate(served):
+        p = dict(normalized)
+        own_revision = p["revision"]
+        # The first deployment's model commit is the lock's `model`; every other's is under `models`.
+        locked = lock if number == 0 else {"model": (lock.get("models") or {}).get(spec["name"])}
+        pname = str(spec["profile_name"])
+        p["revision"] = own_revision if upgrade else effective_revision(own_revision, locked, pname, p["model"])
+        replicas = []
+        for index, (kind, group) in enumerate(_shape(spec, nnodes)):
+            endpoint, members = _replica_members(cluster, kind, group, p, nnodes=nnodes, ctx=ctx)
+            replicas.append(
+                {"index": index, "hosts": list(group), "head": group[0], "executor": kind, "endpoint": endpoint,
+                 "members": members}
+            )  # fmt: skip
+        one = replicas[0]
+        deployments.append(
+            {
+                "name": spec["name"],
+                "profile_name": pname,
+                "profile": p,
+                "own_revision": own_revision,
+                # The profile as the inventory gives it, with the revision served: what the roles that record
+                # and compare deployments (deployment_state, upgrade) keep as `sparkops_profile`.
+                "profile_as_given": {**raw, "revision": p["revision"]},
+                # The first replica, as every consumer read the one deployment before replicas existed.
+                "hosts": one["hosts"],
+                "executor": one["executor"],
+                "nnodes": nnodes,
+                "members": one["members"],
+                "api_host": one["head"],
+                "endpoint": one["endpoint"],
+                # Every replica (one TP x PP group each) and every node of the deployment.
+                "replicas": replicas,
+                "all_hosts": [h for r in replicas for h in r["hosts"]],
+                "served_model_name": p["served_model_name"],
+                "model_cache_dir": posixpath.join(hf_home, "hub", "models--" + p["model"].replace("/", "--")),
+                "image": image,
+                "weights": dict(cluster["weights"]),
+                "allowed_rules": allowed_rule_warnings(pname, raw, inputs.get("allow_rules") or [], contract=contract),
+            }
+        )
+    return {"deployments": deployments, "lock": {"wanted": wanted, "upgrade": upgrade}}
 
 
 def _without(argv: list, *flags: str) -> list:
@@ -398,17 +744,23 @@ def _without(argv: list, *flags: str) -> list:
 
 
 def node_part(plan: dict, host: str) -> list:
-    """This host's members, each with its deployment's name, image and served model name."""
+    """This host's members (of whichever replica holds it), each with its deployment's name, replica,
+    image and executor."""
     out = []
     for dep in plan.get("deployments", []):
-        for member in dep["members"]:
-            if member["host"] == host:
-                out.append({**member, "deployment": dep["name"], "image": dep["image"], "executor": dep["executor"]})
+        for replica in dep.get("replicas") or [{"index": 0, "executor": dep["executor"], "members": dep["members"]}]:
+            for member in replica["members"]:
+                if member["host"] == host:
+                    out.append(
+                        {**member, "deployment": dep["name"], "replica": replica["index"], "image": dep["image"],
+                         "executor": replica["executor"]}
+                    )  # fmt: skip
     return out
 
 
 def summary(plan: dict) -> list:
-    """The plan in lines, for plan.yml: per deployment its image, and per member its command line."""
+    """The plan in lines, for plan.yml: per deployment its image, per replica its API, and per member its
+    command lines."""
     out = []
     for dep in plan.get("deployments", []):
         img = dep["image"]
@@ -416,16 +768,26 @@ def summary(plan: dict) -> list:
             img["image"]
             or f"{img['name']}:<resolved by the image build from {img.get('ref') or img.get('registry_ref')}>"
         )
+        replicas = dep.get("replicas") or [
+            {"index": 0, "hosts": dep["hosts"], "head": dep["api_host"], "executor": dep["executor"],
+             "endpoint": dep["endpoint"], "members": dep["members"]}
+        ]  # fmt: skip
         out.append(
             f"deployment {dep['name']}: profile {dep['profile_name']} ({dep['profile']['model']} @ "
-            f"{dep['profile']['revision']}), executor {dep['executor']} on {', '.join(dep['hosts'])}; image {tag}"
+            f"{dep['profile']['revision']}), served model name {dep['served_model_name']}, {len(replicas)} "
+            f"replica(s) of {dep['nnodes']} node(s); image {tag}"
         )
-        out.append(f"  API {dep['endpoint']['url']} on {dep['api_host']}, served model name {dep['served_model_name']}")
-        for m in dep["members"]:
-            where = f"  {m['host']} rank {m['rank']}"
-            if m["ray"]:
-                out.append(f"{where}: Ray {'head' if m['ray']['head'] else 'worker'} ({m['ray']['container']})")
-            if m["vllm"]:
-                out.append(f"{where} ({m['role']}, {m['vllm']['container']}): {' '.join(m['vllm']['argv'])}")
+        for rep in replicas:
+            out.append(
+                f"  replica {rep['index']}: executor {rep['executor']} on {', '.join(rep['hosts'])}; "
+                f"API {rep['endpoint']['url']} on {rep['head']}"
+            )
+            for m in rep["members"]:
+                where = f"    {m['host']} rank {m['rank']}"
+                if m["ray"]:
+                    role = "head" if m["ray"]["head"] else "worker"
+                    out.append(f"{where}: Ray {role} ({m['ray']['container']}): {' '.join(m['ray'].get('argv', []))}")
+                if m["vllm"]:
+                    out.append(f"{where} ({m['role']}, {m['vllm']['container']}): {' '.join(m['vllm']['argv'])}")
         out.extend(f"  {line}" for line in dep["allowed_rules"])
     return out

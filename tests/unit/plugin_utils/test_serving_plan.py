@@ -323,3 +323,93 @@ def test_an_allowed_rule_is_served_and_said():
     dep = plan["deployments"][0]
     assert "--enforce-eager" in dep["members"][0]["vllm"]["argv"]
     assert any("measuring eager on GB10" in line for line in dep["allowed_rules"])
+
+
+# ------------------------------------------------------------------- Ray's `ray start` (issue 24)
+RAY_DEFAULTS = yaml.safe_load((DEFAULTS / "ray.yml").read_text())
+
+
+def _ray_ports(ip):
+    """The fixed part every node's `ray start` has (the shipped ports, one GPU)."""
+    return [
+        "ray", "start", "--block", "--disable-usage-stats", "--node-ip-address", ip, "--num-gpus", "1",
+        "--node-manager-port", "6381", "--object-manager-port", "6382", "--metrics-export-port", "6383",
+        "--dashboard-agent-grpc-port", "6384", "--dashboard-agent-listen-port", "52365",
+        "--runtime-env-agent-port", "6385", "--min-worker-port", "20000", "--max-worker-port", "20999",
+    ]  # fmt: skip
+
+
+def _ray_inputs(**changes):
+    """The plan's Ray inputs as cluster_facts reads them from the shipped defaults (ray.yml)."""
+    from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving import RAY_OPTIONS
+
+    out = {key: RAY_DEFAULTS[variable] for key, (variable, _) in RAY_OPTIONS.items() if key != "ray_gpus_per_node"}
+    out["ray_gpus_per_node"] = 1
+    out.update(changes)
+    return out
+
+
+def test_the_ray_start_fallbacks_are_the_shipped_defaults():
+    """One source of truth: a caller that gives no Ray option gets what roles/sparkops_defaults ships."""
+    from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving import RAY_OPTIONS
+
+    for variable, fallback in RAY_OPTIONS.values():
+        assert variable in RAY_DEFAULTS, f"{variable} is not in roles/sparkops_defaults/defaults/main/ray.yml"
+        if fallback is not None:
+            assert fallback == RAY_DEFAULTS[variable], variable
+    assert set(RAY_DEFAULTS) == {v for v, _ in RAY_OPTIONS.values()} | {"ray_cluster_gcs_port"}
+
+
+def test_ray_start_on_the_head_and_a_worker_as_shipped():
+    cluster, plan = plan_of(**_ray_inputs())
+    head, worker = plan["deployments"][0]["members"]
+    head_ip, worker_ip = (cluster["nodes"][h]["primary"]["ip"] for h in ("spark-1", "spark-2"))
+    store = ["--object-store-memory", "1073741824"]
+    assert head["ray"]["argv"] == [
+        *_ray_ports(head_ip), *store, "--head", "--port", "6379",
+        "--include-dashboard=true", "--dashboard-host", head_ip, "--dashboard-port", "8265",
+    ]  # fmt: skip
+    assert worker["ray"]["argv"] == [*_ray_ports(worker_ip), *store, "--address", f"{head_ip}:6379"]
+    # The same plan without any Ray input (a caller that gives none) is the same command line.
+    assert plan_of()[1]["deployments"][0]["members"][0]["ray"]["argv"] == head["ray"]["argv"]
+
+
+def test_ray_start_without_the_dashboard_with_the_client_and_ray_s_own_object_store():
+    cluster, plan = plan_of(
+        pair(ray_cluster_gcs_port=7000),
+        **_ray_inputs(ray_dashboard=False, ray_client="true", ray_client_port=10101, ray_object_store_bytes=""),
+    )
+    head, worker = plan["deployments"][0]["members"]
+    head_ip = cluster["nodes"]["spark-1"]["primary"]["ip"]
+    assert head["ray"]["argv"][len(_ray_ports(head_ip)) :] == [
+        "--head", "--port", "7000", "--ray-client-server-port", "10101", "--include-dashboard=false",
+    ]  # fmt: skip
+    assert "--object-store-memory" not in head["ray"]["argv"]
+    # A worker starts neither the dashboard nor the client server: it joins the head's GCS.
+    assert worker["ray"]["argv"][len(_ray_ports(worker["ip"])) :] == ["--address", f"{head_ip}:7000"]
+
+
+def test_ray_start_declares_the_gpus_and_an_object_store_of_its_own():
+    plan = plan_of_only(**_ray_inputs(ray_gpus_per_node=2, ray_object_store_bytes=5000000))
+    argv = plan["deployments"][0]["members"][1]["ray"]["argv"]
+    assert argv[argv.index("--num-gpus") + 1] == "2"
+    assert argv[argv.index("--object-store-memory") + 1] == "5000000"
+
+
+def test_bad_ray_options_are_refused_with_the_variable_to_fix():
+    with pytest.raises(ClusterError) as err:
+        plan_of(
+            **_ray_inputs(
+                ray_dashboard="maybe", ray_object_store_bytes="1G", ray_min_worker_port=30000, ray_node_manager_port=0
+            )
+        )
+    text = str(err.value)
+    assert "ray_cluster_dashboard must be true or false, got 'maybe'" in text
+    assert "ray_cluster_object_store_bytes must be a number of bytes or empty" in text
+    assert "ray_cluster_min_worker_port (30000) is above ray_cluster_max_worker_port (20999)" in text
+    assert "ray_cluster_node_manager_port must be within 1-65535, got 0" in text
+
+
+def test_the_mp_executor_starts_no_ray():
+    plan = plan_of_only(profile_name="qwen3-235b-a22b-gptq-int4-tp2", executor="mp")
+    assert all(m["ray"] is None for m in plan["deployments"][0]["members"])

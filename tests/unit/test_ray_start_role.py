@@ -1,0 +1,88 @@
+"""roles/ray_cluster runs the serving plan's `ray start` (issue 24): no command line of its own.
+
+The role's variables and tasks are templated by ansible-core's own Templar from the role files, with
+the plan cluster_facts would set (plugins/plugin_utils/serving.py) for each node.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import yaml
+from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving import node_part
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests/unit/plugin_utils"))
+from cluster_inventories import switch  # noqa: E402
+from test_serving_plan import plan_of  # noqa: E402
+
+QWEN30 = "qwen3-30b-a3b"
+TP2 = "qwen3-235b-a22b-gptq-int4-tp2"
+
+
+def _trusted(value):
+    tag = importlib.import_module("ansible._internal._datatag._tags").TrustedAsTemplate()  # ansible-core 2.19+
+    if isinstance(value, str):
+        return tag.tag(value)
+    if isinstance(value, list):
+        return [_trusted(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _trusted(v) for k, v in value.items()}
+    return value
+
+
+def _task(name: str) -> dict:
+    tasks = yaml.safe_load((ROOT / "roles/ray_cluster/tasks/containers.yml").read_text())
+    (task,) = [t for t in tasks if t.get("name") == name]
+    return task
+
+
+def _render(expr, cluster: dict, plan: dict, host: str):
+    from ansible.template import Templar  # noqa: PLC0415
+
+    names = {}
+    for path in sorted((ROOT / "roles/sparkops_defaults/defaults/main").glob("*.yml")):
+        names.update(yaml.safe_load(path.read_text()) or {})
+    names.update(yaml.safe_load((ROOT / "roles/ray_cluster/defaults/main.yml").read_text()))
+    names.update(yaml.safe_load((ROOT / "roles/ray_cluster/vars/main.yml").read_text()))
+    names = _trusted(names)
+    names.update(
+        sparkops_cluster={**cluster, "serving": plan},
+        sparkops_node={**cluster["nodes"][host], "serving": node_part(plan, host)},
+        inventory_hostname=host,
+    )
+    return Templar(variables=names).template(_trusted(expr))
+
+
+def test_each_node_runs_its_member_s_ray_start_and_the_head_tells_its_own_workers():
+    cluster, plan = plan_of(
+        switch(4),
+        deployments=[
+            {"name": "big", "profile": TP2, "hosts": ["spark-3", "spark-4"]},
+            {"name": "code", "profile": QWEN30, "hosts": ["spark-1", "spark-2"]},
+        ],
+    )
+    run, tell = _task("Run the Ray container"), _task("Tell the workers when the head's Ray started")
+    members = {m["host"]: m for m in plan["deployments"][0]["replicas"][0]["members"]}
+    for host in ("spark-3", "spark-4"):
+        command = _render(run["community.docker.docker_container"]["command"], cluster, plan, host)
+        assert command == members[host]["ray"]["argv"]
+        assert _render("{{ ray_cluster_is_head | bool }}", cluster, plan, host) is (host == "spark-3")
+    # The group's head (not the cluster's) hands its start time to its own Ray cluster's workers.
+    assert _render(tell["loop"], cluster, plan, "spark-3") == ["spark-4"]
+    assert members["spark-4"]["ray"]["argv"][-2:] == ["--address", f"{members['spark-3']['ip']}:6379"]
+
+
+def test_today_s_plan_starts_ray_on_every_node_joined_to_the_cluster_head():
+    cluster, plan = plan_of(switch(3))
+    run = _task("Run the Ray container")
+    head_ip = cluster["nodes"]["spark-1"]["primary"]["ip"]
+    head = _render(run["community.docker.docker_container"]["command"], cluster, plan, "spark-1")
+    assert head[:2] == ["ray", "start"] and "--head" in head
+    for host in ("spark-2", "spark-3"):
+        argv = _render(run["community.docker.docker_container"]["command"], cluster, plan, host)
+        assert argv[-2:] == ["--address", f"{head_ip}:6379"] and "--head" not in argv
+    tell = _task("Tell the workers when the head's Ray started")
+    assert _render(tell["loop"], cluster, plan, "spark-1") == ["spark-2", "spark-3"]
