@@ -72,12 +72,24 @@ def conflicts(lock: dict, wanted: dict) -> list[str]:
     if not lock:
         return []
     out = []
+    # The lock's `model` belongs to one deployment: "main" (the default one, and every lock written before
+    # sparkops_deployments) unless it names another. When the inventory's first deployment is another one,
+    # "main" was removed or renamed: site.yml may add and remove deployments (each keeps its own commit
+    # under `models`), so only the image is held to the lock then.
+    same_deployment = model_deployment(lock) == model_deployment(wanted)
     for path in WANTED_KEYS:
+        if path[0] == "model" and not same_deployment:
+            continue
         have = _norm(_get(lock, path))
         want = _norm(_get(wanted, path))
         if have != want:
             out.append(f"{'.'.join(path)}: the lock has {json.dumps(have)}, the inventory asks for {json.dumps(want)}")
     return out
+
+
+def model_deployment(lock: dict) -> str:
+    """The deployment the lock's (or the wanted) `model` belongs to: its `deployment`, else "main"."""
+    return str(_get(lock or {}, ("model", "deployment")) or "main")
 
 
 def model_conflicts(lock: dict, wanted: dict) -> list[str]:

@@ -52,6 +52,7 @@ from ansible_collections.sparkops.cluster.plugins.plugin_utils.day2_checks impor
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.lockfile import conflicts as lock_conflicts
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.lockfile import effective_revision
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.lockfile import model_conflicts as lock_model_conflicts
+from ansible_collections.sparkops.cluster.plugins.plugin_utils.lockfile import model_deployment as lock_model_deployment
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving_profile import (
     allowed_rule_warnings,
     contract_violations,
@@ -649,6 +650,10 @@ def build_serving(cluster: dict, inputs: dict) -> dict:  # noqa: PLR0912, PLR091
     upgrade = bool(inputs.get("upgrade"))
     first = served[0] if served else ({"profile_name": name}, None, None, 0)
     wanted = lock_wanted(image_in, str(first[0]["profile_name"]), first[2])
+    first_name = str(first[0].get("name") or "main")
+    if first_name != "main":
+        # Only a deployment other than the default names itself: a default cluster's lock stays byte-identical.
+        wanted["model"]["deployment"] = first_name
     if any(spec["given"] for spec in specs):
         # Every deployment's profile and revision by name; `model` stays the first's (today's lock readers).
         wanted["models"] = {
@@ -689,7 +694,9 @@ def build_serving(cluster: dict, inputs: dict) -> dict:  # noqa: PLR0912, PLR091
         p = dict(normalized)
         own_revision = p["revision"]
         # The first deployment's model commit is the lock's `model`; every other's is under `models`.
-        locked = lock if number == 0 else {"model": (lock.get("models") or {}).get(spec["name"])}
+        # (the first's only when the lock's `model` is this very deployment's: lockfile.model_deployment).
+        own = number == 0 and lock_model_deployment(lock) == str(spec.get("name") or "main")
+        locked = lock if own else {"model": (lock.get("models") or {}).get(spec["name"])}
         pname = str(spec["profile_name"])
         p["revision"] = own_revision if upgrade else effective_revision(own_revision, locked, pname, p["model"])
         replicas = []

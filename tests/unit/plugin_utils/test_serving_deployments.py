@@ -248,11 +248,39 @@ def test_every_problem_is_reported_at_once():
 
 
 # ------------------------------------------------------------------------------------- the lock
-def test_today_s_lock_still_loads_and_pins_the_first_deployment():
-    # The lock as sparkops wrote it before deployments existed: one `model`, no `models`.
+def test_today_s_lock_still_loads_and_pins_the_deployment_named_main():
+    # The lock as sparkops wrote it before deployments existed: one `model` (the default deployment,
+    # "main"), no `models`.
     old = lock_for(QWEN30, revision="main")
     assert "models" not in old and old["lock_version"] == LOCK_VERSION
     lock = parse_lock(json.dumps(old))
+    plan = plan_of_only(
+        lock=lock,
+        deployments=[
+            {"name": "main", "profile": QWEN30, "hosts": ["spark-1"]},
+            {"name": "chat", "profile": GPT_OSS, "hosts": ["spark-2"]},
+        ],
+    )
+    main, chat = plan["deployments"]
+    assert main["profile"]["revision"] == MODEL_COMMIT  # the lock's `model` is main's
+    assert chat["profile"]["revision"] == "main"  # no record yet: its first run records it
+    wanted = plan["lock"]["wanted"]
+    assert wanted["model"] == {"profile": QWEN30, "id": PROFILES[QWEN30]["model"], "revision": "main"}
+    assert wanted["models"] == {
+        "main": {"profile": QWEN30, "id": PROFILES[QWEN30]["model"], "revision": "main"},
+        "chat": {"profile": GPT_OSS, "id": PROFILES[GPT_OSS]["model"], "revision": "main"},
+    }
+    # The default plan on that lock asks for exactly what it records: a no-op run leaves it byte-identical.
+    assert "deployment" not in plan_of_only(lock=lock, profile_name=QWEN30)["lock"]["wanted"]["model"]
+
+
+def test_deployments_replacing_the_default_one_are_no_lock_conflict_and_are_not_pinned_by_it():
+    """site.yml adds and removes deployments (issue 25): the default deployment "main" of a TP=2 profile
+    replaced by two single-node ones is not an inventory drifting from the lock; the old `model` pins
+    none of them, and the first names itself in the lock it will write."""
+    lock = parse_lock(json.dumps(lock_for(TP2, revision="main")))
+    with pytest.raises(ClusterError):  # the same profile change on "main" itself is still an upgrade's
+        plan_of_only(lock=lock, deployments=[{"name": "main", "profile": QWEN30, "hosts": ["spark-1"]}])
     plan = plan_of_only(
         lock=lock,
         deployments=[
@@ -260,15 +288,12 @@ def test_today_s_lock_still_loads_and_pins_the_first_deployment():
             {"name": "chat", "profile": GPT_OSS, "hosts": ["spark-2"]},
         ],
     )
-    code, chat = plan["deployments"]
-    assert code["profile"]["revision"] == MODEL_COMMIT  # the lock's `model` is the first deployment's
-    assert chat["profile"]["revision"] == "main"  # no record yet: its first run records it
-    wanted = plan["lock"]["wanted"]
-    assert wanted["model"]["profile"] == QWEN30
-    assert wanted["models"] == {
-        "code": {"profile": QWEN30, "id": PROFILES[QWEN30]["model"], "revision": "main"},
-        "chat": {"profile": GPT_OSS, "id": PROFILES[GPT_OSS]["model"], "revision": "main"},
-    }
+    assert [d["profile"]["revision"] for d in plan["deployments"]] == ["main", "main"]
+    assert plan["lock"]["wanted"]["model"]["deployment"] == "code"
+    # Once written, that lock holds "code" to its profile like the default's was held.
+    written = {**lock_for(QWEN30), "model": {**lock_for(QWEN30)["model"], "deployment": "code"}}
+    moved = [{"name": "code", "profile": GPT_OSS, "hosts": ["spark-1"]}]
+    assert _one(_problems(lock=written, deployments=moved), "model.profile", "run playbooks/upgrade.yml")
 
 
 def test_the_lock_holds_each_deployment_to_its_recorded_profile_by_name():
