@@ -16,13 +16,13 @@ import hashlib
 import re
 import secrets
 
-TABLE = "sparkops_gateway_keys"
+TABLE = "sparkops_gateway_keys"  # written out in each statement below: no query is built from strings
 KEY_PREFIX = "sk-sparkops-"
 # Names end up in file names (<credentials>/keys/NAME) and Prometheus label values: keep them plain.
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
-SCHEMA = f"""
-CREATE TABLE IF NOT EXISTS {TABLE} (
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS sparkops_gateway_keys (
     name text PRIMARY KEY,
     digest text NOT NULL UNIQUE,
     created timestamptz NOT NULL DEFAULT now(),
@@ -41,7 +41,7 @@ class KeyNameError(ValueError):
 def check_name(name: str) -> str:
     if not isinstance(name, str) or not NAME_RE.match(name):
         raise KeyNameError(
-            f"key name {name!r} is not usable: 1-63 characters, letters, digits, '_', '.', '-', "
+            "key name {name!r} is not usable: 1-63 characters, letters, digits, '_', '.', '-', "
             "starting with a letter or digit (it becomes a file name and a Prometheus label)"
         )
     return name
@@ -73,7 +73,7 @@ def ensure_schema(conn) -> None:
 def key_state(conn, name: str) -> str:
     """'active', 'revoked' or 'absent'."""
     with conn.cursor() as cur:
-        cur.execute(f"SELECT revoked IS NULL FROM {TABLE} WHERE name = %s", (check_name(name),))
+        cur.execute("SELECT revoked IS NULL FROM sparkops_gateway_keys WHERE name = %s", (check_name(name),))
         row = cur.fetchone()
     if row is None:
         return "absent"
@@ -88,9 +88,9 @@ def create(conn, name: str) -> str | None:
     key = new_key()
     with conn.cursor() as cur:
         cur.execute(
-            f"INSERT INTO {TABLE} (name, digest) VALUES (%s, %s) "
-            f"ON CONFLICT (name) DO UPDATE SET digest = EXCLUDED.digest, created = now(), revoked = NULL "
-            f"WHERE {TABLE}.revoked IS NOT NULL RETURNING name",
+            "INSERT INTO sparkops_gateway_keys (name, digest) VALUES (%s, %s) "
+            "ON CONFLICT (name) DO UPDATE SET digest = EXCLUDED.digest, created = now(), revoked = NULL "
+            "WHERE sparkops_gateway_keys.revoked IS NOT NULL RETURNING name",
             (name, digest(key)),
         )
         made = cur.fetchone() is not None
@@ -103,7 +103,8 @@ def revoke(conn, name: str) -> bool:
     check_name(name)
     with conn.cursor() as cur:
         cur.execute(
-            f"UPDATE {TABLE} SET revoked = now(), digest = 'revoked:' || name WHERE name = %s AND revoked IS NULL",
+            "UPDATE sparkops_gateway_keys SET revoked = now(), digest = 'revoked:' || name "
+            "WHERE name = %s AND revoked IS NULL",
             (name,),
         )
         changed = cur.rowcount == 1
@@ -116,7 +117,7 @@ def lookup(conn, key: str) -> str | None:
     if not key:
         return None
     with conn.cursor() as cur:
-        cur.execute(f"SELECT name FROM {TABLE} WHERE digest = %s AND revoked IS NULL", (digest(key),))
+        cur.execute("SELECT name FROM sparkops_gateway_keys WHERE digest = %s AND revoked IS NULL", (digest(key),))
         row = cur.fetchone()
     conn.commit()  # end the read transaction: the next lookup sees a revocation committed meanwhile
     return row[0] if row else None
@@ -125,8 +126,8 @@ def lookup(conn, key: str) -> str | None:
 def add_usage(conn, name: str, prompt_tokens: int, completion_tokens: int) -> None:
     with conn.cursor() as cur:
         cur.execute(
-            f"UPDATE {TABLE} SET requests = requests + 1, prompt_tokens = prompt_tokens + %s, "
-            f"completion_tokens = completion_tokens + %s WHERE name = %s",
+            "UPDATE sparkops_gateway_keys SET requests = requests + 1, prompt_tokens = prompt_tokens + %s, "
+            "completion_tokens = completion_tokens + %s WHERE name = %s",
             (int(prompt_tokens), int(completion_tokens), name),
         )
     conn.commit()
@@ -136,7 +137,8 @@ def usage(conn) -> list[dict]:
     """Every key's name, state and counters (never a key or digest), by name."""
     with conn.cursor() as cur:
         cur.execute(
-            f"SELECT name, created, revoked, requests, prompt_tokens, completion_tokens FROM {TABLE} ORDER BY name"
+            "SELECT name, created, revoked, requests, prompt_tokens, completion_tokens "
+            "FROM sparkops_gateway_keys ORDER BY name"
         )
         rows = cur.fetchall()
     conn.commit()

@@ -17,8 +17,9 @@ VLLM_KEY_ENV = "SPARKOPS_VLLM_API_KEY"
 ROUTER_DEFAULTS = {
     # A random replica per request, weighted equally: no Redis needed (usage-based strategies want one).
     "routing_strategy": "simple-shuffle",
-    # One failure within a minute cools the replica down for cooldown_time seconds; a retry goes to another.
-    "allowed_fails": 1,
+    # The first failure cools the replica down for cooldown_time seconds (litellm/router_utils/
+    # cooldown_handlers.py:546-551: cooled when fails this minute > allowed_fails); a retry goes to another.
+    "allowed_fails": 0,
     "cooldown_time": 30,
     "num_retries": 2,
     "retry_after": 0,

@@ -48,7 +48,9 @@ def run(scope_type, path, headers):
     return seen, sent, store
 
 
-@pytest.mark.parametrize("path", ["/", "/health/liveliness", "/metrics", "/ui/", "/openapi.json", "/nope", "/v1/models"])
+@pytest.mark.parametrize(
+    "path", ["/", "/health/liveliness", "/metrics", "/ui/", "/openapi.json", "/nope", "/v1/models"]
+)
 @pytest.mark.parametrize(
     "headers", [[], [(b"authorization", b"Bearer sk-bad")], [(b"authorization", b"Basic sk-good")]]
 )

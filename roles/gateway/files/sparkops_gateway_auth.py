@@ -45,7 +45,7 @@ class KeyStore:
         self._cache: dict[str, tuple[float, str | None]] = {}
 
     def _run(self, fn, *args):
-        import psycopg  # the gateway's venv has it (litellm[proxy] pulls psycopg + psycopg-binary)
+        import psycopg  # noqa: PLC0415 - the gateway's venv has it (litellm[proxy] pulls psycopg + psycopg-binary)
 
         with self._lock:
             for attempt in (1, 2):  # one reconnect: PostgreSQL restarted under us
@@ -92,7 +92,7 @@ def store() -> KeyStore:
 
 async def user_api_key_auth(request, api_key: str):
     """LiteLLM's custom_auth: the key's name as key_alias, or 401."""
-    from litellm.proxy._types import ProxyException, UserAPIKeyAuth
+    from litellm.proxy._types import ProxyException, UserAPIKeyAuth  # noqa: PLC0415 - only inside LiteLLM
 
     token = api_key or ""
     if token.lower().startswith("bearer "):
@@ -176,7 +176,7 @@ class RequireKeyEverywhere:
 def __getattr__(attr: str):
     """`uvicorn sparkops_gateway_auth:app`: LiteLLM's app (configured by CONFIG_FILE_PATH), wrapped."""
     if attr == "app":
-        from litellm.proxy.proxy_server import app as litellm_app
+        from litellm.proxy.proxy_server import app as litellm_app  # noqa: PLC0415 - loads the whole proxy
 
         return RequireKeyEverywhere(litellm_app)
     raise AttributeError(attr)
