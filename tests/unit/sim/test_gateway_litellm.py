@@ -327,3 +327,31 @@ def test_with_one_replica_killed_requests_still_succeed(gw, db, doubles):
     # LiteLLM cooled the dead replica down: later requests are not even tried there.
     assert "litellm_deployment_cooled_down_total{" in text and 'model_id="a-1"' in text
     print(f"\ngateway figures: {FIGURES}")
+
+
+def test_the_module_makes_and_revokes_keys_the_gateway_honours(gw, pg):
+    """plugins/modules/gateway_key.py against the same database (needs ansible-core in this venv too)."""
+    pytest.importorskip("ansible")
+    from ansible_collections.sparkops.cluster.plugins.modules import gateway_key  # noqa: PLC0415
+    from module_runner import run_module  # noqa: PLC0415
+
+    port, _proc = gw
+    args = {"name": "frank", "conninfo": pg}
+    checked = run_module(gateway_key, args, check_mode=True)
+    assert checked["changed"] and "key" not in checked and checked["state_after"] == "active"
+    assert "frank" not in [k["name"] for k in checked["keys"]]
+    made = run_module(gateway_key, args)
+    assert made["changed"] and made["key"].startswith("sk-sparkops-") and made["state_before"] == "absent"
+    assert [m.id for m in _client(port, made["key"]).models.list()]
+    again = run_module(gateway_key, args)
+    assert not again["changed"] and "key" not in again
+    gone = run_module(gateway_key, {**args, "state": "absent"})
+    assert gone["changed"] and gone["state_after"] == "revoked"
+    assert {k["name"]: k["state"] for k in gone["keys"]}["frank"] == "revoked"
+    assert all(
+        set(k) == {"name", "state", "created", "revoked", "requests", "prompt_tokens", "completion_tokens"}
+        for k in gone["keys"]
+    )
+    time.sleep(2.1)  # the hook caches an answer 2 s
+    with pytest.raises(openai.AuthenticationError):
+        _client(port, made["key"]).models.list()
