@@ -1,0 +1,182 @@
+"""The gateway's client keys inside the LiteLLM proxy: its custom-auth hook and a usage callback (issue 25).
+
+LiteLLM's own key store needs Prisma, whose engines are downloaded at `prisma generate` / first start; the
+gateway runs air-gapped, so the proxy starts without DATABASE_URL and asks this hook instead
+(`general_settings.custom_auth: sparkops_gateway_auth.user_api_key_auth`, called for every route that depends on
+LiteLLM's user_api_key_auth: litellm/proxy/auth/user_api_key_auth.py:2158-2190 in litellm 1.108.7). The hook
+looks the presented key's SHA-256 up in PostgreSQL (plugins/module_utils/gateway_keys.py, installed next to this
+file) and caches an answer for at most CACHE_S seconds, so a revoked key is refused within that time without a
+restart. It returns a UserAPIKeyAuth whose key_alias is the key's NAME: LiteLLM's Prometheus metrics label by
+it (api_key_alias), and the usage callback below adds the name's requests and tokens to the database (status)
+and to three counters of our own on the proxy's /metrics.
+
+The paths that do not go through user_api_key_auth (FastAPI routes without the dependency: the UI, /health/*
+probes, static files, ...) are closed by RequireKeyEverywhere, an ASGI wrapper the gateway is started through
+(see `app` below): it asks the same store for the key on every HTTP and WebSocket request before LiteLLM sees it.
+
+Configuration comes from the environment: SPARKOPS_GATEWAY_DB is a libpq connection string without a password
+(a peer-authenticated Unix socket on the head, or PGPASSFILE for TCP); no key is ever in it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import threading
+import time
+
+import gateway_keys  # plugins/module_utils/gateway_keys.py, installed beside this file
+
+DB_ENV = "SPARKOPS_GATEWAY_DB"
+CACHE_S = 2.0  # the longest a revoked key still passes (issue 25: "effective within seconds")
+_LOG = logging.getLogger("sparkops_gateway_auth")
+
+
+class KeyStore:
+    """One psycopg connection shared by the proxy's threads, with a short answer cache."""
+
+    def __init__(self, conninfo: str, cache_s: float = CACHE_S):
+        self.conninfo = conninfo
+        self.cache_s = cache_s
+        self._conn = None
+        self._lock = threading.Lock()
+        self._cache: dict[str, tuple[float, str | None]] = {}
+
+    def _run(self, fn, *args):
+        import psycopg  # noqa: PLC0415 - the gateway's venv has it (litellm[proxy] pulls psycopg + psycopg-binary)
+
+        with self._lock:
+            for attempt in (1, 2):  # one reconnect: PostgreSQL restarted under us
+                try:
+                    if self._conn is None or self._conn.closed:
+                        self._conn = psycopg.connect(self.conninfo, connect_timeout=5)
+                    return fn(self._conn, *args)
+                except psycopg.OperationalError:
+                    self._conn = None
+                    if attempt == 2:
+                        raise
+        return None
+
+    def name_for(self, key: str) -> str | None:
+        if not key:
+            return None
+        digest = gateway_keys.digest(key)
+        now = time.monotonic()
+        hit = self._cache.get(digest)
+        if hit is not None and now - hit[0] < self.cache_s:
+            return hit[1]
+        name = self._run(gateway_keys.lookup, key)
+        if len(self._cache) > 10000:  # bounded: random wrong keys must not grow it without end
+            self._cache.clear()
+        self._cache[digest] = (now, name)
+        return name
+
+    def add_usage(self, name: str, prompt: int, completion: int) -> None:
+        self._run(gateway_keys.add_usage, name, prompt, completion)
+
+
+_STORE: KeyStore | None = None
+
+
+def store() -> KeyStore:
+    global _STORE  # noqa: PLW0603 - one store per gateway process
+    if _STORE is None:
+        conninfo = os.environ.get(DB_ENV, "")
+        if not conninfo:
+            raise RuntimeError(f"{DB_ENV} is not set: the gateway needs the key database's connection string")
+        _STORE = KeyStore(conninfo)
+    return _STORE
+
+
+async def user_api_key_auth(request, api_key: str):
+    """LiteLLM's custom_auth: the key's name as key_alias, or 401."""
+    from litellm.proxy._types import ProxyException, UserAPIKeyAuth  # noqa: PLC0415 - only inside LiteLLM
+
+    token = api_key or ""
+    if token.lower().startswith("bearer "):
+        token = gateway_keys.bearer_token(token)
+    name = await asyncio.to_thread(store().name_for, token) if token else None
+    if name is None:
+        raise ProxyException(message="invalid or revoked API key", type="auth_error", param="api_key", code=401)
+    # token/api_key: an id derived from the name, so no key or digest reaches LiteLLM's logs or labels.
+    return UserAPIKeyAuth(api_key=f"sparkops-key:{name}", token=f"sparkops-key:{name}", key_alias=name, key_name=name)
+
+
+try:
+    from litellm.integrations.custom_logger import CustomLogger
+    from prometheus_client import Counter
+except ImportError:  # imported by the unit tests without litellm: the auth wrapper still loads
+    CustomLogger = object
+    Counter = None
+
+if Counter is not None:
+    REQUESTS = Counter("sparkops_gateway_requests", "Successful requests per client key", ["key"])
+    PROMPT = Counter("sparkops_gateway_prompt_tokens", "Prompt tokens per client key", ["key"])
+    COMPLETION = Counter("sparkops_gateway_completion_tokens", "Completion tokens per client key", ["key"])
+
+
+class UsageCallback(CustomLogger):
+    """Per key NAME: requests, prompt and completion tokens, to /metrics and to the database (status)."""
+
+    async def async_log_success_event(self, kwargs, response_obj, start_time, end_time):
+        meta = (kwargs.get("litellm_params") or {}).get("metadata") or {}
+        name = meta.get("user_api_key_alias")
+        if not name:
+            return
+        usage = getattr(response_obj, "usage", None)
+        prompt = int(getattr(usage, "prompt_tokens", 0) or 0)
+        completion = int(getattr(usage, "completion_tokens", 0) or 0)
+        REQUESTS.labels(name).inc()
+        PROMPT.labels(name).inc(prompt)
+        COMPLETION.labels(name).inc(completion)
+        try:
+            await asyncio.to_thread(store().add_usage, name, prompt, completion)
+        except Exception:  # usage bookkeeping must never fail a served request
+            _LOG.exception("could not add usage for key %s", name)
+
+
+usage_callback = UsageCallback()
+
+
+class RequireKeyEverywhere:
+    """ASGI wrapper: every HTTP and WebSocket request needs an active key, before LiteLLM routes it.
+
+    LiteLLM's custom_auth runs only where a route depends on user_api_key_auth; this closes the others
+    (unknown paths too) with the same key store, answering 401 without touching the inner app."""
+
+    def __init__(self, inner, key_store=None):
+        self.inner = inner
+        self._store = key_store
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] in ("http", "websocket"):
+            headers = dict(scope.get("headers") or [])
+            token = gateway_keys.bearer_token(headers.get(b"authorization", b"").decode("latin-1"))
+            key_store = self._store or store()
+            name = await asyncio.to_thread(key_store.name_for, token) if token else None
+            if name is None:
+                if scope["type"] == "websocket":
+                    await send({"type": "websocket.close", "code": 1008})
+                    return
+                body = json.dumps({"error": {"message": "invalid or revoked API key", "code": 401}}).encode()
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 401,
+                        "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")],
+                    }
+                )
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.inner(scope, receive, send)
+
+
+def __getattr__(attr: str):
+    """`uvicorn sparkops_gateway_auth:app`: LiteLLM's app (configured by CONFIG_FILE_PATH), wrapped."""
+    if attr == "app":
+        from litellm.proxy.proxy_server import app as litellm_app  # noqa: PLC0415 - loads the whole proxy
+
+        return RequireKeyEverywhere(litellm_app)
+    raise AttributeError(attr)

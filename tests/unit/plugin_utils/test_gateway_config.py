@@ -1,0 +1,64 @@
+"""The gateway's LiteLLM config (plugins/plugin_utils/gateway.py) from a real serving plan (issue 25)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from ansible_collections.sparkops.cluster.plugins.plugin_utils import gateway
+from test_serving_plan import plan_of_only
+
+
+def test_todays_plan_gives_one_entry_at_the_deployments_endpoint():
+    plan = plan_of_only()
+    dep = plan["deployments"][0]
+    cfg = gateway.litellm_config(plan)
+    [entry] = cfg["model_list"]
+    assert entry["model_name"] == dep["served_model_name"]
+    assert entry["litellm_params"]["api_base"] == dep["endpoint"]["url"] + "/v1"
+    assert entry["litellm_params"]["model"] == "hosted_vllm/" + dep["served_model_name"]
+    # The vLLM key by reference only: never its value in a config file.
+    assert entry["litellm_params"]["api_key"] == "os.environ/SPARKOPS_VLLM_API_KEY"
+    assert entry["model_info"] == {"id": dep["name"] + "-0", "sparkops_host": dep["api_host"]}
+
+
+def test_every_replica_is_an_entry_under_the_served_name_with_its_own_id():
+    plan = plan_of_only()
+    dep = plan["deployments"][0]
+    dep["replicas"] = [
+        {"host": "spark-1", "endpoint": {"url": "http://10.0.0.1:8000"}},
+        {"host": "spark-3", "endpoint": {"url": "http://10.0.0.3:8000/"}},
+    ]
+    other = copy.deepcopy(dep)
+    other.update(name="second", served_model_name="small", replicas=None, api_host="spark-5")
+    other["endpoint"] = {"url": "http://10.0.0.5:8001"}
+    plan["deployments"].append(other)
+    entries = gateway.litellm_config(plan)["model_list"]
+    assert [(e["model_name"], e["litellm_params"]["api_base"], e["model_info"]["id"]) for e in entries] == [
+        (dep["served_model_name"], "http://10.0.0.1:8000/v1", dep["name"] + "-0"),
+        (dep["served_model_name"], "http://10.0.0.3:8000/v1", dep["name"] + "-1"),
+        ("small", "http://10.0.0.5:8001/v1", "second-0"),
+    ]
+
+
+def test_two_deployments_with_one_name_and_an_empty_plan_are_refused():
+    plan = plan_of_only()
+    twin = copy.deepcopy(plan["deployments"][0])
+    twin["name"] = "twin"
+    plan["deployments"].append(twin)
+    with pytest.raises(gateway.GatewayPlanError, match="both serve"):
+        gateway.litellm_config(plan)
+    with pytest.raises(gateway.GatewayPlanError, match="no deployment"):
+        gateway.litellm_config({"deployments": []})
+
+
+def test_auth_ejection_and_metrics_settings():
+    cfg = gateway.litellm_config(plan_of_only(), router={"cooldown_time": 5})
+    assert cfg["general_settings"]["custom_auth"] == "sparkops_gateway_auth.user_api_key_auth"
+    assert "master_key" not in cfg["general_settings"]  # from the environment only (LITELLM_MASTER_KEY)
+    assert "database_url" not in cfg["general_settings"]  # no Prisma
+    assert cfg["litellm_settings"]["callbacks"] == ["prometheus", "sparkops_gateway_auth.usage_callback"]
+    assert cfg["litellm_settings"]["require_auth_for_metrics_endpoint"] is True
+    router = cfg["router_settings"]
+    assert router["cooldown_time"] == 5 and router["allowed_fails"] == 0 and router["num_retries"] >= 1
+    assert gateway.ROUTER_DEFAULTS["cooldown_time"] == 30  # the override did not leak into the defaults

@@ -1,0 +1,90 @@
+"""The gateway's ASGI wrapper (roles/gateway/files/sparkops_gateway_auth.py) without LiteLLM: every HTTP and
+WebSocket request needs an active key before the inner app sees it (issue 25). The real proxy behind it:
+tests/unit/sim/test_gateway_litellm.py."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import sys
+
+import pytest
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "plugins" / "module_utils"))  # `import gateway_keys`, as installed beside it
+_spec = importlib.util.spec_from_file_location(
+    "sparkops_gateway_auth_under_test", ROOT / "roles" / "gateway" / "files" / "sparkops_gateway_auth.py"
+)
+auth = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(auth)
+KEYS = {"sk-good": "alice"}
+
+
+class FakeStore:
+    def __init__(self):
+        self.asked = []
+
+    def name_for(self, key):
+        self.asked.append(key)
+        return KEYS.get(key)
+
+
+def run(scope_type, path, headers):
+    seen, sent = [], []
+
+    async def inner(scope, receive, send):
+        seen.append(scope["path"])
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+
+    async def receive():
+        return {"type": "http.request", "body": b""}
+
+    async def send(message):
+        sent.append(message)
+
+    store = FakeStore()
+    scope = {"type": scope_type, "path": path, "headers": headers}
+    asyncio.run(auth.RequireKeyEverywhere(inner, store)(scope, receive, send))
+    return seen, sent, store
+
+
+@pytest.mark.parametrize(
+    "path", ["/", "/health/liveliness", "/metrics", "/ui/", "/openapi.json", "/nope", "/v1/models"]
+)
+@pytest.mark.parametrize(
+    "headers", [[], [(b"authorization", b"Bearer sk-bad")], [(b"authorization", b"Basic sk-good")]]
+)
+def test_http_without_an_active_key_gets_401_and_never_reaches_the_app(path, headers):
+    seen, sent, _store = run("http", path, headers)
+    assert seen == []
+    assert sent[0]["status"] == 401 and (b"www-authenticate", b"Bearer") in sent[0]["headers"]
+    assert b"sk-" not in sent[1]["body"]  # the answer never echoes a key
+
+
+def test_websocket_without_a_key_is_closed_as_policy_violation():
+    seen, sent, _store = run("websocket", "/v1/realtime", [])
+    assert seen == [] and sent == [{"type": "websocket.close", "code": 1008}]
+
+
+def test_an_active_key_passes_and_is_looked_up_by_the_store():
+    seen, sent, store = run("http", "/v1/models", [(b"authorization", b"Bearer sk-good")])
+    assert seen == ["/v1/models"] and sent[0]["status"] == 200 and store.asked == ["sk-good"]
+
+
+def test_lifespan_passes_untouched():
+    seen, _sent, store = run("lifespan", "", [])
+    assert seen == [""] and store.asked == []
+
+
+def test_the_store_caches_an_answer_for_at_most_its_window(monkeypatch):
+    answers = iter(["alice", None])
+    store = auth.KeyStore("dbname=none", cache_s=2.0)
+    monkeypatch.setattr(store, "_run", lambda fn, key: next(answers))
+    clock = [100.0]
+    monkeypatch.setattr(auth.time, "monotonic", lambda: clock[0])
+    assert store.name_for("sk-x") == "alice"
+    clock[0] += 1.9
+    assert store.name_for("sk-x") == "alice"  # cached
+    clock[0] += 0.2
+    assert store.name_for("sk-x") is None  # asked again after 2 s: revoked
+    assert store.name_for("") is None
