@@ -2,7 +2,7 @@
 
 The round logic is judged here without time passing; tests/unit/sim/test_vllm_serve_wait.py runs
 the role's wait.yml (module, action plugin, until loop) against the vLLM test double on loopback,
-and tests/unit/plugins/modules/test_vllm_serve_wait.py the module against a loopback server.
+and tests/unit/plugins/modules/test_vllm_serve_wait_module.py the module against a loopback server.
 """
 
 from __future__ import annotations
