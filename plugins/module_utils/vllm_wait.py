@@ -56,17 +56,22 @@ def probe_ready(
 ) -> dict:
     """Ask /health, /v1/models and a streamed completion, as vllm_health's checks do; raise ProbeError.
 
+    `timeout` bounds the three together (each request gets what is left, at least half a second).
     Returns vllm_health's result keys: checks (per check, elapsed_s included), ttft_s, tok_s,
     completion_tokens.
     """
     checks: dict = {}
     t0 = time.monotonic()
-    checks["health"] = get_health(base_url, timeout=timeout)
+
+    def left() -> float:
+        return max(0.5, t0 + timeout - time.monotonic())
+
+    checks["health"] = get_health(base_url, timeout=left())
     t1 = time.monotonic()
-    found = require_model(list_models(base_url, api_key=api_key, timeout=timeout), model, base_url)
+    found = require_model(list_models(base_url, api_key=api_key, timeout=left()), model, base_url)
     checks["models"] = {"ok": True, "model": found.get("id"), "elapsed_s": round(time.monotonic() - t1, 3)}
     t2 = time.monotonic()
-    chat = stream_chat(base_url, model, prompt=prompt, max_tokens=max_tokens, api_key=api_key, timeout=timeout)
+    chat = stream_chat(base_url, model, prompt=prompt, max_tokens=max_tokens, api_key=api_key, timeout=left())
     chat.pop("text", None)  # the model's words are not needed to judge readiness
     chat.setdefault("elapsed_s", round(time.monotonic() - t2, 3))
     checks["completion"] = chat

@@ -143,3 +143,16 @@ def test_bad_input_is_named(change, words, tmp_path):
     r = run_module(vllm_serve_wait, {**args("http://127.0.0.1:1", docker), **change})
     assert r["failed"] is True and words in r["msg"], r
     assert not calls.exists()
+
+
+def test_a_slow_server_cannot_carry_an_ask_past_the_deadline(server, tmp_path):  # noqa: F811
+    """Each request answers after 1.5 s; with 2 s left, health answers, /v1/models gets the rest and times
+    out, and the wait ends at the deadline instead of giving each of the three requests its own timeout."""
+    docker, _ = fake_docker(tmp_path, "running 0 0", ["INFO loading"])
+    url = server(slow_s=1.5)
+    started = time.time() - 8
+    t0 = time.monotonic()
+    r = run_module(vllm_serve_wait, args(url, docker, started=started, timeout_s=10, round_s=30))
+    assert time.monotonic() - t0 < 3.2, r
+    assert r["failed"] is True and r["failure_kind"] == "timeout"
+    assert r["msg"].startswith("vLLM on spark-1 did not answer within 10 s (timeout: ")
