@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 from ansible_collections.sparkops.cluster.plugins.module_utils import vllm_wait as vw
-from ansible_collections.sparkops.cluster.plugins.module_utils.openai_probe import ProbeError
+from ansible_collections.sparkops.cluster.plugins.module_utils.openai_probe import KINDS, ProbeError
 
 READY = {"checks": {"completion": {"ok": True, "elapsed_s": 0.4}}, "ttft_s": 0.12, "tok_s": 41.5}
 
@@ -43,8 +43,9 @@ class World:
         raise ProbeError(self.kind, f"{self.kind} from the server")
 
     def run(self, argv):
+        assert argv[0] == "docker" and argv[-1] == "sparkops-vllm", argv
         if argv[1] == "inspect":
-            assert argv[3] == vw.INSPECT_FORMAT
+            assert argv[2:4] == ["--format", vw.INSPECT_FORMAT]
             return (0, self.status + "\n", "") if self.status else (1, "", "Error: No such object: sparkops-vllm")
         assert argv[1:4] == ["logs", "--tail", "40"]
         return 0, "", "\n".join(self.logs) + "\n"
@@ -73,6 +74,7 @@ def test_ready_at_once_reads_no_container_and_says_ready():
     assert r["done"] and r["ready"] and not r["failed"]
     assert r["ttft_s"] == 0.12 and r["tok_s"] == 41.5 and r["checks"]["completion"]["elapsed_s"] == 0.4
     assert r["container"] is None and w.reads == 0
+    assert "failure_kind" in r and r["failure_kind"] is None
     assert r["msg"].startswith("vLLM on spark-1: READY after 0 s of waiting; ttft 0.12 s, 41.5 tok/s")
 
 
@@ -87,6 +89,29 @@ def test_a_round_without_an_answer_returns_progress_at_its_end_and_not_before():
         "API: refused; last log: INFO Loading safetensors checkpoint shards: 50%"
     )
     assert r["probes"] > 2 and r["failure_kind"] == "refused"
+    assert r["elapsed_s"] == 10.2  # 10.25 s (asks of 0.25 s, sleeps to the round's end), to a tenth
+
+
+def test_progress_with_no_log_says_none_and_cuts_a_long_last_line_to_200_characters():
+    r = World(logs=[]).round(timeout_s=600, round_s=3)
+    assert r["msg"].endswith("; API: refused; last log: (none)")
+    long_line = "E" * 150 + "F" * 150
+    r = World(logs=[long_line]).round(timeout_s=600, round_s=3)
+    last = r["msg"].split("; last log: ", 1)[1]
+    assert last == "E" * 150 + "F" * 47 + "..." and len(last) == 200
+    r = World(logs=["G" * 200]).round(timeout_s=600, round_s=3)
+    assert r["msg"].endswith("; last log: " + "G" * 200)
+
+
+def test_a_stopped_container_without_log_lines_says_so():
+    r = World(status="exited 2 0", logs=[]).round()
+    assert "Its last log lines:\n  (no log lines)\nFull log: docker logs sparkops-vllm on spark-1." in r["msg"]
+
+
+def test_every_kind_is_waited_on_or_has_a_fix():
+    """A kind openai_probe adds later must be decided here: wait for it, or fail at once saying how to fix it."""
+    for kind in KINDS:
+        assert (kind in vw.WAITABLE_KINDS) != bool(vw.FIX_HINTS.get(kind)), kind
 
 
 def test_restarts_above_zero_are_history_then_ready():

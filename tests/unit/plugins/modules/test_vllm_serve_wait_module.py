@@ -64,6 +64,9 @@ def test_a_ready_server_is_ready_at_the_first_ask_without_reading_docker(server,
     assert r["done"] and r["ready"] and r["healthy"] and r["changed"] is False
     assert r["ttft_s"] > 0 and r["tok_s"] > 0 and r["completion_tokens"] == 4
     assert set(r["checks"]) == {"health", "models", "completion"}
+    assert r["checks"]["health"]["ok"] is True and r["checks"]["health"]["status"] == 200
+    assert r["checks"]["models"]["ok"] is True and r["checks"]["models"]["model"] == MODEL
+    assert r["checks"]["completion"]["elapsed_s"] >= r["ttft_s"]
     assert r["container"] is None and not calls.exists()
     assert r["msg"].startswith("vLLM on spark-1: READY after 0 s of waiting; ttft ")
     assert KEY not in json.dumps(r)
