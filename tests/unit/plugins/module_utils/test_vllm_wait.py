@@ -17,8 +17,9 @@ READY = {"checks": {"completion": {"ok": True, "elapsed_s": 0.4}}, "ttft_s": 0.1
 class World:
     """A fake clock, a server that answers from `ready_at` on (or fails with `kind`), and a container."""
 
-    def __init__(self, *, ready_at=None, kind="refused", status="running 0 0", logs=("INFO loading",)):
+    def __init__(self, *, ready_at=None, kind="refused", status="running 0 0", logs=("INFO loading",), ask_s=0.25):
         self.t = 1000.0
+        self.ask_s = ask_s
         self.ready_at = ready_at
         self.kind = kind
         self.status = status
@@ -32,12 +33,13 @@ class World:
 
     def sleep(self, s: float) -> None:
         assert s >= 0
+        assert len(self.sleeps) < 1000, "a round that never ends"
         self.sleeps.append(s)
         self.t += s
 
     def probe(self, timeout: float) -> dict:
         self.probe_timeouts.append(timeout)
-        self.t += 0.25  # an ask takes time
+        self.t += self.ask_s  # an ask takes time
         if self.ready_at is not None and self.t >= self.ready_at:
             return dict(READY)
         raise ProbeError(self.kind, f"{self.kind} from the server")
@@ -101,6 +103,21 @@ def test_progress_with_no_log_says_none_and_cuts_a_long_last_line_to_200_charact
     assert last == "E" * 150 + "F" * 47 + "..." and len(last) == 200
     r = World(logs=["G" * 200]).round(timeout_s=600, round_s=3)
     assert r["msg"].endswith("; last log: " + "G" * 200)
+    r = World(logs=["H" * 201]).round(timeout_s=600, round_s=3)
+    assert r["msg"].endswith("; last log: " + "H" * 197 + "...")
+
+
+def test_a_round_that_reaches_its_end_or_the_deadline_exactly_stops_there():
+    """Asks that take no time: the round sleeps up to its end exactly; there it returns (no endless loop of
+    zero-second sleeps), and at the deadline exactly it fails rather than returning progress."""
+    w = World(ask_s=0)
+    start = w.t
+    r = w.round(timeout_s=600, round_s=5)
+    assert not r["done"] and w.t - start == 5 and r["elapsed_s"] == 5
+    w = World(ask_s=0)
+    start = w.t
+    r = w.round(timeout_s=5, round_s=30)
+    assert r["done"] and r["failed"] and w.t - start == 5 and "did not answer within 5 s" in r["msg"]
 
 
 def test_a_stopped_container_without_log_lines_says_so():
@@ -217,6 +234,7 @@ def test_backoff_grows_and_stays_within_the_round():
         (0, "exited 137 2", {"status": "exited", "exit_code": 137, "restarts": 2}),
         (1, "", {"status": "unknown", "exit_code": None, "restarts": None}),
         (0, "running", {"status": "running", "exit_code": None, "restarts": None}),
+        (0, "running ? 2", {"status": "running", "exit_code": None, "restarts": 2}),
     ],
 )
 def test_parse_inspect(rc, out, want):

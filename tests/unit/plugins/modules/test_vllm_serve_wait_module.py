@@ -67,6 +67,7 @@ def test_a_ready_server_is_ready_at_the_first_ask_without_reading_docker(server,
     assert r["checks"]["health"]["ok"] is True and r["checks"]["health"]["status"] == 200
     assert r["checks"]["models"]["ok"] is True and r["checks"]["models"]["model"] == MODEL
     assert r["checks"]["completion"]["elapsed_s"] >= r["ttft_s"]
+    assert all(c["elapsed_s"] >= 0 for c in r["checks"].values())
     assert r["container"] is None and not calls.exists()
     assert r["msg"].startswith("vLLM on spark-1: READY after 0 s of waiting; ttft ")
     assert KEY not in json.dumps(r)
@@ -159,3 +160,11 @@ def test_a_slow_server_cannot_carry_an_ask_past_the_deadline(server, tmp_path): 
     assert time.monotonic() - t0 < 3.2, r
     assert r["failed"] is True and r["failure_kind"] == "timeout"
     assert r["msg"].startswith("vLLM on spark-1 did not answer within 10 s (timeout: ")
+
+
+def test_a_server_slower_than_half_a_second_per_request_is_ready_with_time_left(server, tmp_path):  # noqa: F811
+    """Each request answers after 0.7 s: with 20 s left, every request gets what is left (not the 0.5-s floor)."""
+    docker, _ = fake_docker(tmp_path, "running 0 0", ["x"])
+    r = run_module(vllm_serve_wait, args(server(slow_s=0.7), docker))
+    assert r.get("failed") is not True and r["ready"], r
+    assert r["checks"]["health"]["elapsed_s"] >= 0.7
