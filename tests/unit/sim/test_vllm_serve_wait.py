@@ -1,15 +1,17 @@
 """roles/vllm_serve/tasks/wait.yml judged on the server's answers (issue 16.4).
 
-ansible-playbook runs the role's wait tasks on localhost. The server is the vLLM test double
+ansible-playbook runs the role's wait tasks on localhost: the vllm_serve_wait module through its
+action plugin, in the until loop of wait.yml. The server is the vLLM test double
 (sim/standin/vllm_test_double.py, TP=1, no Ray) on 127.0.0.1; `docker` is a stand-in script on
 PATH that prints what `docker inspect`/`docker logs` print for the state under test (the format
-string the role passes is Docker's own), so no Docker engine is needed.
+string the module passes is Docker's own), so no Docker engine is needed.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -109,8 +111,15 @@ def test_a_vllm_that_restarted_and_came_up_is_ready(tmp_path, hf_home):
     out = res.stdout
     assert res.returncode == 0, out[-3000:] + (tmp_path / "double.log").read_text()[-1000:]
     flat = " ".join(out.split())
-    assert "container running (exit code 0, 11 restarts)" in flat, out[-3000:]
-    assert "vLLM on localhost: READY" in out
+    # Each round's progress line shows without -v (the action plugin marks the round's result).
+    assert "vLLM on localhost: starting after" in flat, out[-3000:]
+    assert "container running (exit code 0, 11 restarts); API: refused" in flat, out[-3000:]
+    ready = re.search(
+        r"vLLM on localhost: READY after (\d+) s of waiting \((\d+) rounds\); ttft [0-9.]+ s, [0-9.]+ tok/s", flat
+    )
+    assert ready, out[-3000:]
+    assert int(ready.group(1)) >= 6 and int(ready.group(2)) >= 3, ready.group(0)  # 2-s rounds until the late start
+    assert KEY not in out
     assert took < 60
 
 
