@@ -35,7 +35,7 @@ def replicas(deployment: dict) -> list[dict]:
     """The API endpoints of a deployment: `replicas[]` when the plan has them, else its one endpoint."""
     reps = deployment.get("replicas")
     if reps:
-        return [{"host": r["host"], "url": r["endpoint"]["url"]} for r in reps]
+        return [{"host": r["head"], "url": r["endpoint"]["url"]} for r in reps]
     return [{"host": deployment["api_host"], "url": deployment["endpoint"]["url"]}]
 
 

@@ -144,6 +144,16 @@ def merge(lock: dict, resolved: dict) -> dict:
             else:
                 dst[key] = _plain(value)
 
+    # `model` is one deployment's record (model_deployment). What the inventory asks for (a record with
+    # its profile) for ANOTHER deployment replaces it whole: the old one's commit, its name included,
+    # must not stay behind to pin or name the new one.
+    wanted_model = resolved.get("model") if isinstance(resolved, Mapping) else None
+    if (
+        isinstance(wanted_model, Mapping)
+        and "profile" in wanted_model
+        and model_deployment(new) != model_deployment(resolved)
+    ):
+        new.pop("model", None)
     into(new, resolved)
     return new
 

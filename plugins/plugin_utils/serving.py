@@ -733,7 +733,10 @@ def build_serving(cluster: dict, inputs: dict) -> dict:  # noqa: PLR0912, PLR091
                 "allowed_rules": allowed_rule_warnings(pname, raw, inputs.get("allow_rules") or [], contract=contract),
             }
         )
-    return {"deployments": deployments, "lock": {"wanted": wanted, "upgrade": upgrade}}
+    plan = {"deployments": deployments, "lock": {"wanted": wanted, "upgrade": upgrade}}
+    # The roles that run vLLM plan every member's container in one task (vllm_serve container.yml).
+    plan["vllm_members"] = vllm_members(plan)
+    return plan
 
 
 def _without(argv: list, *flags: str) -> list:
@@ -750,17 +753,34 @@ def _without(argv: list, *flags: str) -> list:
     return out
 
 
+def vllm_members(plan: dict) -> list:
+    """Every member of the plan that runs vLLM, in node_part's form (its deployment, replica, hosts, endpoint
+    and model beside it), replica by replica, each replica's API member first."""
+    hosts = []
+    for dep in plan.get("deployments", []):
+        for replica in dep.get("replicas") or [{"members": dep["members"]}]:
+            hosts.extend(m["host"] for m in replica["members"])
+    return [m for host in dict.fromkeys(hosts) for m in node_part(plan, host) if m["vllm"]]
+
+
 def node_part(plan: dict, host: str) -> list:
-    """This host's members (of whichever replica holds it), each with its deployment's name, replica,
-    image and executor."""
+    """This host's members (of whichever replica holds it), each with what a node's roles need to run it
+    and watch it without looking at the rest of the plan: its deployment's name, image, served model
+    name and model cache folder, and its replica's index, executor, hosts and endpoint."""
     out = []
     for dep in plan.get("deployments", []):
-        for replica in dep.get("replicas") or [{"index": 0, "executor": dep["executor"], "members": dep["members"]}]:
+        replicas = dep.get("replicas") or [
+            {"index": 0, "executor": dep["executor"], "members": dep["members"], "hosts": dep["hosts"],
+             "endpoint": dep["endpoint"]}
+        ]  # fmt: skip
+        for replica in replicas:
             for member in replica["members"]:
                 if member["host"] == host:
                     out.append(
                         {**member, "deployment": dep["name"], "replica": replica["index"], "image": dep["image"],
-                         "executor": replica["executor"]}
+                         "executor": replica["executor"], "replica_hosts": list(replica["hosts"]),
+                         "endpoint": replica["endpoint"], "served_model_name": dep["served_model_name"],
+                         "model_cache_dir": dep["model_cache_dir"], "profile_name": dep["profile_name"]}
                     )  # fmt: skip
     return out
 

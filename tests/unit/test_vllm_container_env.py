@@ -37,11 +37,16 @@ def test_a_profile_s_env_is_passed_but_cannot_move_the_host_ip():
     assert env["VLLM_HOST_IP"] == cluster["nodes"]["spark-1"]["primary"]["ip"]
 
 
-def test_the_plan_and_the_run_use_the_same_environment():
-    """Both tasks of container.yml share one definition: the env the plan compares is the env that runs."""
+def test_the_plan_and_the_runs_use_the_same_environment():
+    """The three tasks of container.yml (the plan of every member, the API member's run, another rank's
+    run) share one definition: the env the plan compares is the env that runs."""
     named = [t for t in TASKS if t.get("community.docker.docker_container", {}).get("state") == "started"]
-    assert len(named) == 2
-    assert named[0]["community.docker.docker_container"] == named[1]["community.docker.docker_container"]
-    assert named[0]["community.docker.docker_container"]["env"] == "{{ item.vllm.env }}"
-    assert named[0]["community.docker.docker_container"]["command"] == "{{ item.vllm.argv }}"
-    assert all(t["loop"] == "{{ vllm_serve_members }}" for t in named)
+    assert len(named) == 3
+    assert all(t["community.docker.docker_container"] == named[0]["community.docker.docker_container"] for t in named)
+    assert named[0]["community.docker.docker_container"]["env"] == "{{ vllm_serve_member.vllm.env }}"
+    assert named[0]["community.docker.docker_container"]["command"] == "{{ vllm_serve_member.vllm.argv }}"
+    assert named[0].get("check_mode") is True
+    # The plan loops over every vLLM member under the name the runs read this node's member by.
+    assert named[0]["loop"] == "{{ sparkops_cluster.serving.vllm_members }}"
+    assert named[0]["loop_control"]["loop_var"] == "vllm_serve_member"
+    assert all("loop" not in t for t in named[1:])

@@ -25,9 +25,10 @@ def test_todays_plan_gives_one_entry_at_the_deployments_endpoint():
 def test_every_replica_is_an_entry_under_the_served_name_with_its_own_id():
     plan = plan_of_only()
     dep = plan["deployments"][0]
+    # The replicas as the serving plan names them (serving.py: each with its head and endpoint).
     dep["replicas"] = [
-        {"host": "spark-1", "endpoint": {"url": "http://10.0.0.1:8000"}},
-        {"host": "spark-3", "endpoint": {"url": "http://10.0.0.3:8000/"}},
+        {"index": 0, "head": "spark-1", "endpoint": {"url": "http://10.0.0.1:8000"}},
+        {"index": 1, "head": "spark-3", "endpoint": {"url": "http://10.0.0.3:8000/"}},
     ]
     other = copy.deepcopy(dep)
     other.update(name="second", served_model_name="small", replicas=None, api_host="spark-5")

@@ -101,6 +101,12 @@ def test_a_four_node_switch_serves_tp2_on_two_nodes_and_two_replicas_of_a_single
     assert code["all_hosts"] == ["spark-3", "spark-4"] and code["hosts"] == ["spark-3"]
     assert [(m["deployment"], m["replica"]) for m in node_part(plan, "spark-4")] == [("code", 1)]
     assert node_part(plan, "spark-3")[0]["vllm"]["argv"] != node_part(plan, "spark-4")[0]["vllm"]["argv"]
+    # A node's part is enough to run and watch its member: its replica's hosts and endpoint, its model.
+    (own,) = node_part(plan, "spark-4")
+    assert own["replica_hosts"] == ["spark-4"] and own["endpoint"]["url"] == urls[1]
+    assert own["served_model_name"] == code["served_model_name"] and own["model_cache_dir"] == code["model_cache_dir"]
+    (tp_worker,) = node_part(plan, "spark-2")
+    assert tp_worker["replica_hosts"] == ["spark-1", "spark-2"] and tp_worker["endpoint"]["host"] == "spark-1"
     lines = summary(plan)
     assert "  replica 1: executor single on spark-4; API " + urls[1] + " on spark-4" in lines
 

@@ -53,11 +53,13 @@ def run_wait(tmp_path: Path, bindir: Path, port: int, timeout_s: int, every_s: i
     pb.write_text(PLAYBOOK.format(wait=ROOT / "roles" / "vllm_serve" / "tasks" / "wait.yml"))
     extra = {
         "ansible_python_interpreter": sys.executable,
-        "vllm_serve_url": f"http://127.0.0.1:{port}",
+        # This node's API member of the serving plan (serving.py node_part), as vllm_serve's vars name it.
+        "vllm_serve_api_member": {
+            "endpoint": {"url": f"http://127.0.0.1:{port}"},
+            "served_model_name": "tiny",
+            "vllm": {"container": "sparkops-vllm"},
+        },
         "vllm_serve_api_key": KEY,
-        "sparkops_profile": {"served_model_name": "tiny"},
-        "vllm_serve_head": "localhost",
-        "vllm_serve_container_name": "sparkops-vllm",
         "vllm_serve_progress_every_s": every_s,
         "vllm_serve_ready_timeout_s": timeout_s,
         "vllm_serve_smoke_prompt": "Say hello",

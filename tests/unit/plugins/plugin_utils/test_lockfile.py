@@ -251,3 +251,24 @@ def test_merge_writes_tuples_as_lists():
     lock = lf.merge({}, {"image": {"build_args": ("--a", "b")}})
     assert lock["image"]["build_args"] == ["--a", "b"] and isinstance(lock["image"]["build_args"], list)
     assert lf.dumps(lock) == lf.dumps(json.loads(lf.dumps(lock)))
+
+
+def test_the_model_record_belongs_to_one_deployment_and_another_s_replaces_it_whole():
+    """site.yml moving from the default deployment ("main") to others, and back: the lock's `model` is
+    the first deployment's, and the old one's commit and name never stay behind to pin the new one."""
+    main = {"profile": "big", "id": "org/big", "revision": "main", "resolved_revision": "a" * 40}
+    lock = {"lock_version": 1, "model": dict(main)}
+    chat = {"deployment": "chat", "profile": "small", "id": "org/small", "revision": "main"}
+    moved = lf.merge(lock, {"model": chat})
+    assert moved["model"] == chat  # no resolved_revision of "big" left under "small"
+    assert lf.conflicts(moved, {"model": chat}) == []
+    # The resolution written after it (no profile: not a record of its own) merges into chat's.
+    resolved = lf.merge(moved, {"model": {"resolved_revision": "b" * 40}})
+    assert resolved["model"] == {**chat, "resolved_revision": "b" * 40}
+    # Back to the default deployment: its record without a name, chat's name gone.
+    back = lf.merge(resolved, {"model": {"profile": "big", "id": "org/big", "revision": "main"}})
+    assert "deployment" not in back["model"] and "resolved_revision" not in back["model"]
+    assert lf.model_deployment(back) == "main"
+    # The same deployment's record still merges (a no-op run keeps the resolved commit).
+    again = lf.merge(lock, {"model": {"profile": "big", "id": "org/big", "revision": "main"}})
+    assert again["model"] == main
