@@ -215,3 +215,35 @@ def test_an_mp_group_restart_stops_every_rank_then_starts_the_head_before_the_ra
     assert "sparkops-vllm" in wd.worker_state_script(dog.cfg) and "sparkops-ray" not in wd.worker_state_script(dog.cfg)
     dog.cfg["executor"] = "ray"
     assert "sparkops-ray" in wd.worker_state_script(dog.cfg)
+
+
+def test_a_single_node_replica_restart_is_its_vllm_alone_and_never_touches_ray(monkeypatch):
+    """A deployment's single-node replica (serving.py executor `single`) runs vLLM without Ray: its
+    watchdog restarts that vLLM only, with no worker and no Ray container to restart or wait for."""
+    dog = wd.Watchdog.__new__(wd.Watchdog)
+    dog.cfg = {
+        "node": "spark-2",
+        "executor": "single",
+        "vllm_container": "sparkops-vllm",
+        "ray_container": "sparkops-ray",
+        "workers": [],
+        "drop_model_page_cache": False,
+        "docker_timeout_s": 60,
+        "stop_grace_s": 5,
+        "ready_timeout_s": 30,
+        "hang_timeout_s": 4,
+        "interval_s": 1,
+        "floor_marker": "/var/lib/sparkops/memory-floor.json",
+    }
+    steps = []
+    monkeypatch.setattr(
+        wd,
+        "sh",
+        lambda argv, timeout: steps.append(" ".join(argv)) or subprocess.CompletedProcess(argv, 0, "", ""),
+    )
+    dog.ssh = lambda address, script, timeout: pytest.fail("a single-node replica has no worker to reach")
+    monkeypatch.setattr(wd, "probe", lambda cfg, key, timeout: ("ok", "", 0.1))
+    dog.api_key = "k"
+    assert dog._restart_steps() == (True, "")
+    assert steps == ["docker stop -t 5 sparkops-vllm", "docker start sparkops-vllm"]
+    assert not wd.runs_ray(dog.cfg) and wd.worker_container(dog.cfg) == "sparkops-vllm"

@@ -185,10 +185,16 @@ def worker_state_script(cfg: dict) -> str:
     )
 
 
+def runs_ray(cfg: dict) -> bool:
+    """Whether the watched replica runs Ray: Ray's executor; not vLLM's own multi-node executor (`mp`),
+    nor a single-node replica (`single`, vLLM alone: serving.py), whose restart is its vLLM's alone."""
+    return cfg.get("executor", "ray") == "ray"
+
+
 def worker_container(cfg: dict) -> str:
     """What runs the serving group's part on a worker: the Ray container (Ray's executor), or the
     rank's own vLLM container (vLLM's multi-node executor, `executor: mp`)."""
-    return cfg["vllm_container"] if cfg.get("executor") == "mp" else cfg["ray_container"]
+    return cfg["ray_container"] if runs_ray(cfg) else cfg["vllm_container"]
 
 
 def worker_restart_script(cfg: dict) -> str:
@@ -407,7 +413,7 @@ class Watchdog:
 
     def in_grace(self, now: float) -> bool:
         grace = float(self.cfg["startup_grace_s"])
-        names = [self.cfg["vllm_container"]] + ([] if self.cfg.get("executor") == "mp" else [self.cfg["ray_container"]])
+        names = [self.cfg["vllm_container"]] + ([self.cfg["ray_container"]] if runs_ray(self.cfg) else [])
         for name in names:
             st = container_state(name)
             started = parse_docker_time(st.get("StartedAt", ""))
@@ -536,7 +542,7 @@ class Watchdog:
         c = self.cfg
         step = float(c["docker_timeout_s"])
         sh(["docker", "stop", "-t", str(int(c["stop_grace_s"])), c["vllm_container"]], step + c["stop_grace_s"])
-        if c.get("executor") == "mp":
+        if not runs_ray(c):
             return self._restart_ranks(step)
         res = sh(["docker", "restart", "-t", "10", c["ray_container"]], step + 10)
         if res.returncode != 0:
