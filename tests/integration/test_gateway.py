@@ -3,16 +3,18 @@
 site.yml with sparkops_gateway_enabled installs LiteLLM's proxy on the head offline (from the wheelhouse
 sim/simctl.py build downloaded into .sim/wheelhouse/gateway), keys.yml makes a client key, the `openai` client
 (in the gateway's own venv on the head: the nodes reach the gateway on the head's fast link) talks through it,
-every path asks for a key, a revoked key is refused within seconds, and a rerun changes nothing. At the end the
-pair is put back without the gateway. Needs the simulated pair deployed (make test / make sim).
+every path asks for a key, this machine (named a client network) reaches the gateway on the head's management
+address while vLLM's chain lets no client network in, a revoked key is refused within seconds, and a rerun changes
+nothing. At the end the pair is put back without the gateway. Needs the simulated pair deployed (make test / make sim).
 """
 
 from __future__ import annotations
 
 import json
 import shlex
-import socket
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 from conftest import HEAD_FAST, NODES, SIM_STATE, node_sh, recap, run_playbook
@@ -21,7 +23,11 @@ pytestmark = pytest.mark.usefixtures("sim_cluster")
 
 GATEWAY = f"http://{HEAD_FAST}:4000"
 HEAD_MGMT = "192.168.213.11"  # sim/simctl.py NODES[0]["mgmt"]
-ON = {"sparkops_gateway_enabled": True}
+# This machine is 192.168.213.1 on the management bridge (sim/simctl.py NETWORKS; the Hub server listens there):
+# named a client network, it reaches the gateway on the head's management address, and vLLM's port stays closed
+# to it because the gateway is on.
+CONTROLLER = "192.168.213.1"
+ON = {"sparkops_gateway_enabled": True, "sparkops_client_networks": [f"{CONTROLLER}/32"]}
 KEY_NAME = "itest-client"
 KEYS_DIR = SIM_STATE / "credentials" / "keys"
 VENV_PY = "/opt/sparkops/gateway/bin/python"
@@ -122,15 +128,32 @@ def test_every_path_asks_for_a_key_from_the_fast_link(gateway):
     assert probe(NODES[1], [("/v1/models", key)]) == {"/v1/models key": 200}
 
 
-def test_the_gateway_is_not_reached_from_the_management_network(gateway):
-    # sparkops_client_networks is empty on the sim: the chain SPARKOPS-GATEWAY drops this machine's packets.
-    with pytest.raises(OSError):
-        socket.create_connection((HEAD_MGMT, 4000), timeout=3).close()
+def get(url: str, key: str | None) -> int | None:
+    """GET from this machine, never through a proxy the environment names."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    req = urllib.request.Request(url)
+    if key:
+        req.add_header("Authorization", "Bearer " + key)
+    try:
+        with opener.open(req, timeout=5) as res:
+            return res.status
+    except urllib.error.HTTPError as err:
+        return err.code
+    except OSError:
+        return None
 
 
-def test_vllm_is_kept_to_the_fast_links_and_the_gateway(gateway):
-    rules = node_sh(NODES[0], "iptables -S SPARKOPS-API").stdout
-    assert "-s " not in rules, rules  # no client network passes vLLM's port while the gateway is on
+def test_a_client_network_reaches_the_gateway_on_the_management_address(gateway):
+    key = (KEYS_DIR / KEY_NAME).read_text().strip()
+    assert get(f"http://{HEAD_MGMT}:4000/v1/models", key) == 200
+    assert get(f"http://{HEAD_MGMT}:4000/v1/models", None) == 401
+
+
+def test_vllm_is_kept_from_the_client_networks_while_the_gateway_is_on(gateway):
+    gateway_rules = node_sh(NODES[0], "iptables -S SPARKOPS-GATEWAY").stdout
+    assert f"-s {CONTROLLER}/32" in gateway_rules, gateway_rules
+    vllm_rules = node_sh(NODES[0], "iptables -S SPARKOPS-API").stdout
+    assert "-s " not in vllm_rules, vllm_rules  # loopback and the fast links only
 
 
 def test_a_rerun_changes_nothing(gateway):
