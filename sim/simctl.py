@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import os
 import platform
@@ -246,6 +247,9 @@ NODE_PACKAGES = [
     # playbooks/discover.yml reads the cabling by LLDP: the real daemon, started by fabric_discover for
     # the discovery only (no init system here starts it).
     "lldpd",
+    # The client gateway's key database and venv (roles/gateway installs them with apt on a real head).
+    "postgresql",
+    "python3-venv",
 ]
 # The base of the stand-in serving image, loaded into each node's dockerd.
 VLLM_BASE_PACKAGES = ["python3", "python3-pip", "procps", "iproute2", "ca-certificates"]
@@ -432,6 +436,42 @@ def build_wheels() -> Path:
     return wheels
 
 
+# The nodes' platform for the gateway's wheels: Debian 12 (glibc 2.36, CPython 3.11) on this machine's arch.
+NODE_GLIBC = "2.36"
+NODE_PYTHON = "3.11"
+
+
+def gateway_requirements() -> list[str]:
+    """The gateway's pins as roles/sparkops_defaults gives them (one place), the version filled in."""
+    import yaml  # noqa: PLC0415 - the dev venv that runs simctl has it (ansible needs it)
+
+    data = yaml.safe_load((ROOT / "roles/sparkops_defaults/defaults/main/cluster.yml").read_text())
+    version = str(data["sparkops_gateway_litellm_version"])
+    return [r.replace("{{ sparkops_gateway_litellm_version }}", version) for r in data["sparkops_gateway_requirements"]]
+
+
+def build_gateway_wheels() -> Path:
+    """The gateway's wheelhouse for the nodes, where roles/gateway looks by default: the sim's credentials
+    folder is .sim/credentials, so <that>/../wheelhouse/gateway/linux-<arch>-cp311 (playbooks/gateway-wheels.yml
+    makes the same folder from the head's facts). Cached: about 170 MB, downloaded once."""
+    spec = importlib.util.spec_from_file_location("sparkops_gateway_plan", ROOT / "plugins/plugin_utils/gateway.py")
+    gateway = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gateway)
+    arch = platform.machine()
+    dest = STATE / "wheelhouse" / "gateway" / gateway.wheelhouse_name(arch, NODE_PYTHON)
+    requirements = gateway_requirements()
+    marker = dest / ".complete"
+    if marker.exists() and marker.read_text() == json.dumps(requirements):
+        log(f"gateway wheels ({', '.join(requirements)}): cached")
+        return dest
+    dest.mkdir(parents=True, exist_ok=True)
+    log(f"downloading the gateway's wheels ({', '.join(requirements)}; CPython {NODE_PYTHON}, {arch}; ~170 MB)")
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet"]
+    run(gateway.pip_download_argv(pip, str(dest), requirements, arch=arch, python=NODE_PYTHON, glibc=NODE_GLIBC))
+    marker.write_text(json.dumps(requirements))
+    return dest
+
+
 def git(repo: Path, *args: str, env: dict | None = None) -> str:
     base_env = {
         **os.environ,
@@ -530,6 +570,7 @@ def build_all() -> None:
     if link.is_symlink() or link.exists():
         link.unlink()
     link.symlink_to(wheels)
+    build_gateway_wheels()
     build_standin_repo()
     build_apt_repo()
 

@@ -41,7 +41,7 @@ class KeyNameError(ValueError):
 def check_name(name: str) -> str:
     if not isinstance(name, str) or not NAME_RE.match(name):
         raise KeyNameError(
-            "key name {name!r} is not usable: 1-63 characters, letters, digits, '_', '.', '-', "
+            f"key name {name!r} is not usable: 1-63 characters, letters, digits, '_', '.', '-', "
             "starting with a letter or digit (it becomes a file name and a Prometheus label)"
         )
     return name

@@ -35,6 +35,7 @@ def replicas(deployment: dict) -> list[dict]:
     """The API endpoints of a deployment: `replicas[]` when the plan has them, else its one endpoint."""
     reps = deployment.get("replicas")
     if reps:
+        # The serving plan names a replica's API node `head`.
         return [{"host": r["head"], "url": r["endpoint"]["url"]} for r in reps]
     return [{"host": deployment["api_host"], "url": deployment["endpoint"]["url"]}]
 
@@ -84,3 +85,47 @@ def litellm_config(plan: dict, router: dict | None = None) -> dict:
             "disable_admin_ui": True,
         },
     }
+
+
+# ------------------------------------------------------------------------------- the offline wheelhouse
+# PEP 600 manylinux tags from glibc 2.17 (manylinux2014's base) up: pip's --platform takes exact tags, so a
+# download for another machine names every level the node's glibc runs (docs/gateway.md).
+MANYLINUX_FLOOR = 17
+WHEEL_ARCHES = ("x86_64", "aarch64")
+
+
+class WheelhouseError(ValueError):
+    """The node's platform cannot be named for a wheel download."""
+
+
+def wheel_platforms(arch: str, glibc: str) -> list[str]:
+    """The --platform tags for a node of `arch` with `glibc` ("2.36", or `getconf GNU_LIBC_VERSION`'s
+    "glibc 2.36"), newest first, then the legacy manylinux2014 alias of 2.17."""
+    if arch not in WHEEL_ARCHES:
+        raise WheelhouseError(f"architecture {arch!r}: the gateway's wheels exist for {', '.join(WHEEL_ARCHES)}")
+    text = str(glibc).split()[-1] if str(glibc).split() else ""
+    major, _, minor = text.partition(".")
+    if major != "2" or not minor.isdigit() or int(minor) < MANYLINUX_FLOOR:
+        raise WheelhouseError(f"glibc {glibc!r}: the gateway's wheels need glibc 2.{MANYLINUX_FLOOR} or newer")
+    tags = [f"manylinux_2_{m}_{arch}" for m in range(int(minor), MANYLINUX_FLOOR - 1, -1)]
+    return [*tags, f"manylinux2014_{arch}"]
+
+
+def wheelhouse_name(arch: str, python: str) -> str:
+    """The wheelhouse's subfolder for one platform: linux-<arch>-cp<major><minor> ("3.12.3" -> cp312)."""
+    if arch not in WHEEL_ARCHES:
+        raise WheelhouseError(f"architecture {arch!r}: the gateway's wheels exist for {', '.join(WHEEL_ARCHES)}")
+    parts = str(python).split(".")
+    if len(parts) < 2 or not all(p.isdigit() for p in parts[:2]):
+        raise WheelhouseError(f"Python version {python!r}: expected major.minor[.micro]")
+    return f"linux-{arch}-cp{parts[0]}{parts[1]}"
+
+
+def pip_download_argv(pip: list[str], dest: str, requirements: list[str], *, arch: str, python: str, glibc: str):
+    """`pip download` of `requirements` for the node, binaries only (no build step on any machine)."""
+    parts = str(python).split(".")
+    argv = [*pip, "download", "--only-binary=:all:", "--implementation", "cp"]
+    argv += ["--python-version", f"{parts[0]}.{parts[1]}"]
+    for tag in wheel_platforms(arch, glibc):
+        argv += ["--platform", tag]
+    return [*argv, "--dest", dest, *requirements]

@@ -102,7 +102,13 @@ INPUT_VARIABLES = {
     "upgrade": "deployment_state_lock_upgrade",
     # Set only by an upgrade's rollback (playbooks/tasks/upgrade-swap.yml): the recorded profile.
     "profile_override": "upgrade_rollback_profile",
+    # The client gateway on the head (roles/gateway, docs/gateway.md).
+    "gateway_enabled": "sparkops_gateway_enabled",
+    "gateway_port": "sparkops_gateway_port",
+    "gateway_bind": "sparkops_gateway_bind",
 }
+# The gateway's port when the inventory gives none (roles/sparkops_defaults holds the same value).
+GATEWAY_PORT = 4000
 # Ray's `ray start` options (roles/sparkops_defaults/defaults/main/ray.yml holds their defaults; the
 # firewall of roles/ray_cluster reads the same variables). Each: input name -> (variable, fallback).
 # The fallbacks are the shipped defaults, for callers that give none (the unit tests check they agree).
@@ -644,6 +650,7 @@ def build_serving(cluster: dict, inputs: dict) -> dict:  # noqa: PLR0912, PLR091
                 "apart; give one of them another profile (or one with its own served_model_name)"
             )
     problems += contract_problems
+    gateway = plan_gateway(cluster, inputs, problems)
 
     image_in = inputs.get("image") or {}
     lock = inputs.get("lock") or {}
@@ -736,7 +743,34 @@ def build_serving(cluster: dict, inputs: dict) -> dict:  # noqa: PLR0912, PLR091
     plan = {"deployments": deployments, "lock": {"wanted": wanted, "upgrade": upgrade}}
     # The roles that run vLLM plan every member's container in one task (vllm_serve container.yml).
     plan["vllm_members"] = vllm_members(plan)
+    plan["gateway"] = gateway  # checked with the rest, above
     return plan
+
+
+def plan_gateway(cluster: dict, inputs: dict, problems: list) -> dict:
+    """Where the client gateway listens: on the head (the one endpoint clients use), `bind` (default every
+    address: nodes come over the fast links, clients over the management LAN, and uvicorn binds one address;
+    the gateway's iptables chain keeps the port to loopback, the fast links and sparkops_client_networks).
+    `url` is the head's fast-link address (what the nodes reach), `client_url` its management address."""
+    port = _int(inputs, "gateway_port", GATEWAY_PORT, problems)
+    if not 1 <= port <= 65535:
+        problems.append(f"sparkops_gateway_port must be within 1-65535, got {port}")
+    elif port == cluster["endpoint"]["port"]:
+        problems.append(
+            f"sparkops_gateway_port ({port}) is vLLM's port on the head (vllm_serve_port): give the gateway another"
+        )
+    bind = str(_get(inputs, "gateway_bind", "") or "0.0.0.0")  # noqa: S104 - the firewall chain is the gate
+    head = cluster["head"]
+    node = cluster["nodes"][head]
+    fast = node["primary"]["ip"]
+    return {
+        "enabled": _bool(inputs, "gateway_enabled", False, problems),
+        "host": head,
+        "bind": bind,
+        "port": port,
+        "url": f"http://{fast if bind in WILDCARDS else bind}:{port}",
+        "client_url": f"http://{node['mgmt_address'] if bind in WILDCARDS else bind}:{port}",
+    }
 
 
 def _without(argv: list, *flags: str) -> list:

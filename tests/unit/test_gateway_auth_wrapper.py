@@ -88,3 +88,24 @@ def test_the_store_caches_an_answer_for_at_most_its_window(monkeypatch):
     clock[0] += 0.2
     assert store.name_for("sk-x") is None  # asked again after 2 s: revoked
     assert store.name_for("") is None
+
+
+def test_secrets_come_from_files_into_the_environment_only(tmp_path):
+    master, vllm = tmp_path / "master_key", tmp_path / "vllm_key"
+    master.write_text("sk-master\n")
+    vllm.write_text("vllm-secret\nignored second line\n")
+    env = {"LITELLM_MASTER_KEY_FILE": str(master), "SPARKOPS_VLLM_API_KEY_FILE": str(vllm)}
+    assert auth.load_secret_files(env) == ["LITELLM_MASTER_KEY", "SPARKOPS_VLLM_API_KEY"]
+    assert env["LITELLM_MASTER_KEY"] == "sk-master"
+    assert env["SPARKOPS_VLLM_API_KEY"] == "vllm-secret"
+
+
+def test_a_missing_or_empty_secret_file_stops_the_start(tmp_path):
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    with pytest.raises(RuntimeError, match="is empty"):
+        auth.load_secret_files({"LITELLM_MASTER_KEY_FILE": str(empty)})
+    with pytest.raises(RuntimeError, match="cannot read it"):
+        auth.load_secret_files({"SPARKOPS_VLLM_API_KEY_FILE": str(tmp_path / "absent")})
+    env = {}
+    assert auth.load_secret_files(env) == [] and env == {}

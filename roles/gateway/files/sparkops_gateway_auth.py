@@ -15,7 +15,11 @@ probes, static files, ...) are closed by RequireKeyEverywhere, an ASGI wrapper t
 (see `app` below): it asks the same store for the key on every HTTP and WebSocket request before LiteLLM sees it.
 
 Configuration comes from the environment: SPARKOPS_GATEWAY_DB is a libpq connection string without a password
-(a peer-authenticated Unix socket on the head, or PGPASSFILE for TCP); no key is ever in it.
+(a peer-authenticated Unix socket on the head, or PGPASSFILE for TCP); no key is ever in it. The two secrets
+LiteLLM reads from its environment (LITELLM_MASTER_KEY, and the vLLM key the config names as
+os.environ/SPARKOPS_VLLM_API_KEY) are given as files, NAME_FILE=path (root's 0600 files the service's user may
+read): load_secret_files() puts them into this process's environment just before LiteLLM is imported, so they
+are on no command line and in no service definition.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ import time
 import gateway_keys  # plugins/module_utils/gateway_keys.py, installed beside this file
 
 DB_ENV = "SPARKOPS_GATEWAY_DB"
+# The secrets LiteLLM reads from the environment, each given as a file by NAME_FILE (load_secret_files).
+SECRET_ENVS = ("LITELLM_MASTER_KEY", "SPARKOPS_VLLM_API_KEY")
 CACHE_S = 2.0  # the longest a revoked key still passes (issue 25: "effective within seconds")
 _LOG = logging.getLogger("sparkops_gateway_auth")
 
@@ -173,9 +179,32 @@ class RequireKeyEverywhere:
         await self.inner(scope, receive, send)
 
 
+def load_secret_files(environ=None) -> list[str]:
+    """For each of SECRET_ENVS given as NAME_FILE, NAME = the file's first line; the names set. A named file
+    that is missing or empty stops the start (the gateway must not run without its master key, nor send an
+    empty key to vLLM)."""
+    environ = os.environ if environ is None else environ
+    loaded = []
+    for name in SECRET_ENVS:
+        path = environ.get(f"{name}_FILE")
+        if not path:
+            continue
+        try:
+            with open(path, encoding="utf-8") as handle:
+                value = handle.readline().strip()
+        except OSError as err:
+            raise RuntimeError(f"{name}_FILE={path}: cannot read it ({err.strerror})") from None
+        if not value:
+            raise RuntimeError(f"{name}_FILE={path} is empty")
+        environ[name] = value
+        loaded.append(name)
+    return loaded
+
+
 def __getattr__(attr: str):
     """`uvicorn sparkops_gateway_auth:app`: LiteLLM's app (configured by CONFIG_FILE_PATH), wrapped."""
     if attr == "app":
+        load_secret_files()  # before LiteLLM's import reads LITELLM_MASTER_KEY and the config
         from litellm.proxy.proxy_server import app as litellm_app  # noqa: PLC0415 - loads the whole proxy
 
         return RequireKeyEverywhere(litellm_app)

@@ -63,3 +63,52 @@ def test_auth_ejection_and_metrics_settings():
     router = cfg["router_settings"]
     assert router["cooldown_time"] == 5 and router["allowed_fails"] == 0 and router["num_retries"] >= 1
     assert gateway.ROUTER_DEFAULTS["cooldown_time"] == 30  # the override did not leak into the defaults
+
+
+def test_wheel_platforms_name_every_manylinux_level_the_nodes_glibc_runs():
+    tags = gateway.wheel_platforms("aarch64", "glibc 2.39")
+    assert tags[0] == "manylinux_2_39_aarch64" and tags[-2] == "manylinux_2_17_aarch64"
+    assert tags[-1] == "manylinux2014_aarch64"
+    assert len(tags) == 39 - 17 + 2
+    # Debian 12's glibc: no wheel that needs a newer one (LiteLLM's is manylinux_2_28).
+    assert "manylinux_2_37_x86_64" not in gateway.wheel_platforms("x86_64", "2.36")
+    assert "manylinux_2_28_x86_64" in gateway.wheel_platforms("x86_64", "2.36")
+
+
+@pytest.mark.parametrize(
+    ("arch", "glibc"), [("riscv64", "2.39"), ("x86_64", "2.12"), ("x86_64", "musl"), ("x86_64", "")]
+)
+def test_a_platform_without_wheels_is_refused(arch, glibc):
+    with pytest.raises(gateway.WheelhouseError):
+        gateway.wheel_platforms(arch, glibc)
+
+
+def test_the_wheelhouse_folder_names_arch_and_python():
+    assert gateway.wheelhouse_name("aarch64", "3.12.3") == "linux-aarch64-cp312"
+    assert gateway.wheelhouse_name("x86_64", "3.11") == "linux-x86_64-cp311"
+    with pytest.raises(gateway.WheelhouseError):
+        gateway.wheelhouse_name("x86_64", "three")
+
+
+def test_pip_download_is_binary_only_for_the_nodes_python_and_platforms():
+    argv = gateway.pip_download_argv(
+        ["pip"], "/w", ["litellm[proxy]==1.108.7", "prometheus_client"], arch="x86_64", python="3.11.2", glibc="2.36"
+    )
+    assert argv[:3] == ["pip", "download", "--only-binary=:all:"]
+    assert argv[argv.index("--python-version") + 1] == "3.11"
+    assert argv[argv.index("--implementation") + 1] == "cp"
+    platforms = [argv[i + 1] for i, a in enumerate(argv) if a == "--platform"]
+    assert platforms == gateway.wheel_platforms("x86_64", "2.36")
+    assert argv[-3:] == ["/w", "litellm[proxy]==1.108.7", "prometheus_client"]
+
+
+def test_the_filters_turn_errors_into_ansible_errors():
+    from ansible.errors import AnsibleFilterError  # noqa: PLC0415
+    from ansible_collections.sparkops.cluster.plugins.filter import gateway as gateway_filters  # noqa: PLC0415
+
+    filters = gateway_filters.FilterModule().filters()
+    assert filters["gateway_wheelhouse_name"]("aarch64", "3.12.3") == "linux-aarch64-cp312"
+    with pytest.raises(AnsibleFilterError, match="riscv64"):
+        filters["gateway_pip_download"]("pip", "/w", ["x"], arch="riscv64", python="3.12", glibc="2.39")
+    with pytest.raises(AnsibleFilterError, match="no deployment"):
+        filters["gateway_litellm_config"]({"deployments": []})

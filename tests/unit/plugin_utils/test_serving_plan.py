@@ -413,3 +413,36 @@ def test_bad_ray_options_are_refused_with_the_variable_to_fix():
 def test_the_mp_executor_starts_no_ray():
     plan = plan_of_only(profile_name="qwen3-235b-a22b-gptq-int4-tp2", executor="mp")
     assert all(m["ray"] is None for m in plan["deployments"][0]["members"])
+
+
+def test_the_gateway_listens_on_the_head_at_its_default_port_and_is_off_by_default():
+    cluster, plan = plan_of()
+    gw = plan["gateway"]
+    head = cluster["head"]
+    assert gw["host"] == head and gw["enabled"] is False
+    assert gw["port"] == CLUSTER_DEFAULTS["sparkops_gateway_port"] == 4000
+    assert gw["bind"] == "0.0.0.0"
+    assert gw["url"] == f"http://{cluster['nodes'][head]['primary']['ip']}:4000"
+    assert gw["client_url"] == f"http://{cluster['nodes'][head]['mgmt_address']}:4000"
+
+
+def test_the_gateway_takes_its_port_bind_and_switch_from_the_inventory():
+    cluster, plan = plan_of(gateway_enabled="true", gateway_port="4100", gateway_bind="10.0.0.1")
+    assert plan["gateway"]["enabled"] is True
+    assert plan["gateway"]["port"] == 4100
+    assert plan["gateway"]["url"] == plan["gateway"]["client_url"] == "http://10.0.0.1:4100"
+
+
+@pytest.mark.parametrize(
+    ("inputs", "said"),
+    [
+        ({"gateway_port": 70000}, "sparkops_gateway_port must be within 1-65535"),
+        ({"gateway_port": "x"}, "sparkops_gateway_port must be an integer"),
+        ({"gateway_port": 8000}, "is vLLM's port on the head"),
+        ({"gateway_enabled": "maybe"}, "sparkops_gateway_enabled must be true or false"),
+    ],
+)
+def test_a_bad_gateway_setting_is_refused_with_its_name(inputs, said):
+    with pytest.raises(ClusterError) as err:
+        plan_of(**inputs)
+    assert any(said in problem for problem in err.value.problems), err.value.problems

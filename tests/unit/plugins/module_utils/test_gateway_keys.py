@@ -17,8 +17,9 @@ def test_plain_names_pass(name):
 
 @pytest.mark.parametrize("name", ["", "-x", ".hidden", "a/b", "../x", "a b", 'a"b', "A" * 64, "é", None, 3])
 def test_names_that_would_break_a_file_name_or_a_label_are_refused(name):
-    with pytest.raises(gk.KeyNameError, match="not usable"):
+    with pytest.raises(gk.KeyNameError, match="not usable") as err:
         gk.check_name(name)
+    assert repr(name) in str(err.value)  # the message names what was given
 
 
 def test_new_keys_are_long_random_and_prefixed():

@@ -1,0 +1,45 @@
+"""Filters for the client gateway (roles/gateway, playbooks/gateway-wheels.yml); the logic is in
+plugins/plugin_utils/gateway.py, these turn its errors into AnsibleFilterError.
+
+    {{ sparkops_cluster.serving | sparkops.cluster.gateway_litellm_config }}        -> LiteLLM's config.yaml
+    {{ arch | sparkops.cluster.gateway_wheelhouse_name(python_version) }}           -> linux-<arch>-cp<XY>
+    {{ pip | sparkops.cluster.gateway_pip_download(dest, reqs, arch=, python=, glibc=) }} -> argv
+"""
+
+from __future__ import annotations
+
+from ansible.errors import AnsibleFilterError
+from ansible_collections.sparkops.cluster.plugins.plugin_utils import gateway
+
+
+def gateway_litellm_config(plan: dict) -> dict:
+    try:
+        return gateway.litellm_config(plan)
+    except gateway.GatewayPlanError as err:
+        raise AnsibleFilterError(str(err)) from None
+
+
+def gateway_wheelhouse_name(arch: str, python: str) -> str:
+    try:
+        return gateway.wheelhouse_name(str(arch), str(python))
+    except gateway.WheelhouseError as err:
+        raise AnsibleFilterError(str(err)) from None
+
+
+def gateway_pip_download(pip, dest: str, requirements: list, *, arch: str, python: str, glibc: str) -> list:
+    try:
+        pip = [pip] if isinstance(pip, str) else list(pip)
+        return gateway.pip_download_argv(
+            pip, str(dest), [str(r) for r in requirements], arch=str(arch), python=str(python), glibc=str(glibc)
+        )
+    except gateway.WheelhouseError as err:
+        raise AnsibleFilterError(str(err)) from None
+
+
+class FilterModule:
+    def filters(self):
+        return {
+            "gateway_litellm_config": gateway_litellm_config,
+            "gateway_wheelhouse_name": gateway_wheelhouse_name,
+            "gateway_pip_download": gateway_pip_download,
+        }

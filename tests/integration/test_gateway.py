@@ -1,0 +1,182 @@
+"""The client gateway on the simulated pair (issue 25, roles/gateway, docs/gateway.md).
+
+site.yml with sparkops_gateway_enabled installs LiteLLM's proxy on the head offline (from the wheelhouse
+sim/simctl.py build downloaded into .sim/wheelhouse/gateway), keys.yml makes a client key, the `openai` client
+(in the gateway's own venv on the head: the nodes reach the gateway on the head's fast link) talks through it,
+every path asks for a key, this machine (named a client network) reaches the gateway on the head's management
+address while vLLM's chain lets no client network in, a revoked key is refused within seconds, and a rerun changes
+nothing. At the end the pair is put back without the gateway. Needs the simulated pair deployed (make test / make sim).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from conftest import HEAD_FAST, NODES, SIM_STATE, node_sh, recap, run_playbook
+
+pytestmark = pytest.mark.usefixtures("sim_cluster")
+
+GATEWAY = f"http://{HEAD_FAST}:4000"
+HEAD_MGMT = "192.168.213.11"  # sim/simctl.py NODES[0]["mgmt"]
+# This machine is 192.168.213.1 on the management bridge (sim/simctl.py NETWORKS; the Hub server listens there):
+# named a client network, it reaches the gateway on the head's management address, and vLLM's port stays closed
+# to it because the gateway is on.
+CONTROLLER = "192.168.213.1"
+ON = {"sparkops_gateway_enabled": True, "sparkops_client_networks": [f"{CONTROLLER}/32"]}
+KEY_NAME = "itest-client"
+KEYS_DIR = SIM_STATE / "credentials" / "keys"
+VENV_PY = "/opt/sparkops/gateway/bin/python"
+UNGUARDED_IN_LITELLM = ["/", "/health/liveliness", "/openapi.json", "/ui/", "/metrics", "/v1/models", "/nope"]
+
+PROBE = r"""
+import json, sys, urllib.request, urllib.error
+out = {}
+for path, key in json.loads(sys.argv[1]):
+    req = urllib.request.Request(sys.argv[2] + path)
+    if key:
+        req.add_header("Authorization", "Bearer " + key)
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:
+            out[path + (" key" if key else "")] = r.status
+    except urllib.error.HTTPError as e:
+        out[path + (" key" if key else "")] = e.code
+    except OSError:
+        out[path + (" key" if key else "")] = None
+print(json.dumps(out))
+"""
+
+CHAT = r"""
+import sys
+import openai
+client = openai.OpenAI(base_url=sys.argv[1] + "/v1", api_key=open(sys.argv[2]).read().strip(), max_retries=0,
+                       timeout=60)
+models = [m.id for m in client.models.list().data]
+reply = client.chat.completions.create(model=models[0], messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+print(models, reply.choices[0].message.content is not None, reply.usage.completion_tokens)
+"""
+
+
+def probe(node: str, calls: list[tuple[str, str | None]]) -> dict:
+    script = f"python3 -c {shlex.quote(PROBE)} {shlex.quote(json.dumps(calls))} {GATEWAY}"
+    return json.loads(node_sh(node, script, timeout=120).stdout)
+
+
+def key_on_head(key: str) -> str:
+    """The key in a root-only file on the head (never on a command line), its path returned."""
+    path = "/root/.itest-gateway-key"
+    node_sh(NODES[0], f"umask 077; cat > {path} <<'EOF'\n{key}\nEOF")
+    return path
+
+
+@pytest.fixture(scope="module")
+def gateway():
+    wheels = SIM_STATE / "wheelhouse" / "gateway"
+    if not any(wheels.glob("linux-*-cp311/litellm-*.whl")):
+        pytest.fail(f"no gateway wheelhouse under {wheels}: run `sim/simctl.py build` (it downloads it, once)")
+    first = run_playbook("site.yml", extra_vars=ON, timeout=1800)
+    assert first.returncode == 0, first.stdout[-5000:]
+    yield first
+    # Back to the pair without the gateway: vLLM serves the client networks again, the gateway is stopped.
+    run_playbook("playbooks/keys.yml", extra_vars={**ON, "sparkops_key_name": KEY_NAME, "sparkops_key_state": "absent"})
+    node_sh(NODES[0], "rm -f /root/.itest-gateway-key", check=False)
+    back = run_playbook("site.yml", timeout=1800)
+    assert back.returncode == 0, back.stdout[-5000:]
+    state = node_sh(NODES[0], "/etc/init.d/sparkops-gateway status", check=False)
+    assert state.returncode != 0, "the gateway still runs after site.yml without it"
+
+
+def test_a_key_is_made_once_kept_0600_and_printed_nowhere(gateway):
+    made = run_playbook("playbooks/keys.yml", extra_vars={**ON, "sparkops_key_name": KEY_NAME})
+    assert made.returncode == 0, made.stdout[-3000:]
+    key_file = KEYS_DIR / KEY_NAME
+    key = key_file.read_text().strip()
+    assert key.startswith("sk-sparkops-")
+    assert (key_file.stat().st_mode & 0o777) == 0o600
+    assert key not in made.stdout and key not in made.stderr
+    again = run_playbook("playbooks/keys.yml", extra_vars={**ON, "sparkops_key_name": KEY_NAME})
+    assert again.returncode == 0 and recap(again.stdout)[NODES[0]]["changed"] == 0, again.stdout[-3000:]
+    assert key_file.read_text().strip() == key
+    listed = run_playbook("playbooks/keys.yml", extra_vars=ON)
+    assert listed.returncode == 0 and f"{KEY_NAME}: active" in listed.stdout, listed.stdout[-3000:]
+    assert key not in listed.stdout
+
+
+def test_a_bad_key_name_is_refused_and_changes_nothing(gateway):
+    bad = run_playbook("playbooks/keys.yml", extra_vars={**ON, "sparkops_key_name": "../evil"})
+    assert bad.returncode != 0 and "sparkops_key_name must be" in bad.stdout, bad.stdout[-3000:]
+    assert not (KEYS_DIR.parent / "evil").exists()
+
+
+def test_the_openai_client_talks_through_the_gateway_from_the_head(gateway):
+    key = (KEYS_DIR / KEY_NAME).read_text().strip()
+    path = key_on_head(key)
+    res = node_sh(NODES[0], f"{VENV_PY} -c {shlex.quote(CHAT)} {GATEWAY} {path}", check=False, timeout=180)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "sim-tiny" in res.stdout and "True" in res.stdout, res.stdout
+
+
+def test_every_path_asks_for_a_key_from_the_fast_link(gateway):
+    key = (KEYS_DIR / KEY_NAME).read_text().strip()
+    calls = [(p, None) for p in UNGUARDED_IN_LITELLM] + [(p, "sk-sparkops-wrong") for p in UNGUARDED_IN_LITELLM]
+    got = probe(NODES[1], calls)
+    assert got and all(status == 401 for status in got.values()), got
+    assert probe(NODES[1], [("/v1/models", key)]) == {"/v1/models key": 200}
+
+
+def get(url: str, key: str | None) -> int | None:
+    """GET from this machine, never through a proxy the environment names."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    req = urllib.request.Request(url)
+    if key:
+        req.add_header("Authorization", "Bearer " + key)
+    try:
+        with opener.open(req, timeout=5) as res:
+            return res.status
+    except urllib.error.HTTPError as err:
+        return err.code
+    except OSError:
+        return None
+
+
+def test_a_client_network_reaches_the_gateway_on_the_management_address(gateway):
+    key = (KEYS_DIR / KEY_NAME).read_text().strip()
+    assert get(f"http://{HEAD_MGMT}:4000/v1/models", key) == 200
+    assert get(f"http://{HEAD_MGMT}:4000/v1/models", None) == 401
+
+
+def test_vllm_is_kept_from_the_client_networks_while_the_gateway_is_on(gateway):
+    gateway_rules = node_sh(NODES[0], "iptables -S SPARKOPS-GATEWAY").stdout
+    assert f"-s {CONTROLLER}/32" in gateway_rules, gateway_rules
+    vllm_rules = node_sh(NODES[0], "iptables -S SPARKOPS-API").stdout
+    assert "-s " not in vllm_rules, vllm_rules  # loopback and the fast links only
+
+
+def test_a_rerun_changes_nothing(gateway):
+    again = run_playbook("site.yml", extra_vars=ON, timeout=1800)
+    assert again.returncode == 0, again.stdout[-4000:]
+    counts = recap(again.stdout)
+    assert set(counts) == set(NODES) and all(c["changed"] == 0 for c in counts.values()), counts
+
+
+def test_a_revoked_key_is_refused_within_seconds(gateway):
+    key = (KEYS_DIR / KEY_NAME).read_text().strip()
+    assert probe(NODES[1], [("/v1/models", key)]) == {"/v1/models key": 200}
+    revoked = run_playbook(
+        "playbooks/keys.yml", extra_vars={**ON, "sparkops_key_name": KEY_NAME, "sparkops_key_state": "absent"}
+    )
+    assert revoked.returncode == 0, revoked.stdout[-3000:]
+    done = time.monotonic()
+    assert not (KEYS_DIR / KEY_NAME).exists()
+    status = None
+    for _ in range(10):  # the gateway's cache holds an answer 2 s (files/sparkops_gateway_auth.py CACHE_S)
+        status = probe(NODES[1], [("/v1/models", key)])["/v1/models key"]
+        if status == 401:
+            break
+        time.sleep(0.5)
+    assert status == 401, status
+    assert time.monotonic() - done < 10
