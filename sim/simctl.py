@@ -438,7 +438,7 @@ def build_wheels() -> Path:
 
 # The nodes' platform for the gateway's wheels: Debian 12 (glibc 2.36, CPython 3.11) on this machine's arch.
 NODE_GLIBC = "2.36"
-NODE_PYTHON = "3.11"
+NODE_PYTHON = "3.11.2"  # exact: environment markers compare the micro version (gateway.missing_requirements)
 
 
 def gateway_requirements() -> list[str]:
@@ -461,14 +461,14 @@ def build_gateway_wheels() -> Path:
     dest = STATE / "wheelhouse" / "gateway" / gateway.wheelhouse_name(arch, NODE_PYTHON)
     requirements = gateway_requirements()
     marker = dest / ".complete"
-    if marker.exists() and marker.read_text() == json.dumps(requirements):
+    if marker.exists() and marker.read_text() == json.dumps([*requirements, NODE_PYTHON]):
         log(f"gateway wheels ({', '.join(requirements)}): cached")
         return dest
     dest.mkdir(parents=True, exist_ok=True)
     log(f"downloading the gateway's wheels ({', '.join(requirements)}; CPython {NODE_PYTHON}, {arch}; ~170 MB)")
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet"]
-    run(gateway.pip_download_argv(pip, str(dest), requirements, arch=arch, python=NODE_PYTHON, glibc=NODE_GLIBC))
-    marker.write_text(json.dumps(requirements))
+    gateway.download_wheelhouse(pip, str(dest), requirements, arch=arch, python=NODE_PYTHON, glibc=NODE_GLIBC)
+    marker.write_text(json.dumps([*requirements, NODE_PYTHON]))
     return dest
 
 

@@ -129,3 +129,99 @@ def pip_download_argv(pip: list[str], dest: str, requirements: list[str], *, arc
     for tag in wheel_platforms(arch, glibc):
         argv += ["--platform", tag]
     return [*argv, "--dest", dest, *requirements]
+
+
+def marker_environment(arch: str, python: str) -> dict:
+    """The node's environment markers (PEP 508) for its arch and its exact Python ("3.11.2")."""
+    parts = [*str(python).split("."), "0", "0"][:3]
+    full = ".".join(parts)
+    return {
+        "implementation_name": "cpython",
+        "implementation_version": full,
+        "os_name": "posix",
+        "platform_machine": arch,
+        "platform_python_implementation": "CPython",
+        "platform_release": "",
+        "platform_system": "Linux",
+        "platform_version": "",
+        "python_full_version": full,
+        "python_version": ".".join(parts[:2]),
+        "sys_platform": "linux",
+    }
+
+
+def _wheel_requires(wheel) -> list[str]:
+    import zipfile  # noqa: PLC0415 - only the download needs it
+
+    with zipfile.ZipFile(wheel) as z:
+        meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        text = z.read(meta).decode("utf-8", "replace")
+    return [line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Requires-Dist:")]
+
+
+def missing_requirements(dest: str, requirements: list[str], env: dict) -> list[str]:
+    """What the node needs that no wheel in `dest` gives. `pip download` judges environment markers with the
+    Python that runs it, whatever --python-version says: a controller on CPython 3.11.7 leaves out redis's
+    `async-timeout; python_full_version < "3.11.3"`, which Debian 12's 3.11.2 needs, and `pip install
+    --no-index` on the node then fails. Walks the requirements from the wheels' own metadata with the node's
+    markers (`env`: marker_environment), extras included."""
+    from pathlib import Path  # noqa: PLC0415
+
+    from packaging.requirements import Requirement  # noqa: PLC0415 - ansible-core's own dependency
+    from packaging.utils import canonicalize_name, parse_wheel_filename  # noqa: PLC0415
+
+    wheels = {}
+    for whl in Path(dest).glob("*.whl"):
+        name, _version, _build, _tags = parse_wheel_filename(whl.name)
+        wheels.setdefault(canonicalize_name(name), whl)
+    missing, seen = [], set()
+    queue = [Requirement(r) for r in requirements]
+    while queue:
+        req = queue.pop()
+        name = canonicalize_name(req.name)
+        key = (name, frozenset(req.extras))
+        if key in seen:
+            continue
+        seen.add(key)
+        if name not in wheels:
+            missing.append(
+                str(
+                    Requirement(
+                        f"{req.name}{'[' + ','.join(sorted(req.extras)) + ']' if req.extras else ''}{req.specifier}"
+                    )
+                )
+            )
+            continue
+        for line in _wheel_requires(wheels[name]):
+            dep = Requirement(line)
+            extras = sorted(req.extras) or [""]
+            if dep.marker is None or any(dep.marker.evaluate({**env, "extra": e}) for e in extras):
+                queue.append(dep)
+    return sorted(set(missing))
+
+
+def download_wheelhouse(pip: list[str], dest: str, requirements: list[str], *, arch: str, python: str, glibc: str):
+    """pip download for the node, then the requirements its markers add (missing_requirements), until none is
+    missing (bounded: a chain of marker-only dependencies is short). Returns the rounds' argv lists."""
+    import subprocess  # noqa: PLC0415
+
+    env = marker_environment(arch, python)
+    done, wanted = [], list(requirements)
+    for _round in range(6):
+        argv = pip_download_argv(pip, dest, wanted, arch=arch, python=python, glibc=glibc)
+        subprocess.run(argv, check=True)  # noqa: S603 - argv, no shell
+        done.append(argv)
+        wanted = missing_requirements(dest, requirements, env)
+        if not wanted:
+            return done
+    raise WheelhouseError(f"the wheelhouse {dest} still lacks {', '.join(wanted)} for CPython {python} on {arch}")
+
+
+if __name__ == "__main__":
+    # playbooks/gateway-wheels.yml: python gateway.py DEST ARCH PYTHON GLIBC PIP... -- REQUIREMENTS...
+    import sys
+
+    args = sys.argv[1:]
+    sep = args.index("--")
+    dest_, arch_, python_, glibc_, *pip_ = args[:sep]
+    download_wheelhouse(pip_, dest_, args[sep + 1 :], arch=arch_, python=python_, glibc=glibc_)

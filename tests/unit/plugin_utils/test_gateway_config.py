@@ -112,3 +112,35 @@ def test_the_filters_turn_errors_into_ansible_errors():
         filters["gateway_pip_download"]("pip", "/w", ["x"], arch="riscv64", python="3.12", glibc="2.39")
     with pytest.raises(AnsibleFilterError, match="no deployment"):
         filters["gateway_litellm_config"]({"deployments": []})
+
+
+def _wheel(folder, name, version, requires):
+    import zipfile
+
+    path = folder / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        meta = "".join(f"Requires-Dist: {r}\n" for r in requires)
+        z.writestr(
+            f"{name}-{version}.dist-info/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n{meta}"
+        )
+    return path
+
+
+def test_the_wheels_the_node_s_exact_python_needs_besides_are_named(tmp_path):
+    """pip download judges markers with the controller's Python: a 3.11.7 controller leaves out what a
+    3.11.2 node needs (redis's async-timeout below 3.11.3, as LiteLLM 1.108.7's tree has it). The walk with
+    the node's markers names it, follows extras, and skips what the node does not need."""
+    from ansible_collections.sparkops.cluster.plugins.plugin_utils import gateway as gw
+
+    _wheel(tmp_path, "litellm", "1.108.7", ["httpx", 'redis; extra == "proxy"', 'boto3; extra == "bedrock"'])
+    _wheel(tmp_path, "httpx", "0.28.1", [])
+    _wheel(tmp_path, "redis", "8.1.0", ['async-timeout>=4.0.3; python_full_version < "3.11.3"'])
+    node = gw.marker_environment("x86_64", "3.11.2")
+    assert gw.missing_requirements(str(tmp_path), ["litellm[proxy]==1.108.7"], node) == ["async-timeout>=4.0.3"]
+    assert (
+        gw.missing_requirements(str(tmp_path), ["litellm[proxy]==1.108.7"], gw.marker_environment("aarch64", "3.12.3"))
+        == []
+    )
+    assert gw.missing_requirements(str(tmp_path), ["litellm==1.108.7"], node) == []  # no extra: no redis
+    _wheel(tmp_path, "async_timeout", "5.0.1", [])
+    assert gw.missing_requirements(str(tmp_path), ["litellm[proxy]==1.108.7"], node) == []
