@@ -467,7 +467,7 @@ def build_gateway_wheels() -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     log(f"downloading the gateway's wheels ({', '.join(requirements)}; CPython {NODE_PYTHON}, {arch}; ~170 MB)")
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet"]
-    gateway.download_wheelhouse(pip, str(dest), requirements, arch=arch, python=NODE_PYTHON, glibc=NODE_GLIBC)
+    gateway.download_wheelhouse(pip, str(dest), requirements, arch=arch, python=NODE_PYTHON, glibc=NODE_GLIBC, run=run)
     marker.write_text(json.dumps([*requirements, NODE_PYTHON]))
     return dest
 

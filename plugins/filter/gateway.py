@@ -4,6 +4,7 @@ plugins/plugin_utils/gateway.py, these turn its errors into AnsibleFilterError.
     {{ sparkops_cluster.serving | sparkops.cluster.gateway_litellm_config }}        -> LiteLLM's config.yaml
     {{ arch | sparkops.cluster.gateway_wheelhouse_name(python_version) }}           -> linux-<arch>-cp<XY>
     {{ pip | sparkops.cluster.gateway_pip_download(dest, reqs, arch=, python=, glibc=) }} -> argv
+    {{ python | sparkops.cluster.gateway_wheelhouse_download(dest, reqs, arch=, python=, glibc=) }} -> argv
 """
 
 from __future__ import annotations
@@ -36,10 +37,26 @@ def gateway_pip_download(pip, dest: str, requirements: list, *, arch: str, pytho
         raise AnsibleFilterError(str(err)) from None
 
 
+def gateway_wheelhouse_download(interpreter: str, dest: str, requirements: list, *, arch: str, python: str, glibc: str):
+    """The command that fills the wheelhouse for the node: plugin_utils/gateway.py run by `interpreter` (the
+    controller's Python), pip download plus what the node's exact markers add (download_wheelhouse). The path
+    comes from the module itself, never from the playbooks' folder (an installed collection's are elsewhere)."""
+    try:
+        gateway.wheelhouse_name(str(arch), str(python))
+        gateway.wheel_platforms(str(arch), str(glibc))
+    except gateway.WheelhouseError as err:
+        raise AnsibleFilterError(str(err)) from None
+    glibc_version = str(glibc).split()[-1]
+    script = [str(interpreter), gateway.__file__, str(dest), str(arch), str(python), glibc_version]
+    pip = [str(interpreter), "-m", "pip", "--disable-pip-version-check"]
+    return [*script, *pip, "--", *[str(r) for r in requirements]]
+
+
 class FilterModule:
     def filters(self):
         return {
             "gateway_litellm_config": gateway_litellm_config,
             "gateway_wheelhouse_name": gateway_wheelhouse_name,
             "gateway_pip_download": gateway_pip_download,
+            "gateway_wheelhouse_download": gateway_wheelhouse_download,
         }

@@ -200,16 +200,20 @@ def missing_requirements(dest: str, requirements: list[str], env: dict) -> list[
     return sorted(set(missing))
 
 
-def download_wheelhouse(pip: list[str], dest: str, requirements: list[str], *, arch: str, python: str, glibc: str):
+def download_wheelhouse(
+    pip: list[str], dest: str, requirements: list[str], *, arch: str, python: str, glibc: str, run=None
+):
     """pip download for the node, then the requirements its markers add (missing_requirements), until none is
-    missing (bounded: a chain of marker-only dependencies is short). Returns the rounds' argv lists."""
+    missing (bounded: a chain of marker-only dependencies is short). `run(argv)` runs one download (default:
+    subprocess.run, checked). Returns the rounds' argv lists."""
     import subprocess  # noqa: PLC0415
 
+    run = run or (lambda argv: subprocess.run(argv, check=True))  # noqa: S603 - argv, no shell
     env = marker_environment(arch, python)
     done, wanted = [], list(requirements)
     for _round in range(6):
         argv = pip_download_argv(pip, dest, wanted, arch=arch, python=python, glibc=glibc)
-        subprocess.run(argv, check=True)  # noqa: S603 - argv, no shell
+        run(argv)
         done.append(argv)
         wanted = missing_requirements(dest, requirements, env)
         if not wanted:

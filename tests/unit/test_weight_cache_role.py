@@ -75,7 +75,11 @@ def test_every_repository_the_profile_needs_is_downloaded_synced_and_verified():
     hashes, each repository of weight_cache_repos (the model, then the drafter), and the per-repository
     task files read the loop's repository, never the profile's model directly."""
     repos = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())["weight_cache_repos"]
-    assert repos == "{{ sparkops_profile | sparkops.cluster.serving_weight_repos }}"
+    # Every deployment's profile of the serving plan (the lock's commits), each repository once.
+    assert " ".join(repos.split()) == (
+        "{{ sparkops_cluster.serving.deployments | map(attribute='profile') "
+        "| map('sparkops.cluster.serving_weight_repos') | flatten | unique | list }}"
+    )
     for entry, files in (("main.yml", {"source.yml", "sync.yml"}), ("verify.yml", {"verify_repo.yml"})):
         looped = set()
         for task in yaml.safe_load((ROLE / "tasks" / entry).read_text()):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import platform
 import subprocess
+import zipfile
 from pathlib import Path
 
 import yaml
@@ -29,7 +30,18 @@ def test_the_wheelhouse_is_downloaded_once_for_the_nodes_into_the_roles_default_
     state = tmp_path / "state"
     simctl = load_simctl(monkeypatch, state)
     calls = []
-    monkeypatch.setattr(simctl, "run", lambda cmd, **_k: calls.append(cmd) or subprocess.CompletedProcess(cmd, 0))
+
+    def pip_download(cmd, **_k):
+        # What pip leaves: a wheel per requirement asked for (no dependencies, so nothing more is missing).
+        folder = Path(cmd[cmd.index("--dest") + 1])
+        for req in cmd[cmd.index("--dest") + 2 :]:
+            name = req.split("[")[0].split("=")[0].replace("-", "_")
+            with zipfile.ZipFile(folder / f"{name}-1.0-py3-none-any.whl", "w") as z:
+                z.writestr(f"{name}-1.0.dist-info/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+        calls.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(simctl, "run", pip_download)
     dest = simctl.build_gateway_wheels()
     # The role's default, sparkops_credentials_dir | dirname ~ '/wheelhouse/gateway', with the sim's credentials
     # folder (.sim/credentials, inventory/sim/group_vars/all/connection.yml).
@@ -40,6 +52,7 @@ def test_the_wheelhouse_is_downloaded_once_for_the_nodes_into_the_roles_default_
     assert dest == state / "wheelhouse" / "gateway" / f"linux-{platform.machine()}-cp311"
     [argv] = calls
     assert argv[argv.index("--python-version") + 1] == "3.11"
+    assert simctl.NODE_PYTHON == "3.11.2"  # Debian 12's exact Python: its markers decide what else it needs
     assert f"litellm[proxy]=={defaults['sparkops_gateway_litellm_version']}" in argv
     assert "prometheus_client" in argv and "--only-binary=:all:" in argv
     # Debian 12's glibc bounds the platforms: nothing newer than manylinux_2_36.

@@ -307,10 +307,11 @@ def test_the_role_mounts_the_key_and_the_middleware_and_keeps_the_key_out_of_env
     container = yaml.safe_load((role / "tasks" / "container.yml").read_text())
     plan = container[0]
     # The container runs the serving plan's API member: its env and argv, nothing added by the role.
-    assert plan["community.docker.docker_container"]["env"] == "{{ item.vllm.env }}"
-    assert plan["community.docker.docker_container"]["command"] == "{{ item.vllm.argv }}"
+    assert plan["loop_control"]["loop_var"] == "vllm_serve_member"
+    assert plan["community.docker.docker_container"]["env"] == "{{ vllm_serve_member.vllm.env }}"
+    assert plan["community.docker.docker_container"]["command"] == "{{ vllm_serve_member.vllm.argv }}"
     assert (
-        "[vllm_serve_auth_dir ~ ':' ~ vllm_serve_auth_mount ~ ':ro'] if item.vllm.auth"
+        "[vllm_serve_auth_dir ~ ':' ~ vllm_serve_auth_mount ~ ':ro'] if vllm_serve_member.vllm.auth"
         in plan["community.docker.docker_container"]["volumes"]
     )
     rolevars = yaml.safe_load((role / "vars" / "main.yml").read_text())
