@@ -452,7 +452,7 @@ def gateway_requirements() -> list[str]:
 
 def build_gateway_wheels() -> Path:
     """The gateway's wheelhouse for the nodes, where roles/gateway looks by default: the sim's credentials
-    folder is .sim/credentials, so <that>/../wheelhouse/gateway/linux-<arch>-cp311 (playbooks/gateway-wheels.yml
+    folder is .sim/credentials, so <that>/../wheelhouse/gateway/linux-<arch>-cp311 (playbooks/gateway_wheels.yml
     makes the same folder from the head's facts). Cached: about 170 MB, downloaded once."""
     spec = importlib.util.spec_from_file_location("sparkops_gateway_plan", ROOT / "plugins/plugin_utils/gateway.py")
     gateway = importlib.util.module_from_spec(spec)

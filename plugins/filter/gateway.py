@@ -1,4 +1,4 @@
-"""Filters for the client gateway (roles/gateway, playbooks/gateway-wheels.yml); the logic is in
+"""Filters for the client gateway (roles/gateway, playbooks/gateway_wheels.yml); the logic is in
 plugins/plugin_utils/gateway.py, these turn its errors into AnsibleFilterError.
 
     {{ sparkops_cluster.serving | sparkops.cluster.gateway_litellm_config }}        -> LiteLLM's config.yaml

@@ -104,7 +104,7 @@ def wheel_platforms(arch: str, glibc: str) -> list[str]:
     if arch not in WHEEL_ARCHES:
         raise WheelhouseError(f"architecture {arch!r}: the gateway's wheels exist for {', '.join(WHEEL_ARCHES)}")
     text = str(glibc).split()[-1] if str(glibc).split() else ""
-    major, _, minor = text.partition(".")
+    major, _dot, minor = text.partition(".")
     if major != "2" or not minor.isdigit() or int(minor) < MANYLINUX_FLOOR:
         raise WheelhouseError(f"glibc {glibc!r}: the gateway's wheels need glibc 2.{MANYLINUX_FLOOR} or newer")
     tags = [f"manylinux_2_{m}_{arch}" for m in range(int(minor), MANYLINUX_FLOOR - 1, -1)]
@@ -222,7 +222,7 @@ def download_wheelhouse(
 
 
 if __name__ == "__main__":
-    # playbooks/gateway-wheels.yml: python gateway.py DEST ARCH PYTHON GLIBC PIP... -- REQUIREMENTS...
+    # playbooks/gateway_wheels.yml: python gateway.py DEST ARCH PYTHON GLIBC PIP... -- REQUIREMENTS...
     import sys
 
     args = sys.argv[1:]

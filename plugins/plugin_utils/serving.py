@@ -128,7 +128,7 @@ RAY_OPTIONS = {
     "ray_max_worker_port": ("ray_cluster_max_worker_port", 20999),
     "ray_object_store_bytes": ("ray_cluster_object_store_bytes", "1073741824"),
 }
-INPUT_VARIABLES.update({key: variable for key, (variable, _) in RAY_OPTIONS.items()})
+INPUT_VARIABLES.update({key: variable for key, (variable, _default) in RAY_OPTIONS.items()})
 # The `ray start` flag of each port option, in the order the command line gives them.
 _RAY_PORT_FLAGS = (
     ("ray_node_manager_port", "--node-manager-port"),

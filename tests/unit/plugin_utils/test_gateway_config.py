@@ -110,8 +110,8 @@ def test_the_filters_turn_errors_into_ansible_errors():
     assert filters["gateway_wheelhouse_name"]("aarch64", "3.12.3") == "linux-aarch64-cp312"
     with pytest.raises(AnsibleFilterError, match="riscv64"):
         filters["gateway_pip_download"]("pip", "/w", ["x"], arch="riscv64", python="3.12", glibc="2.39")
-    argv = filters["gateway_wheelhouse_download"]("/usr/bin/python3", "/w", ["litellm"], arch="aarch64",
-                                                 python="3.12.3", glibc="glibc 2.39")  # fmt: skip
+    download = filters["gateway_wheelhouse_download"]
+    argv = download("/usr/bin/python3", "/w", ["litellm"], arch="aarch64", python="3.12.3", glibc="glibc 2.39")
     assert argv[1].endswith("plugin_utils/gateway.py") and argv[2:6] == ["/w", "aarch64", "3.12.3", "2.39"]
     assert argv[6:9] == ["/usr/bin/python3", "-m", "pip"] and argv[-2:] == ["--", "litellm"]
     with pytest.raises(AnsibleFilterError, match="riscv64"):

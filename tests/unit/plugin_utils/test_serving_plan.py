@@ -343,7 +343,9 @@ def _ray_inputs(**changes):
     """The plan's Ray inputs as cluster_facts reads them from the shipped defaults (ray.yml)."""
     from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving import RAY_OPTIONS
 
-    out = {key: RAY_DEFAULTS[variable] for key, (variable, _) in RAY_OPTIONS.items() if key != "ray_gpus_per_node"}
+    out = {
+        key: RAY_DEFAULTS[variable] for key, (variable, _default) in RAY_OPTIONS.items() if key != "ray_gpus_per_node"
+    }
     out["ray_gpus_per_node"] = 1
     out.update(changes)
     return out
@@ -357,7 +359,7 @@ def test_the_ray_start_fallbacks_are_the_shipped_defaults():
         assert variable in RAY_DEFAULTS, f"{variable} is not in roles/sparkops_defaults/defaults/main/ray.yml"
         if fallback is not None:
             assert fallback == RAY_DEFAULTS[variable], variable
-    assert set(RAY_DEFAULTS) == {v for v, _ in RAY_OPTIONS.values()} | {"ray_cluster_gcs_port"}
+    assert set(RAY_DEFAULTS) == {v for v, _default in RAY_OPTIONS.values()} | {"ray_cluster_gcs_port"}
 
 
 def test_ray_start_on_the_head_and_a_worker_as_shipped():

@@ -23,7 +23,7 @@ def test_names_that_would_break_a_file_name_or_a_label_are_refused(name):
 
 
 def test_new_keys_are_long_random_and_prefixed():
-    keys = {gk.new_key() for _ in range(50)}
+    keys = {gk.new_key() for _n in range(50)}
     assert len(keys) == 50
     for key in keys:
         assert key.startswith(gk.KEY_PREFIX) and len(key) >= len(gk.KEY_PREFIX) + 43  # 32 bytes, base64url

@@ -171,7 +171,7 @@ def test_restarting_is_not_stopped():
 def test_the_deadline_ends_the_wait_with_the_last_failure_and_log_lines():
     w = World(kind="timeout", logs=["INFO still loading"])
     started = w.t
-    rounds = [w.round(started=started, timeout_s=25, round_s=10) for _ in range(3)]
+    rounds = [w.round(started=started, timeout_s=25, round_s=10) for _n in range(3)]
     assert [r["done"] for r in rounds] == [False, False, True]
     last = rounds[-1]
     assert last["failed"] and 25 <= w.t - started < 27
@@ -187,7 +187,7 @@ def test_retries_cannot_extend_the_deadline():
     w = World(kind="refused")
     started = w.t
     results = []
-    for _ in range(20):
+    for _n in range(20):
         results.append(w.round(started=started, timeout_s=30, round_s=7))
         if results[-1]["done"]:
             break

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
 import time
 from pathlib import Path
 
@@ -15,7 +16,14 @@ import pytest
 from ansible_collections.sparkops.cluster.plugins.module_utils.vllm_wait import INSPECT_FORMAT
 from ansible_collections.sparkops.cluster.plugins.modules import vllm_serve_wait
 from module_runner import run_module
-from test_vllm_health import KEY, MODEL, server  # noqa: F401  (server is a fixture used below)
+
+# vllm_health's loopback server, shared: its folder is on the path under pytest's rootdir and under
+# ansible-test units alike (which does not put a test's own folder there).
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import test_vllm_health as health  # noqa: E402
+
+KEY, MODEL = health.KEY, health.MODEL
+server = health.server  # the fixture, under the name the tests ask for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -79,7 +87,7 @@ def test_restarted_and_starting_then_ready_over_rounds(server, tmp_path):  # noq
     url = server(listen_after_s=2.5)
     started = time.time()
     rounds = []
-    for _ in range(20):
+    for _n in range(20):
         rounds.append(run_module(vllm_serve_wait, args(url, docker, started=started, round_s=0.5)))
         if rounds[-1]["done"]:
             break
@@ -94,7 +102,7 @@ def test_restarted_and_starting_then_ready_over_rounds(server, tmp_path):  # noq
 
 def test_a_stopped_container_fails_at_once_quoting_its_log(refusing_url, tmp_path):
     lines = [f"INFO {i}" for i in range(20)] + ["ValueError: shard 2 of 4 is missing"]
-    docker, _ = fake_docker(tmp_path, "exited 1 3", lines)
+    docker, _calls = fake_docker(tmp_path, "exited 1 3", lines)
     url = refusing_url
     t0 = time.monotonic()
     r = run_module(vllm_serve_wait, args(url, docker, timeout_s=120, round_s=60))
@@ -109,7 +117,7 @@ def test_a_stopped_container_fails_at_once_quoting_its_log(refusing_url, tmp_pat
 
 
 def test_the_deadline_holds_however_often_the_round_is_called(refusing_url, tmp_path):
-    docker, _ = fake_docker(tmp_path, "running 0 0", ["INFO still loading"])
+    docker, _calls = fake_docker(tmp_path, "running 0 0", ["INFO still loading"])
     url = refusing_url
     started = time.time() - 9  # 9 of 10 s already spent
     t0 = time.monotonic()
@@ -152,7 +160,7 @@ def test_bad_input_is_named(change, words, tmp_path):
 def test_a_slow_server_cannot_carry_an_ask_past_the_deadline(server, tmp_path):  # noqa: F811
     """Each request answers after 1.5 s; with 2 s left, health answers, /v1/models gets the rest and times
     out, and the wait ends at the deadline instead of giving each of the three requests its own timeout."""
-    docker, _ = fake_docker(tmp_path, "running 0 0", ["INFO loading"])
+    docker, _calls = fake_docker(tmp_path, "running 0 0", ["INFO loading"])
     url = server(slow_s=1.5)
     started = time.time() - 8
     t0 = time.monotonic()
@@ -164,7 +172,7 @@ def test_a_slow_server_cannot_carry_an_ask_past_the_deadline(server, tmp_path): 
 
 def test_a_server_slower_than_half_a_second_per_request_is_ready_with_time_left(server, tmp_path):  # noqa: F811
     """Each request answers after 0.7 s: with 20 s left, every request gets what is left (not the 0.5-s floor)."""
-    docker, _ = fake_docker(tmp_path, "running 0 0", ["x"])
+    docker, _calls = fake_docker(tmp_path, "running 0 0", ["x"])
     r = run_module(vllm_serve_wait, args(server(slow_s=0.7), docker))
     assert r.get("failed") is not True and r["ready"], r
     assert r["checks"]["health"]["elapsed_s"] >= 0.7
