@@ -53,11 +53,21 @@ def run_wait(tmp_path: Path, bindir: Path, port: int, timeout_s: int, every_s: i
     pb.write_text(PLAYBOOK.format(wait=ROOT / "roles" / "vllm_serve" / "tasks" / "wait.yml"))
     extra = {
         "ansible_python_interpreter": sys.executable,
-        # This node's API member of the serving plan (serving.py node_part), as vllm_serve's vars name it.
-        "vllm_serve_api_member": {
-            "endpoint": {"url": f"http://127.0.0.1:{port}"},
-            "served_model_name": "tiny",
-            "vllm": {"container": "sparkops-vllm"},
+        # The serving plan's API members (serving.py vllm_members), one replica here.
+        "sparkops_cluster": {
+            "serving": {
+                "vllm_members": [
+                    {
+                        "role": "api",
+                        "host": "localhost",
+                        "deployment": "main",
+                        "replica": 0,
+                        "endpoint": {"url": f"http://127.0.0.1:{port}"},
+                        "served_model_name": "tiny",
+                        "vllm": {"container": "sparkops-vllm"},
+                    }
+                ]
+            }
         },
         "vllm_serve_api_key": KEY,
         "vllm_serve_progress_every_s": every_s,
