@@ -47,7 +47,8 @@ FIX_HINTS = {
     "wrong_model": "vLLM serves another --served-model-name than the profile's served_model_name; "
     "run serve.yml again so the container is started from the current profile",
     "client_error": "the server refused the request; check vllm_serve_smoke_prompt and vllm_serve_smoke_max_tokens",
-    "malformed": "what answers on vllm_serve_url is not vLLM's OpenAI server; check the URL and port",
+    "malformed": "what answers at the replica's endpoint is not vLLM's OpenAI server; check vllm_serve_host and "
+    "vllm_serve_port (plan.yml prints each replica's endpoint)",
 }
 
 
