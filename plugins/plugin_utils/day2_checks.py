@@ -394,9 +394,10 @@ def check_ray(ray: dict, expected_nodes: int, expected_gpus: float) -> dict:
     return verdict("Ray membership", "cluster", PASS, ev)
 
 
-def check_endpoint(health: dict) -> dict:
+def check_endpoint(health: dict, scope: str = "cluster") -> dict:
+    """The endpoint's verdict; `scope` names the replica when the cluster serves several (else "cluster")."""
     if health.get("healthy"):
-        return verdict("endpoint", "cluster", PASS, f"completion answered, first token in {health.get('ttft_s')} s")
+        return verdict("endpoint", scope, PASS, f"completion answered, first token in {health.get('ttft_s')} s")
     failed = {k: v for k, v in (health.get("checks") or {}).items() if not v.get("ok")}
     ev = (
         "; ".join(f"{k}: {v.get('message') or v.get('kind')}" for k, v in failed.items())
@@ -418,7 +419,20 @@ def check_endpoint(health: dict) -> dict:
         )
     else:
         action = "see the watchdog and container verdicts below; `ansible-playbook site.yml` restarts serving"
-    return verdict("endpoint", "cluster", CRITICAL, f"[{kind}] {ev}" if kind else ev, action)
+    return verdict("endpoint", scope, CRITICAL, f"[{kind}] {ev}" if kind else ev, action)
+
+
+def check_endpoints(endpoints: list) -> list[dict]:
+    """One endpoint verdict per replica, from a looped timed completion's results (each with its serving
+    target as `item`): with one replica today's one verdict (scope cluster), with several each's scope
+    "<deployment> replica <index> (<url>)"."""
+    if len(endpoints) == 1:
+        return [check_endpoint(endpoints[0])]
+    out = []
+    for health in endpoints:
+        target = health.get("item") or {}
+        out.append(check_endpoint(health, f"{target.get('name', '?')} ({target.get('url', '?')})"))
+    return out
 
 
 # A request without the key that gets one of these was refused by authentication; any other HTTP answer
@@ -594,7 +608,8 @@ def build_verdicts(inputs: dict) -> list[dict]:
     out.append(check_nccl(inputs.get("nccl") or {}, hw))
     out.append(check_nccl_busbw(inputs.get("nccl_busbw"), hw))
     out.append(check_ray(inputs.get("ray") or {}, int(s["expected_nodes"]), float(s["expected_gpus"])))
-    out.append(check_endpoint(inputs.get("health") or {}))
+    # Every replica's completion when doctor.yml gives them (`endpoints`), else the one `health`.
+    out.extend(check_endpoints(inputs.get("endpoints") or [inputs.get("health") or {}]))
     out.append(check_exposure(inputs.get("exposure") or {}, s["serve_host"], s["mgmt_address"]))
     out.append(check_allowed_rules(inputs.get("allowed_rules") or []))
     out.append(
