@@ -164,6 +164,12 @@ def test_doctor_gives_one_endpoint_verdict_per_replica():
     # One replica: today's one verdict for the cluster.
     (one,) = d.check_endpoints([_check(plan["targets"][0])])
     assert (one["check"], one["scope"], one["verdict"]) == ("endpoint", "cluster", "PASS")
+    # doctor.yml's inputs: every replica's result under `endpoints`.
+    settings = {"hardware": "simulated", "driver_branch": "580", "memory_floor_gib": 0.25, "disk_headroom_gib": 1,
+                "weights_path": "/w", "cable_threshold_gbps": 190, "expected_nodes": 4, "expected_gpus": 4,
+                "serve_host": "10.0.0.1", "mgmt_address": "192.168.0.1"}  # fmt: skip
+    built = d.build_verdicts({"now_epoch": 0, "settings": settings, "nodes": {}, "endpoints": results})
+    assert [v["verdict"] for v in built if v["check"] == "endpoint"] == ["PASS", "CRITICAL", "PASS"]
 
 
 # ------------------------------------------------------------------------------------- templates
