@@ -426,13 +426,11 @@ def check_endpoints(endpoints: list) -> list[dict]:
     """One endpoint verdict per replica, from a looped timed completion's results (each with its serving
     target as `item`): with one replica today's one verdict (scope cluster), with several each's scope
     "<deployment> replica <index> (<url>)"."""
-    if len(endpoints) == 1:
-        return [check_endpoint(endpoints[0])]
-    out = []
-    for health in endpoints:
-        target = health.get("item") or {}
-        out.append(check_endpoint(health, f"{target.get('name', '?')} ({target.get('url', '?')})"))
-    return out
+    several = len(endpoints) > 1
+    return [
+        check_endpoint(health, f"{health['item']['name']} ({health['item']['url']})" if several else "cluster")
+        for health in endpoints
+    ]
 
 
 # A request without the key that gets one of these was refused by authentication; any other HTTP answer

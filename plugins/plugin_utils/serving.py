@@ -835,7 +835,7 @@ def serving_targets(plan: dict) -> list:
 def deployment_target(plan: dict, name=None) -> dict:
     """The first replica's target of the deployment called `name` (the first deployment when `name` is
     empty): what the benchmark measures. ValueError naming the deployments when there is no such one."""
-    targets = plan.get("targets") or serving_targets(plan)
+    targets = plan["targets"]
     names = list(dict.fromkeys(t["deployment"] for t in targets))
     if not targets:
         raise ValueError("the serving plan has no deployment to measure")
@@ -856,13 +856,13 @@ def _shown(values: dict, key: str):
 
 def health_rows(checks: list) -> list:
     """One row per replica from the health checks of every target (a looped vllm_health's results, each
-    with its target as `item`): its target's keys and healthy, failure_kind, why, ttft_s, tok_s, metrics,
+    with its target as `item`): its target's keys and healthy, failure_kind, ttft_s, tok_s, metrics,
     `status` (HEALTHY, or UNHEALTHY (<kind>)), `line` (status.yml's endpoint line: with one replica as it
     was before deployments, with several named) and `problem` (None when healthy, else what is wrong)."""
     several = len(checks) > 1
     rows = []
     for check in checks:
-        target = dict(check.get("item") or {})
+        target = dict(check["item"])
         metrics = check.get("metrics") or {}
         healthy = bool(check.get("healthy"))
         kind = check.get("failure_kind")
@@ -879,7 +879,7 @@ def health_rows(checks: list) -> list:
             problem = f"{target.get('name')} ({url})" if several else f"The endpoint {url}"
             problem += f" is not healthy: {why}"
         rows.append(
-            {**target, "healthy": healthy, "failure_kind": kind, "why": why, "ttft_s": check.get("ttft_s"),
+            {**target, "healthy": healthy, "failure_kind": kind, "ttft_s": check.get("ttft_s"),
              "tok_s": check.get("tok_s"), "metrics": metrics, "status": status, "line": line, "problem": problem}
         )  # fmt: skip
     return rows

@@ -77,6 +77,7 @@ def test_every_replica_of_every_deployment_is_a_target_with_its_own_api():
         ("code replica 1", "spark-4", f"http://{_ip(cluster, 'spark-4')}:8000", "qwen3-30b-a3b", "single"),
     ]
     assert [t["hosts"] for t in plan["targets"]] == [["spark-1", "spark-2"], ["spark-3"], ["spark-4"]]
+    assert plan["ray_used"] is True  # one replica of three under Ray is enough
     # The same list from a plan of deployments without `replicas` (their first replica's keys only).
     flat = {"deployments": [{k: v for k, v in dep.items() if k != "replicas"} for dep in plan["deployments"]]}
     assert [t["name"] for t in serving_targets(flat)] == ["big replica 0", "code replica 0"]
@@ -145,6 +146,10 @@ def test_several_replicas_are_named_each_with_its_own_state():
     ]
     assert rows[2]["line"].endswith(f"{url2}/v1 UNHEALTHY (engine_dead); KV cache 0.25; running 1, waiting 0")
     assert [r["problem"] for r in rows] == [None, None, f"code replica 1 ({url2}) is not healthy: engine_dead"]
+    # Two replicas are several too; a failure that says nothing is said as such.
+    two = health_rows([_check(plan["targets"][0]), _check(plan["targets"][2], healthy=False, failure_kind=None)])
+    assert two[0]["line"].startswith("endpoint big replica 0 (qwen3-235b-a22b): ")
+    assert two[1]["problem"] == f"code replica 1 ({url2}) is not healthy: no answer"
     # A replica whose check did not run at all (its node unreachable) is not healthy either.
     (gone,) = health_rows([{"item": plan["targets"][0], "unreachable": True, "msg": "ssh: no route"}])
     assert not gone["healthy"] and gone["problem"].endswith("is not healthy: ssh: no route")
@@ -161,6 +166,14 @@ def test_doctor_gives_one_endpoint_verdict_per_replica():
         (f"code replica 0 ({plan['targets'][1]['url']})", "CRITICAL"),
         (f"code replica 1 ({plan['targets'][2]['url']})", "PASS"),
     ]
+    two = d.check_endpoints(results[:2])
+    assert [v["scope"] for v in two] == [
+        f"big replica 0 ({plan['targets'][0]['url']})",
+        f"code replica 0 ({plan['targets'][1]['url']})",
+    ]
+    # What a failed check without checks says: its message (an unreachable node's), else that none came.
+    assert d.check_endpoint({"healthy": False, "msg": "ssh: no route"})["evidence"] == "ssh: no route"
+    assert d.check_endpoint({"healthy": False})["evidence"] == "no completion"
     # One replica: today's one verdict for the cluster.
     (one,) = d.check_endpoints([_check(plan["targets"][0])])
     assert (one["check"], one["scope"], one["verdict"]) == ("endpoint", "cluster", "PASS")
