@@ -457,6 +457,19 @@ def keyless_answers(probes: dict) -> list[str]:
     return out
 
 
+def keyless_probe_urls(cluster: dict) -> list[str]:
+    """What doctor POSTs without the key (/invocations, /tokenize): at the head's management address and its
+    endpoint, then at every replica's API node's management address and its API URL (each once). With the
+    default deployment that is the head's two, as before deployments."""
+    bases = []
+    places = [(cluster["head"], cluster["endpoint"]["port"], cluster["endpoint"]["url"])]
+    places += [(t["host"], t["port"], t["url"]) for t in cluster["serving"]["targets"]]
+    for host, port, url in places:
+        mgmt = cluster["nodes"][host]["mgmt_address"]
+        bases += [f"http://{f'[{mgmt}]' if ':' in mgmt else mgmt}:{port}", url]
+    return [base + path for base in dict.fromkeys(bases) for path in ("/invocations", "/tokenize")]
+
+
 def check_exposure(probe: dict, serve_host: str, mgmt_address: str) -> dict:
     """probe: {mgmt_reachable: bool, unauth_status: int|None} as the controller saw them, and unauth_probes:
     POST /invocations and /tokenize without the key at the management and the fast-link address (keyless_answers).

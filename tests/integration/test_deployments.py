@@ -106,6 +106,10 @@ def day2_sees_every_replica():
     endpoints = [(v["scope"], v["verdict"]) for v in verdicts if v["check"] == "endpoint"]
     want = [(f"{n} replica 0 (http://{ip}:8000)", "PASS") for n, _node, ip, _m in replicas]
     assert endpoints == want, (endpoints, doctor.stdout[-3000:])
+    # The worker's API was asked without the key too (doctor_keyless_urls): it asks for it.
+    assert f"http://{WORKER_FAST}:8000/tokenize" in doctor.stdout, doctor.stdout[-3000:]
+    (exposure,) = [v for v in verdicts if v["check"] == "API exposure"]
+    assert exposure["verdict"] == "PASS", exposure
 
     def vllm_targets():
         active = prom_get("/api/v1/targets?state=active")["activeTargets"]

@@ -17,6 +17,7 @@ import pytest
 import yaml
 from ansible.errors import AnsibleFilterError
 from ansible_collections.sparkops.cluster.plugins.filter.cluster import FilterModule
+from ansible_collections.sparkops.cluster.plugins.filter.day2 import FilterModule as Day2Filters
 from ansible_collections.sparkops.cluster.plugins.plugin_utils import day2_checks as d
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving import (
     deployment_target,
@@ -183,6 +184,36 @@ def test_doctor_gives_one_endpoint_verdict_per_replica():
                 "serve_host": "10.0.0.1", "mgmt_address": "192.168.0.1"}  # fmt: skip
     built = d.build_verdicts({"now_epoch": 0, "settings": settings, "nodes": {}, "endpoints": results})
     assert [v["verdict"] for v in built if v["check"] == "endpoint"] == ["PASS", "CRITICAL", "PASS"]
+
+
+def test_doctor_asks_every_api_node_without_the_key():
+    keyless = Day2Filters().filters()["doctor_keyless_urls"]
+    cluster, plan = plan_of()
+    mgmt, url = cluster["nodes"]["spark-1"]["mgmt_address"], cluster["endpoint"]["url"]
+    # The default: the head's management address and endpoint, as before deployments.
+    assert keyless({**cluster, "serving": plan}) == [
+        f"http://{mgmt}:8000/invocations", f"http://{mgmt}:8000/tokenize", f"{url}/invocations", f"{url}/tokenize"
+    ]  # fmt: skip
+    cluster, plan = _four()
+    urls = d.keyless_probe_urls({**cluster, "serving": plan})
+    bases = list(dict.fromkeys(u.rsplit("/", 1)[0] for u in urls))
+    want = []
+    for host in ("spark-1", "spark-3", "spark-4"):
+        want += [f"http://{cluster['nodes'][host]['mgmt_address']}:8000", f"http://{_ip(cluster, host)}:8000"]
+    assert bases == want and len(urls) == 2 * len(want)
+    # The head is asked even when it serves no replica (whatever answers there must ask for the key).
+    cluster, plan = plan_of(switch(4), deployments=[{"name": "code", "profile": QWEN30, "hosts": ["spark-3"]}])
+    bases = list(dict.fromkeys(u.rsplit("/", 1)[0] for u in d.keyless_probe_urls({**cluster, "serving": plan})))
+    assert bases[:2] == [f"http://{cluster['nodes']['spark-1']['mgmt_address']}:8000", cluster["endpoint"]["url"]]
+    assert bases[2:] == [
+        f"http://{cluster['nodes']['spark-3']['mgmt_address']}:8000",
+        f"http://{_ip(cluster, 'spark-3')}:8000",
+    ]
+    # An IPv6 management address is bracketed in a URL.
+    cluster["nodes"]["spark-3"]["mgmt_address"] = "fd00::13"
+    assert "http://[fd00::13]:8000/tokenize" in d.keyless_probe_urls({**cluster, "serving": plan})
+    with pytest.raises(AnsibleFilterError, match="not a cluster model"):
+        keyless({"head": "spark-1"})
 
 
 # ------------------------------------------------------------------------------------- templates
