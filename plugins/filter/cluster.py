@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from ansible.errors import AnsibleFilterError
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.cluster import summary
+from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving import deployment_target, health_rows
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving import summary as serving_summary
 
 
@@ -17,6 +19,25 @@ def cluster_plan(model: dict) -> dict:
     return {key: model[key] for key in sorted(model)}
 
 
+def serving_target(model: dict, deployment=None) -> dict:
+    """The first replica's API of the deployment named `deployment` (the first deployment when empty);
+    an unknown name stops the play with the names there are."""
+    try:
+        return deployment_target(model["serving"], deployment)
+    except ValueError as err:
+        raise AnsibleFilterError(str(err)) from err
+
+
+def serving_health_rows(checks) -> list:
+    """One row per replica from a looped vllm_health's results (plugin_utils/serving.py health_rows)."""
+    return health_rows([dict(c) for c in checks or []])
+
+
 class FilterModule:
     def filters(self):
-        return {"cluster_summary": cluster_summary, "cluster_plan": cluster_plan}
+        return {
+            "cluster_summary": cluster_summary,
+            "cluster_plan": cluster_plan,
+            "serving_target": serving_target,
+            "serving_health_rows": serving_health_rows,
+        }

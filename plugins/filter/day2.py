@@ -4,6 +4,7 @@
     {{ inputs | sparkops.cluster.doctor_verdicts }}                         -> list of verdicts
     {{ verdicts | sparkops.cluster.doctor_overall }}                        -> PASS | WARN | CRITICAL
     {{ verdicts | sparkops.cluster.doctor_markdown(cluster, generated) }}   -> Markdown report
+    {{ sparkops_cluster | sparkops.cluster.doctor_keyless_urls }}           -> URLs probed without the key
 
 The logic lives in plugins/plugin_utils/day2_checks.py (controller only, unit-tested).
 """
@@ -52,6 +53,14 @@ def doctor_line(v):
     return line + (f" -> {v['action']}" if v.get("action") else "")
 
 
+def doctor_keyless_urls(cluster):
+    """The URLs doctor asks without the key: every replica's API node's (day2_checks.keyless_probe_urls)."""
+    try:
+        return day2_checks.keyless_probe_urls(_plain(cluster))
+    except (KeyError, TypeError) as exc:
+        raise AnsibleFilterError(f"doctor_keyless_urls: not a cluster model with its serving plan: {exc!r}") from exc
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -60,4 +69,5 @@ class FilterModule:
             "doctor_overall": doctor_overall,
             "doctor_markdown": doctor_markdown,
             "doctor_line": doctor_line,
+            "doctor_keyless_urls": doctor_keyless_urls,
         }

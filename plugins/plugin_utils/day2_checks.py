@@ -394,9 +394,10 @@ def check_ray(ray: dict, expected_nodes: int, expected_gpus: float) -> dict:
     return verdict("Ray membership", "cluster", PASS, ev)
 
 
-def check_endpoint(health: dict) -> dict:
+def check_endpoint(health: dict, scope: str = "cluster") -> dict:
+    """The endpoint's verdict; `scope` names the replica when the cluster serves several (else "cluster")."""
     if health.get("healthy"):
-        return verdict("endpoint", "cluster", PASS, f"completion answered, first token in {health.get('ttft_s')} s")
+        return verdict("endpoint", scope, PASS, f"completion answered, first token in {health.get('ttft_s')} s")
     failed = {k: v for k, v in (health.get("checks") or {}).items() if not v.get("ok")}
     ev = (
         "; ".join(f"{k}: {v.get('message') or v.get('kind')}" for k, v in failed.items())
@@ -418,7 +419,18 @@ def check_endpoint(health: dict) -> dict:
         )
     else:
         action = "see the watchdog and container verdicts below; `ansible-playbook site.yml` restarts serving"
-    return verdict("endpoint", "cluster", CRITICAL, f"[{kind}] {ev}" if kind else ev, action)
+    return verdict("endpoint", scope, CRITICAL, f"[{kind}] {ev}" if kind else ev, action)
+
+
+def check_endpoints(endpoints: list) -> list[dict]:
+    """One endpoint verdict per replica, from a looped timed completion's results (each with its serving
+    target as `item`): with one replica today's one verdict (scope cluster), with several each's scope
+    "<deployment> replica <index> (<url>)"."""
+    several = len(endpoints) > 1
+    return [
+        check_endpoint(health, f"{health['item']['name']} ({health['item']['url']})" if several else "cluster")
+        for health in endpoints
+    ]
 
 
 # A request without the key that gets one of these was refused by authentication; any other HTTP answer
@@ -443,6 +455,19 @@ def keyless_answers(probes: dict) -> list[str]:
             if status > 0 and status not in _KEY_ASKED:
                 out.append(f"{origin} POST {r.get('url') or r.get('item') or '?'} -> {status}")
     return out
+
+
+def keyless_probe_urls(cluster: dict) -> list[str]:
+    """What doctor POSTs without the key (/invocations, /tokenize): at the head's management address and its
+    endpoint, then at every replica's API node's management address and its API URL (each once). With the
+    default deployment that is the head's two, as before deployments."""
+    bases = []
+    places = [(cluster["head"], cluster["endpoint"]["port"], cluster["endpoint"]["url"])]
+    places += [(t["host"], t["port"], t["url"]) for t in cluster["serving"]["targets"]]
+    for host, port, url in places:
+        mgmt = cluster["nodes"][host]["mgmt_address"]
+        bases += [f"http://{f'[{mgmt}]' if ':' in mgmt else mgmt}:{port}", url]
+    return [base + path for base in dict.fromkeys(bases) for path in ("/invocations", "/tokenize")]
 
 
 def check_exposure(probe: dict, serve_host: str, mgmt_address: str) -> dict:
@@ -594,7 +619,8 @@ def build_verdicts(inputs: dict) -> list[dict]:
     out.append(check_nccl(inputs.get("nccl") or {}, hw))
     out.append(check_nccl_busbw(inputs.get("nccl_busbw"), hw))
     out.append(check_ray(inputs.get("ray") or {}, int(s["expected_nodes"]), float(s["expected_gpus"])))
-    out.append(check_endpoint(inputs.get("health") or {}))
+    # Every replica's completion when doctor.yml gives them (`endpoints`), else the one `health`.
+    out.extend(check_endpoints(inputs.get("endpoints") or [inputs.get("health") or {}]))
     out.append(check_exposure(inputs.get("exposure") or {}, s["serve_host"], s["mgmt_address"]))
     out.append(check_allowed_rules(inputs.get("allowed_rules") or []))
     out.append(

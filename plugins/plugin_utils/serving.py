@@ -743,6 +743,12 @@ def build_serving(cluster: dict, inputs: dict) -> dict:  # noqa: PLR0912, PLR091
     plan = {"deployments": deployments, "lock": {"wanted": wanted, "upgrade": upgrade}}
     # The roles that run vLLM plan every member's container in one task (vllm_serve container.yml).
     plan["vllm_members"] = vllm_members(plan)
+    # Every replica's API, for what checks, watches and reports on serving (monitoring, verify, doctor, the
+    # health report, status, the benchmark): they read this list, not deployments[0].
+    plan["targets"] = serving_targets(plan)
+    # Whether a replica runs under Ray: where Ray's membership is read (report, verify, doctor).
+    plan["ray_used"] = any(t["executor"] == "ray" for t in plan["targets"])
+    plan["image"] = image  # the cluster's one image (every deployment's)
     plan["gateway"] = gateway  # checked with the rest, above
     return plan
 
@@ -795,6 +801,88 @@ def vllm_members(plan: dict) -> list:
         for replica in dep.get("replicas") or [{"members": dep["members"]}]:
             hosts.extend(m["host"] for m in replica["members"])
     return [m for host in dict.fromkeys(hosts) for m in node_part(plan, host) if m["vllm"]]
+
+
+def serving_targets(plan: dict) -> list:
+    """Every replica's API, deployment by deployment, replica by replica: what a check, a scrape or a report
+    of serving asks. Each: deployment, replica (its index), name ("<deployment> replica <index>"), host (the
+    replica's API node), hosts (its nodes), url, port, served_model_name, profile_name and executor. With one
+    deployment of one replica (the default) it is one target: the head's endpoint, as before deployments."""
+    out = []
+    for dep in plan.get("deployments", []):
+        replicas = dep.get("replicas") or [
+            {"index": 0, "hosts": dep["hosts"], "head": dep["api_host"], "executor": dep["executor"],
+             "endpoint": dep["endpoint"]}
+        ]  # fmt: skip
+        for rep in replicas:
+            out.append(
+                {
+                    "deployment": dep["name"],
+                    "replica": rep["index"],
+                    "name": f"{dep['name']} replica {rep['index']}",
+                    "host": rep["head"],
+                    "hosts": list(rep["hosts"]),
+                    "url": rep["endpoint"]["url"],
+                    "port": rep["endpoint"]["port"],
+                    "served_model_name": dep["served_model_name"],
+                    "profile_name": dep["profile_name"],
+                    "executor": rep["executor"],
+                }
+            )
+    return out
+
+
+def deployment_target(plan: dict, name=None) -> dict:
+    """The first replica's target of the deployment called `name` (the first deployment when `name` is
+    empty): what the benchmark measures. ValueError naming the deployments when there is no such one."""
+    targets = plan["targets"]
+    names = list(dict.fromkeys(t["deployment"] for t in targets))
+    if not targets:
+        raise ValueError("the serving plan has no deployment to measure")
+    wanted = str(name) if name not in (None, "") else names[0]
+    for target in targets:
+        if target["deployment"] == wanted:
+            return target
+    raise ValueError(
+        f"sparkops_deployment={wanted!r} is no deployment of this cluster; it serves {', '.join(names)}: "
+        "name one of them (-e sparkops_deployment=NAME), or leave it out for the first"
+    )
+
+
+def _shown(values: dict, key: str):
+    """A reading as the reports print it: '?' when it was not read (a template's default('?'))."""
+    return "?" if values.get(key) is None else values[key]
+
+
+def health_rows(checks: list) -> list:
+    """One row per replica from the health checks of every target (a looped vllm_health's results, each
+    with its target as `item`): its target's keys and healthy, failure_kind, ttft_s, tok_s, metrics,
+    `status` (HEALTHY, or UNHEALTHY (<kind>)), `line` (status.yml's endpoint line: with one replica as it
+    was before deployments, with several named) and `problem` (None when healthy, else what is wrong)."""
+    several = len(checks) > 1
+    rows = []
+    for check in checks:
+        target = dict(check["item"])
+        metrics = check.get("metrics") or {}
+        healthy = bool(check.get("healthy"))
+        kind = check.get("failure_kind")
+        why = check.get("msg") or kind or "no answer"
+        status = "HEALTHY" if healthy else f"UNHEALTHY ({kind or '?'})"
+        label = f" {target.get('name')} ({target.get('served_model_name')})" if several else ""
+        url = target.get("url", "?")
+        line = (
+            f"endpoint{label}: {url}/v1 {status}; KV cache {_shown(metrics, 'kv_cache_usage')}; running "
+            f"{_shown(metrics, 'num_requests_running')}, waiting {_shown(metrics, 'num_requests_waiting')}"
+        )
+        problem = None
+        if not healthy:
+            problem = f"{target.get('name')} ({url})" if several else f"The endpoint {url}"
+            problem += f" is not healthy: {why}"
+        rows.append(
+            {**target, "healthy": healthy, "failure_kind": kind, "ttft_s": check.get("ttft_s"),
+             "tok_s": check.get("tok_s"), "metrics": metrics, "status": status, "line": line, "problem": problem}
+        )  # fmt: skip
+    return rows
 
 
 def node_part(plan: dict, host: str) -> list:

@@ -1,8 +1,9 @@
 """Several deployments on the simulated pair (issue 25): two single-node deployments of two extra
 profiles, one on each node, served side by side by site.yml; each node runs its own vLLM (no Ray),
 answers for its own model, and its own watchdog brings it back when it is killed; a rerun changes
-nothing; removing one deployment leaves the other serving without a restart; and site.yml goes back
-to the reference deployment (TP=2 over Ray).
+nothing; status, the health report (verify's last play), doctor, Prometheus and the benchmark see
+each deployment's replica; removing one deployment leaves the other serving without a restart; and
+site.yml goes back to the reference deployment (TP=2 over Ray).
 
 The molecule scenario and the earlier integration tests have converged the pair with the reference
 deployment and written the lock; this test leaves it serving that way again.
@@ -11,10 +12,12 @@ deployment and written the lock; this test leaves it serving that way again.
 from __future__ import annotations
 
 import json
+import re
 import time
+from pathlib import Path
 
 import pytest
-from conftest import HEAD_FAST, WORKER_FAST, api_key, node_sh, recap, reset_watchdog, run_playbook
+from conftest import HEAD_FAST, SIM_STATE, WORKER_FAST, api_key, node_sh, recap, reset_watchdog, run_playbook
 from test_day2_faults import HEAD, WORKER, completion_ok, wait_event, wait_serving
 from test_serving_plan import container, failure
 
@@ -79,6 +82,58 @@ def started_at(node: str) -> str:
     return container(node, "sparkops-vllm")["State"]["StartedAt"]
 
 
+def day2_sees_every_replica():
+    """Issue 25: status, the health report, doctor, Prometheus and the benchmark check each deployment's
+    replica (chat on the head, code on the worker), not only the first deployment's."""
+    from test_monitoring import prom_get, wait_for  # noqa: PLC0415 - its Prometheus helpers
+
+    replicas = [("chat", HEAD, HEAD_FAST, "sim-chat"), ("code", WORKER, WORKER_FAST, "sim-code")]
+    status = run_playbook("playbooks/status.yml", extra_vars=TWO, timeout=300)
+    assert status.returncode == 0, failure(status)
+    out = " ".join(status.stdout.split())
+    for name, _node, ip, model in replicas:
+        assert f"endpoint {name} replica 0 ({model}): http://{ip}:8000/v1 HEALTHY" in out, out[-3000:]
+    assert "ray: not used (no replica runs under Ray)" in out
+    report = run_playbook("playbooks/report.yml", extra_vars=TWO, timeout=300)
+    assert report.returncode == 0, failure(report)
+    health = json.loads((SIM_STATE / "reports" / "health.json").read_text())
+    assert health["healthy"] is True and health["served_model_name"] == "sim-chat"
+    got = [(r["deployment"], r["host"], r["url"], r["healthy"]) for r in health["replicas"]]
+    assert got == [(n, node, f"http://{ip}:8000", True) for n, node, ip, _m in replicas], got
+    assert "## Every replica" in (SIM_STATE / "reports" / "health.md").read_text()
+    doctor = run_playbook("playbooks/doctor.yml", extra_vars=TWO, timeout=600)
+    verdicts = json.loads((SIM_STATE / "reports" / "doctor.json").read_text())["verdicts"]
+    endpoints = [(v["scope"], v["verdict"]) for v in verdicts if v["check"] == "endpoint"]
+    want = [(f"{n} replica 0 (http://{ip}:8000)", "PASS") for n, _node, ip, _m in replicas]
+    assert endpoints == want, (endpoints, doctor.stdout[-3000:])
+    # The worker's API was asked without the key too (doctor_keyless_urls): it asks for it.
+    assert f"http://{WORKER_FAST}:8000/tokenize" in doctor.stdout, doctor.stdout[-3000:]
+    (exposure,) = [v for v in verdicts if v["check"] == "API exposure"]
+    assert exposure["verdict"] == "PASS", exposure
+
+    def vllm_targets():
+        active = prom_get("/api/v1/targets?state=active")["activeTargets"]
+        found = sorted(
+            (t["labels"]["deployment"], t["labels"]["node"], t["scrapeUrl"], t["health"])
+            for t in active
+            if t["labels"]["job"] == "vllm" and "deployment" in t["labels"]
+        )
+        return found if [f[3] for f in found] == ["up", "up"] else None
+
+    scraped = wait_for("both replicas scraped", vllm_targets, 90)
+    assert scraped == [(n, node, f"http://{ip}:8000/metrics", "up") for n, node, ip, _m in replicas], scraped
+    bench = run_playbook(
+        "playbooks/benchmark.yml",
+        extra_vars={**TWO, "sparkops_deployment": "code", "benchmark_concurrency": [1], "benchmark_max_tokens": 8},
+        timeout=600,
+    )
+    assert bench.returncode == 0, failure(bench)
+    path = Path(re.search(r"JSON: (\S+\.json)", bench.stdout).group(1))
+    assert path.name.startswith("spark-sim-code-") and json.loads(path.read_text())["model"] == "sim-code"
+    wrong = run_playbook("playbooks/benchmark.yml", extra_vars={**TWO, "sparkops_deployment": "nope"}, timeout=300)
+    assert wrong.returncode != 0 and "it serves chat, code" in " ".join(wrong.stdout.split()), failure(wrong)
+
+
 def test_two_deployments_serve_side_by_side_and_the_cluster_goes_back_to_the_reference(tmp_path):
     out = tmp_path / "plan.json"
     shown = run_playbook("playbooks/plan.yml", extra_vars={**TWO, "sparkops_plan_file": str(out)})
@@ -103,6 +158,7 @@ def test_two_deployments_serve_side_by_side_and_the_cluster_goes_back_to_the_ref
         assert again.returncode == 0, failure(again)
         counts = recap(again.stdout)
         assert all(c["changed"] == 0 for c in counts.values()), counts
+        day2_sees_every_replica()
 
         # The code deployment's own watchdog (on its API host, spark-sim-2) restarts it; chat is untouched.
         chat_started = started_at(HEAD)
