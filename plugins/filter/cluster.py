@@ -6,6 +6,7 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.cluster import summary
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving import deployment_target, health_rows
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving import summary as serving_summary
+from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving import upgrade_strategy
 
 
 def cluster_summary(model: dict) -> list:
@@ -28,6 +29,15 @@ def serving_target(model: dict, deployment=None) -> dict:
         raise AnsibleFilterError(str(err)) from err
 
 
+def serving_upgrade_strategy(model: dict, deployment: str) -> dict:
+    """How upgrade.yml replaces one deployment: blue-green (halves behind the gateway) or a swap, and why
+    (plugin_utils/serving.py upgrade_strategy); an unknown name stops the play with the names there are."""
+    try:
+        return upgrade_strategy(model["serving"], str(deployment or ""))
+    except ValueError as err:
+        raise AnsibleFilterError(str(err)) from err
+
+
 def serving_health_rows(checks) -> list:
     """One row per replica from a looped vllm_health's results (plugin_utils/serving.py health_rows)."""
     return health_rows([dict(c) for c in checks or []])
@@ -40,4 +50,5 @@ class FilterModule:
             "cluster_plan": cluster_plan,
             "serving_target": serving_target,
             "serving_health_rows": serving_health_rows,
+            "serving_upgrade_strategy": serving_upgrade_strategy,
         }

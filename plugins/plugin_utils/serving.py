@@ -100,6 +100,8 @@ INPUT_VARIABLES = {
     "container_cache_env": "sparkops_container_cache_env",
     "weights_source": "weight_cache_source",
     "upgrade": "deployment_state_lock_upgrade",
+    # An upgrade of one deployment (playbooks/upgrade.yml -e sparkops_deployment=NAME): only it may move.
+    "upgrade_deployment": "sparkops_deployment",
     # Set only by an upgrade's rollback (playbooks/tasks/upgrade-swap.yml): the recorded profile.
     "profile_override": "upgrade_rollback_profile",
     # The client gateway on the head (roles/gateway, docs/gateway.md).
@@ -668,6 +670,9 @@ def build_serving(cluster: dict, inputs: dict) -> dict:  # noqa: PLR0912, PLR091
             for spec, _raw, normalized, _n in served
         }
     conflicts = [] if upgrade else lock_conflicts(lock, wanted) + lock_model_conflicts(lock, wanted)
+    only = str(inputs.get("upgrade_deployment") or "") if upgrade else ""
+    if only:
+        problems += _one_deployment_upgrade_problems(only, [s["name"] for s in specs], lock, wanted)
     if conflicts:
         problems.append(
             f"{cluster['paths']['lock_file']} pins what was deployed, and the inventory now asks for something "
@@ -751,6 +756,62 @@ def build_serving(cluster: dict, inputs: dict) -> dict:  # noqa: PLR0912, PLR091
     plan["image"] = image  # the cluster's one image (every deployment's)
     plan["gateway"] = gateway  # checked with the rest, above
     return plan
+
+
+def _one_deployment_upgrade_problems(name: str, names: list, lock: dict, wanted: dict) -> list:
+    """An upgrade of deployment `name` alone moves its lock record only: the image (every deployment's) and
+    every other deployment must be as the lock has them, else the run would serve what it says it leaves."""
+    if name not in names:
+        return [
+            f"sparkops_deployment={name!r} is no deployment of this cluster; it serves {', '.join(names)}: name one "
+            "of them, or leave sparkops_deployment out to upgrade the whole cluster"
+        ]
+    own = ("models." + name + ".",) + (("model.",) if lock_model_deployment(wanted) == name else ())
+    others = [c for c in lock_conflicts(lock, wanted) + lock_model_conflicts(lock, wanted) if not c.startswith(own)]
+    if not others:
+        return []
+    return [
+        f"sparkops_deployment={name} upgrades {name} alone, but the inventory also moves what the lock pins for the "
+        f"rest of the cluster: {'; '.join(others)}. One image serves every deployment: upgrade those with "
+        "playbooks/upgrade.yml without sparkops_deployment, or restore them in the inventory"
+    ]
+
+
+def upgrade_strategy(plan: dict, name: str) -> dict:
+    """How playbooks/upgrade.yml -e sparkops_deployment=NAME replaces deployment `name`'s containers.
+
+    blue-green: the gateway is on and the deployment has two replicas or more, each on one node: the first
+    half (`green`) is taken out of the gateway, replaced and smoke-tested with a real completion while the
+    rest (`blue`) serves; the gateway then switches to the green half, the blue half is replaced the same way,
+    and the gateway sends to every replica again. Clients see no replica go away.
+    swap: every replica at once (clients of this deployment wait), rolled back on failure. `why` says why.
+    Each half: [{"index", "id" (the gateway's replica id), "host"}]."""
+    deps = {d["name"]: d for d in plan.get("deployments", [])}
+    if name not in deps:
+        raise ValueError(
+            f"sparkops_deployment={name!r} is no deployment of this cluster; it serves {', '.join(deps) or 'nothing'}"
+        )
+    dep = deps[name]
+    reps = [
+        {"index": r["index"], "id": f"{name}-{r['index']}", "host": r["head"], "hosts": list(r["hosts"])}
+        for r in dep["replicas"]
+    ]
+    why = None
+    if not (plan.get("gateway") or {}).get("enabled"):
+        why = "the gateway is off (sparkops_gateway_enabled): clients reach the replicas directly"
+    elif len(reps) < 2:
+        why = f"{name} has one replica: no other serves while it is replaced"
+    elif any(len(r["hosts"]) != 1 for r in reps):
+        why = f"{name}'s replicas span nodes: a half of them would not free whole groups"
+    if why:
+        return {"deployment": name, "mode": "swap", "why": why, "halves": [reps]}
+    cut = len(reps) // 2
+    return {
+        "deployment": name,
+        "mode": "blue-green",
+        "why": f"{len(reps)} single-node replicas behind the gateway: {cut} replaced while {len(reps) - cut} serve",
+        "halves": [reps[:cut], reps[cut:]],
+    }
 
 
 def plan_gateway(cluster: dict, inputs: dict, problems: list) -> dict:

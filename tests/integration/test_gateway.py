@@ -11,6 +11,7 @@ nothing. At the end the pair is put back without the gateway. Needs the simulate
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import time
 import urllib.error
@@ -18,6 +19,8 @@ import urllib.request
 
 import pytest
 from conftest import HEAD_FAST, NODES, SIM_STATE, node_sh, recap, run_playbook
+from test_deployments import CHAT as CHAT_DEPLOYMENT
+from test_deployments import CODE, EXTRA
 
 pytestmark = pytest.mark.usefixtures("sim_cluster")
 
@@ -88,6 +91,10 @@ def gateway():
     assert back.returncode == 0, back.stdout[-5000:]
     state = node_sh(NODES[0], "/etc/init.d/sparkops-gateway status", check=False)
     assert state.returncode != 0, "the gateway still runs after site.yml without it"
+    again = run_playbook("site.yml", timeout=1800)
+    assert again.returncode == 0, again.stdout[-5000:]
+    counts = recap(again.stdout)
+    assert all(c["changed"] == 0 for c in counts.values()), ("back to the reference, a rerun changed", counts)
 
 
 def test_a_key_is_made_once_kept_0600_and_printed_nowhere(gateway):
@@ -180,3 +187,146 @@ def test_a_revoked_key_is_refused_within_seconds(gateway):
         time.sleep(0.5)
     assert status == 401, status
     assert time.monotonic() - done < 10
+
+
+# ------------------------------------------------------------------ several deployments behind the gateway
+# The profiles of test_deployments.py (the stand-in model for one GPU under its own served model names), and
+# a new version of sim-chat for the upgrade: the same served model name, fewer sequences (a new command line).
+TWO = {**ON, **EXTRA, "sparkops_deployments": [CHAT_DEPLOYMENT, CODE]}
+V2 = {"sparkops_serving_profiles_extra": {**EXTRA["sparkops_serving_profiles_extra"], "sim-chat-v2": {
+    **EXTRA["sparkops_serving_profiles_extra"]["sim-chat"], "max_num_seqs": 8}}}  # fmt: skip
+REPLICAS = {**ON, **V2, "sparkops_deployments": [{**CHAT_DEPLOYMENT, "hosts": list(NODES)}]}
+REPLICAS_V2 = {
+    **REPLICAS,
+    "sparkops_deployments": [{**CHAT_DEPLOYMENT, "profile": "sim-chat-v2", "hosts": list(NODES)}],
+}
+CLIENT = "itest-two"
+
+BOTH = r"""
+import json, sys
+import openai
+client = openai.OpenAI(base_url=sys.argv[1] + "/v1", api_key=open(sys.argv[2]).read().strip(), max_retries=0,
+                       timeout=60)
+out = {"models": sorted(m.id for m in client.models.list().data)}
+for model in out["models"]:
+    reply = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+    out[model] = reply.model
+print(json.dumps(out))
+"""
+
+# A client streaming chat completions through the gateway, one after another, until the stop file appears
+# (bounded: 900 s, 20000 requests); every failure is counted with its error. No retry in the client: what
+# the gateway lets through is what a client sees.
+STREAM = r"""
+import json, os, sys, time
+import openai
+url, key_file, stop, out = sys.argv[1:5]
+client = openai.OpenAI(base_url=url + "/v1", api_key=open(key_file).read().strip(), max_retries=0, timeout=60)
+ok, failed, errors, t0 = 0, 0, [], time.monotonic()
+while not os.path.exists(stop) and time.monotonic() - t0 < 900 and ok + failed < 20000:
+    try:
+        stream = client.chat.completions.create(model="sim-chat", messages=[{"role": "user", "content": "hi"}],
+                                                max_tokens=8, stream=True)
+        chunks = sum(1 for c in stream if c.choices and c.choices[0].delta.content)
+        if chunks:
+            ok += 1
+        else:
+            failed += 1
+            errors.append("a stream without content")
+    except Exception as e:
+        failed += 1
+        errors.append(f"{time.monotonic() - t0:.1f}s {type(e).__name__}: {str(e)[:200]}")
+    with open(out + ".tmp", "w") as f:
+        json.dump({"ok": ok, "failed": failed, "errors": errors[-20:], "s": time.monotonic() - t0}, f)
+    os.replace(out + ".tmp", out)
+"""
+
+
+def client_key() -> str:
+    made = run_playbook("playbooks/keys.yml", extra_vars={**ON, "sparkops_key_name": CLIENT})
+    assert made.returncode == 0, made.stdout[-3000:]
+    return key_on_head((KEYS_DIR / CLIENT).read_text().strip())
+
+
+def vllm_cmd(node: str) -> list[str]:
+    res = node_sh(node, "docker inspect --format '{{json .Config.Cmd}}' sparkops-vllm", check=False)
+    return json.loads(res.stdout) if res.returncode == 0 else []
+
+
+def test_two_deployments_answer_through_one_endpoint_with_a_client_key(gateway):
+    res = run_playbook("site.yml", extra_vars=TWO, timeout=1800)
+    assert res.returncode == 0, res.stdout[-5000:]
+    path = client_key()
+    both = node_sh(NODES[0], f"{VENV_PY} -c {shlex.quote(BOTH)} {GATEWAY} {path}", check=False, timeout=180)
+    assert both.returncode == 0, both.stdout + both.stderr
+    got = json.loads(both.stdout)
+    assert got["models"] == ["sim-chat", "sim-code"], got
+    assert got["sim-chat"] and got["sim-code"], got
+    # Without a key, no path serves a completion (the gateway asks on every path; vLLM's port is closed to clients).
+    for path_ in ("/v1/chat/completions", "/v1/completions", "/chat/completions", "/v1/responses"):
+        assert probe(NODES[1], [(path_, None)])[path_] == 401, path_
+
+
+def test_a_killed_replica_is_ejected_and_the_other_serves(gateway):
+    """chat on both nodes: two replicas behind the gateway. The worker's vLLM killed, every request of a client
+    that never retries still gets its answer: the gateway cools the dead replica down and sends to the other."""
+    res = run_playbook("site.yml", extra_vars=REPLICAS, timeout=1800)
+    assert res.returncode == 0, res.stdout[-5000:]
+    assert vllm_cmd(NODES[1]) and vllm_cmd(NODES[0]), "chat should run on both nodes"
+    path = client_key()
+    node_sh(NODES[1], "docker stop -t 1 sparkops-watchdog; docker kill sparkops-vllm")
+    try:
+        script = STREAM.replace("time.monotonic() - t0 < 900", "time.monotonic() - t0 < 20")
+        res = node_sh(
+            NODES[0],
+            f"rm -f /root/eject.json; {VENV_PY} -c {shlex.quote(script)} {GATEWAY} {path} /nonexistent /root/eject.json"
+            " && cat /root/eject.json",
+            check=False,
+            timeout=120,
+        )
+        assert res.returncode == 0, res.stdout + res.stderr
+        got = json.loads(res.stdout)
+        print(f"\n[gateway] worker's replica killed: {got['ok']} answers, {got['failed']} failed in {got['s']:.0f} s")
+        assert got["ok"] >= 10 and got["failed"] == 0, got
+    finally:
+        node_sh(NODES[1], "docker start sparkops-vllm sparkops-watchdog", check=False)
+
+
+def test_a_blue_green_upgrade_of_one_deployment_fails_no_request_of_a_streaming_client(gateway):
+    res = run_playbook("site.yml", extra_vars=REPLICAS, timeout=1800)  # the worker's replica back in the gateway
+    assert res.returncode == 0, res.stdout[-5000:]
+    path = client_key()
+    node_sh(NODES[0], "rm -f /root/stream.stop /root/stream.json")
+    node_sh(
+        NODES[0],
+        f"nohup {VENV_PY} -c {shlex.quote(STREAM)} {GATEWAY} {path} /root/stream.stop /root/stream.json"
+        " >/root/stream.log 2>&1 &",
+    )
+    try:
+        t0 = time.monotonic()
+        up = run_playbook(
+            "playbooks/upgrade.yml", extra_vars={**REPLICAS_V2, "sparkops_deployment": "chat"}, timeout=1800
+        )
+        took = time.monotonic() - t0
+    finally:
+        node_sh(NODES[0], "touch /root/stream.stop; sleep 3; cat /root/stream.log", check=False)
+    got = json.loads(node_sh(NODES[0], "cat /root/stream.json").stdout)
+    out = " ".join(up.stdout.split())
+    assert up.returncode == 0, up.stdout[-6000:]
+    switches = re.search(r"gateway switches took ([0-9., s]+) s", out)
+    print(
+        f"\n[gateway] blue-green upgrade of chat (2 replicas): {took:.0f} s; the client: {got['ok']} streams, "
+        f"{got['failed']} failed; switches: {switches.group(1) if switches else '?'} s (2 cores)"
+    )
+    assert "blue-green" in out, out[-3000:]
+    assert got["failed"] == 0, got
+    assert got["ok"] >= 20, got
+    for node in NODES:
+        cmd = vllm_cmd(node)
+        assert cmd[cmd.index("--max-num-seqs") + 1] == "8", (node, cmd)
+    lock = json.loads((SIM_STATE / "sparkops.lock.json").read_text())
+    assert lock["model"]["profile"] == "sim-chat-v2" and lock["model"]["deployment"] == "chat", lock["model"]
+    again = run_playbook("site.yml", extra_vars=REPLICAS_V2, timeout=1800)
+    assert again.returncode == 0, again.stdout[-5000:]
+    counts = recap(again.stdout)
+    assert all(c["changed"] == 0 for c in counts.values()), counts

@@ -12,7 +12,7 @@ import json
 import pytest
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.cluster import ClusterError
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.lockfile import LOCK_VERSION, parse_lock
-from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving import node_part, summary
+from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving import node_part, summary, upgrade_strategy
 from cluster_inventories import pair, ring, switch
 from test_serving_plan import MODEL_COMMIT, PROFILES, lock_for, plan_of, plan_of_only
 
@@ -318,3 +318,100 @@ def test_the_lock_holds_each_deployment_to_its_recorded_profile_by_name():
     assert (
         plan_of_only(lock=lock, deployments=moved, upgrade=True)["deployments"][1]["profile_name"] == "qwen3.6-27b-fp8"
     )
+
+
+# ------------------------------------------------------------------------ one deployment's upgrade
+def test_an_upgrade_of_one_deployment_may_move_it_alone():
+    """upgrade.yml -e sparkops_deployment=NAME: NAME's lock record moves; another deployment or the image
+    (every deployment's) moving too is refused, naming what moved, before anything stops."""
+    deployments = [
+        {"name": "code", "profile": QWEN30, "hosts": ["spark-1"]},
+        {"name": "chat", "profile": GPT_OSS, "hosts": ["spark-2"]},
+    ]
+    recorded = {"profile": GPT_OSS, "id": PROFILES[GPT_OSS]["model"], "revision": "main", "resolved_revision": "c" * 40}
+    lock = {**lock_for(QWEN30), "model": {**lock_for(QWEN30)["model"], "deployment": "code"}, "models": {"chat": recorded}}
+    chat_moved = [deployments[0], {**deployments[1], "profile": "qwen3.6-27b-fp8"}]
+    plan = plan_of_only(lock=lock, deployments=chat_moved, upgrade=True, upgrade_deployment="chat")
+    assert plan["deployments"][1]["profile_name"] == "qwen3.6-27b-fp8"
+    # Naming the other deployment leaves chat's move unaccounted for: refused, naming chat's record.
+    msg = _one(
+        _problems(lock=lock, deployments=chat_moved, upgrade=True, upgrade_deployment="code"),
+        "sparkops_deployment=code upgrades code alone",
+    )
+    assert "models.chat.profile" in msg and "without sparkops_deployment" in msg
+    # The first deployment's record is the lock's `model`: moving it under its own name is allowed.
+    code_moved = [{**deployments[0], "profile": "qwen3.6-27b-fp8"}, deployments[1]]
+    assert plan_of_only(lock=lock, deployments=code_moved, upgrade=True, upgrade_deployment="code")
+    msg = _one(_problems(lock=lock, deployments=code_moved, upgrade=True, upgrade_deployment="chat"), "model.profile")
+    # The image serves every deployment: never one deployment's upgrade.
+    moved_image = {**lock, "image": {**lock["image"], "ref": "0" * 40}}
+    msg = _one(_problems(lock=moved_image, deployments=chat_moved, upgrade=True, upgrade_deployment="chat"), "image.ref")
+    assert "One image serves every deployment" in msg
+    # An unknown name is refused with the names there are.
+    msg = _one(_problems(lock=lock, deployments=deployments, upgrade=True, upgrade_deployment="nope"), "'nope'")
+    assert "code, chat" in msg
+    # Outside an upgrade the name is the benchmark's and changes nothing here.
+    assert plan_of_only(lock=lock, deployments=deployments, upgrade_deployment="nope")
+
+
+def _switch_plan(gateway_enabled=True, code_hosts=("spark-3", "spark-4")):
+    return plan_of_only(
+        switch(4),
+        gateway_enabled=gateway_enabled,
+        deployments=[
+            {"name": "big", "profile": TP2, "hosts": ["spark-1", "spark-2"]},
+            {"name": "code", "profile": QWEN30, "hosts": list(code_hosts)},
+        ],
+    )
+
+
+def test_two_single_node_replicas_behind_the_gateway_upgrade_blue_green_half_by_half():
+    strategy = upgrade_strategy(_switch_plan(), "code")
+    assert strategy["mode"] == "blue-green"
+    green, blue = strategy["halves"]
+    assert [(r["id"], r["host"]) for r in green] == [("code-0", "spark-3")]
+    assert [(r["id"], r["host"]) for r in blue] == [("code-1", "spark-4")]
+
+
+def test_three_replicas_replace_one_while_two_serve():
+    plan = plan_of_only(
+        switch(4),
+        gateway_enabled=True,
+        deployments=[{"name": "code", "profile": QWEN30, "hosts": ["spark-2", "spark-3", "spark-4"]}],
+    )
+    green, blue = upgrade_strategy(plan, "code")["halves"]
+    assert [r["host"] for r in green] == ["spark-2"] and [r["host"] for r in blue] == ["spark-3", "spark-4"]
+
+
+@pytest.mark.parametrize(
+    ("name", "gateway", "code_hosts", "why"),
+    [
+        ("code", False, ("spark-3", "spark-4"), "the gateway is off"),
+        ("code", True, ("spark-3",), "code has one replica"),
+        ("big", True, ("spark-3", "spark-4"), "big has one replica"),
+    ],
+)
+def test_without_a_second_replica_behind_the_gateway_the_upgrade_swaps_every_replica_at_once(
+    name, gateway, code_hosts, why
+):
+    strategy = upgrade_strategy(_switch_plan(gateway, code_hosts), name)
+    assert strategy["mode"] == "swap" and why in strategy["why"]
+    (every,) = strategy["halves"]
+    plan = _switch_plan(gateway, code_hosts)
+    assert [r["id"] for r in every] == [f"{name}-{r['index']}" for d in plan["deployments"] if d["name"] == name
+                                        for r in d["replicas"]]  # fmt: skip
+
+
+def test_replicas_spanning_nodes_swap_rather_than_split_a_group():
+    plan = plan_of_only(
+        switch(4),
+        gateway_enabled=True,
+        deployments=[{"name": "big", "profile": TP2, "hosts": ["spark-1", "spark-2", "spark-3", "spark-4"]}],
+    )
+    strategy = upgrade_strategy(plan, "big")
+    assert strategy["mode"] == "swap" and "span nodes" in strategy["why"]
+
+
+def test_an_unknown_deployment_has_no_upgrade_strategy():
+    with pytest.raises(ValueError, match="'nope' is no deployment of this cluster; it serves big, code"):
+        upgrade_strategy(_switch_plan(), "nope")
