@@ -87,7 +87,6 @@ def litellm_config(plan: dict, router: dict | None = None) -> dict:
     }
 
 
-
 # ------------------------------------------------------------------------------- the keys' usage
 # What plugins/module_utils/gateway_keys.py's usage() gives per key (names and counters, never a key).
 USAGE_FIELDS = ("name", "state", "requests", "prompt_tokens", "completion_tokens")
@@ -108,6 +107,7 @@ def usage_lines(keys: list) -> list[str]:
             f"{counts['completion_tokens']} completion tokens"
         )
     return lines
+
 
 # ------------------------------------------------------------------------------- the offline wheelhouse
 # PEP 600 manylinux tags from glibc 2.17 (manylinux2014's base) up: pip's --platform takes exact tags, so a

@@ -198,7 +198,8 @@ def test_the_gateway_panels_read_its_counters_by_key_and_its_up_state():
     for expr in gateway_exprs:
         assert re.search(r"sum by \(key\) \(rate\(", expr) and 'job="gateway"' in expr, expr
     assert 'up{job="gateway"}' in [e for _t, e in dashboard_exprs()]
-    job = re.search(r"job_name: (\w+)\n    metrics_path: /metrics/", (ROLE / "templates" / "prometheus.yml.j2").read_text())
+    template = (ROLE / "templates" / "prometheus.yml.j2").read_text()
+    job = re.search(r"job_name: (\w+)\n    metrics_path: /metrics/", template)
     assert job and job.group(1) == "gateway"
     groups = yaml.safe_load(RULES.read_text())["groups"]
     [down] = [r for g in groups for r in g["rules"] if r.get("alert") == "GatewayDown"]
