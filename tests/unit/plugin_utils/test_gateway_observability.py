@@ -22,19 +22,37 @@ def _jobs(cluster, plan, **more) -> dict:
     return {j["job_name"]: j for j in _prometheus_config(cluster, plan, **more)["scrape_configs"]}
 
 
+def _on(plan, key_file=KEY_FILE) -> dict:
+    """What Prometheus' host has with the gateway on and installed (tasks/gateway.yml's fact)."""
+    return {
+        "sparkops_gateway_enabled": True,
+        "monitoring_gateway_scraped": True,
+        "monitoring_gateway_key_file": key_file,
+        "monitoring_gateway_plan": plan["gateway"],
+    }
+
+
 def test_no_gateway_no_job_and_no_key_file_named():
     cluster, plan = plan_of()
     assert plan["gateway"]["enabled"] is False
     jobs = _jobs(cluster, plan)
     assert sorted(jobs) == ["node", "prometheus", "vllm"]
     assert "credentials_file" not in str(jobs) and "authorization" not in str(jobs)
+    # Off, even where a fact from an earlier play said it was scraped.
+    assert "gateway" not in _jobs(cluster, plan, monitoring_gateway_scraped=True)
+
+
+def test_a_gateway_on_but_not_installed_yet_is_not_scraped():
+    """tasks/gateway.yml sets monitoring_gateway_scraped on Prometheus' host; unset (no venv, no key) is false."""
+    cluster, plan = plan_of(gateway_enabled=True)
+    assert "gateway" not in _jobs(cluster, plan, sparkops_gateway_enabled=True)
+    assert "gateway" not in _jobs(cluster, plan, sparkops_gateway_enabled=True, monitoring_gateway_scraped=False)
 
 
 def test_the_gateway_job_scrapes_its_plan_address_with_the_key_by_file():
     cluster, plan = plan_of(gateway_enabled=True)
     gw = plan["gateway"]
-    jobs = _jobs(cluster, plan, monitoring_gateway_scraped=True, monitoring_gateway_key_file=KEY_FILE,
-                 monitoring_gateway_plan=gw)  # fmt: skip
+    jobs = _jobs(cluster, plan, **_on(plan))
     job = jobs["gateway"]
     # Prometheus 2.x: authorization.credentials_file, read at every scrape (the key itself is nowhere here).
     assert job["authorization"] == {"type": "Bearer", "credentials_file": KEY_FILE}
@@ -48,8 +66,7 @@ def test_the_gateway_job_scrapes_its_plan_address_with_the_key_by_file():
 
 def test_a_gateway_bound_to_one_address_is_scraped_there():
     cluster, plan = plan_of(gateway_enabled=True, gateway_bind="10.9.8.7", gateway_port=4100)
-    jobs = _jobs(cluster, plan, monitoring_gateway_scraped=True, monitoring_gateway_key_file=KEY_FILE,
-                 monitoring_gateway_plan=plan["gateway"])  # fmt: skip
+    jobs = _jobs(cluster, plan, **_on(plan))
     assert jobs["gateway"]["static_configs"][0]["targets"] == ["10.9.8.7:4100"]
 
 
@@ -60,8 +77,7 @@ def test_prometheus_accepts_the_gateway_job(tmp_path):
     cluster, plan = plan_of(gateway_enabled=True)
     key = tmp_path / "key"
     cfg = tmp_path / "prometheus.yml"
-    text = _prometheus_config(cluster, plan, monitoring_gateway_scraped=True, monitoring_gateway_key_file=str(key),
-                              monitoring_gateway_plan=plan["gateway"])  # fmt: skip
+    text = _prometheus_config(cluster, plan, **_on(plan, str(key)))
     import yaml  # noqa: PLC0415
 
     text["rule_files"] = []
@@ -77,10 +93,9 @@ def test_prometheus_accepts_the_gateway_job(tmp_path):
 
 def _status(enabled, usage):
     cluster, plan = plan_of(gateway_enabled=enabled)
-    head = cluster["head"]
     return _report(
         STATUS, cluster, plan, [_check(plan["targets"][0])],
-        sparkops_gateway_enabled=enabled, hostvars={head: {"gateway_keys_usage": usage} if usage else {}},
+        sparkops_gateway_enabled=enabled, **({"gateway_keys_usage": usage} if usage else {}),
     ).splitlines(), plan  # fmt: skip
 
 

@@ -251,7 +251,7 @@ def _prometheus_config(cluster, plan, **more):
             sparkops_cluster={**cluster, "serving": plan},
             groups={"spark_cluster": ["spark-1"]},
             hostvars={"spark-1": {"monitoring_node_exporter_target": "10.0.0.1:9100"}},
-            **{"monitoring_gateway_scraped": False, **more},
+            **{"sparkops_gateway_enabled": False, **more},
         )
     )
 
