@@ -5,6 +5,7 @@ plugins/plugin_utils/gateway.py, these turn its errors into AnsibleFilterError.
     {{ arch | sparkops.cluster.gateway_wheelhouse_name(python_version) }}           -> linux-<arch>-cp<XY>
     {{ pip | sparkops.cluster.gateway_pip_download(dest, reqs, arch=, python=, glibc=) }} -> argv
     {{ python | sparkops.cluster.gateway_wheelhouse_download(dest, reqs, arch=, python=, glibc=) }} -> argv
+    {{ result['keys'] | sparkops.cluster.gateway_usage_lines }}                     -> one line per key
 """
 
 from __future__ import annotations
@@ -52,6 +53,13 @@ def gateway_wheelhouse_download(interpreter: str, dest: str, requirements: list,
     return [*script, *pip, "--", *[str(r) for r in requirements]]
 
 
+def gateway_usage_lines(keys: list) -> list:
+    try:
+        return gateway.usage_lines(list(keys or []))
+    except (TypeError, ValueError) as err:
+        raise AnsibleFilterError(f"gateway_usage_lines: {err}") from None
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -59,4 +67,5 @@ class FilterModule:
             "gateway_wheelhouse_name": gateway_wheelhouse_name,
             "gateway_pip_download": gateway_pip_download,
             "gateway_wheelhouse_download": gateway_wheelhouse_download,
+            "gateway_usage_lines": gateway_usage_lines,
         }

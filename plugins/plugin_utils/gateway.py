@@ -87,6 +87,28 @@ def litellm_config(plan: dict, router: dict | None = None) -> dict:
     }
 
 
+# ------------------------------------------------------------------------------- the keys' usage
+# What plugins/module_utils/gateway_keys.py's usage() gives per key (names and counters, never a key).
+USAGE_FIELDS = ("name", "state", "requests", "prompt_tokens", "completion_tokens")
+
+
+def usage_lines(keys: list) -> list[str]:
+    """One line per key of the gateway_key module's `keys` (playbooks/keys.yml's list, status's keys section):
+    `NAME: STATE, R requests, P prompt and C completion tokens`, by name. Only those fields are read, so a key
+    or digest that a future usage() added could not reach a line; a row without one of them is an error."""
+    lines = []
+    for row in sorted(keys or [], key=lambda r: str(r.get("name", "")) if isinstance(r, dict) else ""):
+        missing = [f for f in USAGE_FIELDS if not isinstance(row, dict) or f not in row]
+        if missing:
+            raise ValueError(f"a key's usage row lacks {', '.join(missing)}")
+        counts = {f: int(row[f]) for f in USAGE_FIELDS[2:]}
+        lines.append(
+            f"{row['name']}: {row['state']}, {counts['requests']} requests, {counts['prompt_tokens']} prompt and "
+            f"{counts['completion_tokens']} completion tokens"
+        )
+    return lines
+
+
 # ------------------------------------------------------------------------------- the offline wheelhouse
 # PEP 600 manylinux tags from glibc 2.17 (manylinux2014's base) up: pip's --platform takes exact tags, so a
 # download for another machine names every level the node's glibc runs (docs/gateway.md).

@@ -4,8 +4,10 @@ site.yml with sparkops_gateway_enabled installs LiteLLM's proxy on the head offl
 sim/simctl.py build downloaded into .sim/wheelhouse/gateway), keys.yml makes a client key, the `openai` client
 (in the gateway's own venv on the head: the nodes reach the gateway on the head's fast link) talks through it,
 every path asks for a key, this machine (named a client network) reaches the gateway on the head's management
-address while vLLM's chain lets no client network in, a revoked key is refused within seconds, and a rerun changes
-nothing. At the end the pair is put back without the gateway. Needs the simulated pair deployed (make test / make sim).
+address while vLLM's chain lets no client network in, Prometheus scrapes the gateway with its own key and sees
+the client's requests and tokens by key name, GatewayDown fires when the gateway stops, status lists every key's
+usage (names only), a revoked key is refused within seconds, and a rerun changes nothing. At the end the pair
+is put back without the gateway. Needs the simulated pair deployed (make test / make sim).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import pytest
 from conftest import HEAD_FAST, NODES, SIM_STATE, node_sh, recap, run_playbook
 from test_deployments import CHAT as CHAT_DEPLOYMENT
 from test_deployments import CODE, EXTRA
+from test_monitoring import query, targets_by_job, wait_for
 
 pytestmark = pytest.mark.usefixtures("sim_cluster")
 
@@ -125,6 +128,76 @@ def test_the_openai_client_talks_through_the_gateway_from_the_head(gateway):
     res = node_sh(NODES[0], f"{VENV_PY} -c {shlex.quote(CHAT)} {GATEWAY} {path}", check=False, timeout=180)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "sim-tiny" in res.stdout and "True" in res.stdout, res.stdout
+
+
+PROM_KEY_FILE = "/etc/prometheus/sparkops-gateway.key"  # roles/monitoring monitoring_gateway_key_file
+
+
+def counter(name: str, key: str) -> float:
+    rows = query(f'{name}{{job="gateway",key="{key}"}}')
+    return sum(float(r["value"][1]) for r in rows)
+
+
+def gateway_targets_up() -> list[dict]:
+    return [t for t in targets_by_job().get("gateway", []) if t["health"] == "up"]
+
+
+def test_prometheus_scrapes_the_gateway_with_its_own_key_per_client_key(gateway):
+    """After the completion above with KEY_NAME's key: the gateway job is up (Prometheus' key is accepted) and
+    its per-key counters for KEY_NAME are above 0; the key is a file only Prometheus reads, named by path."""
+    job = wait_for("the gateway's target up", gateway_targets_up, 60)
+    assert [t["scrapeUrl"] for t in job] == [f"{GATEWAY}/metrics/"], job
+    assert job[0]["labels"]["node"] == NODES[0]
+    wait_for("KEY_NAME's requests in Prometheus", lambda: counter("sparkops_gateway_requests_total", KEY_NAME) > 0, 60)
+    assert counter("sparkops_gateway_prompt_tokens_total", KEY_NAME) > 0
+    assert counter("sparkops_gateway_completion_tokens_total", KEY_NAME) > 0
+    # Prometheus' key: 0640 root:prometheus on the head, named in prometheus.yml by path, its value in no
+    # configuration and in no playbook output.
+    assert node_sh(NODES[0], f"stat -c '%a %U %G' {PROM_KEY_FILE}").stdout.split() == ["640", "root", "prometheus"]
+    config = node_sh(NODES[0], "cat /etc/prometheus/prometheus.yml").stdout
+    assert f"credentials_file: {PROM_KEY_FILE}" in config
+    prom_key = node_sh(NODES[0], f"cat {PROM_KEY_FILE}").stdout.strip()
+    assert prom_key.startswith("sk-sparkops-")
+    assert prom_key not in config and prom_key not in gateway.stdout and prom_key not in gateway.stderr
+    # grep reads the key from its file (-f): never on a command line, here either.
+    leaked = node_sh(
+        NODES[0],
+        f"grep -rqF -f {PROM_KEY_FILE} /etc/prometheus/prometheus.yml /etc/default/prometheus /var/log/prometheus",
+        check=False,
+    )
+    assert leaked.returncode == 1, "Prometheus' gateway key is in its configuration or log"
+    assert not query('ALERTS{alertname="GatewayDown"}')
+
+
+def test_gateway_down_fires_critical_and_clears(gateway):
+    """The sim shortens every `for:` to 15 s (inventory/sim/group_vars/all/monitoring.yml)."""
+    node_sh(NODES[0], "/etc/init.d/sparkops-gateway stop")
+    try:
+        firing = wait_for(
+            "GatewayDown firing",
+            lambda: query('ALERTS{alertname="GatewayDown",alertstate="firing"}'),
+            90,
+        )
+        assert firing[0]["metric"]["severity"] == "critical" and firing[0]["metric"]["node"] == NODES[0], firing
+    finally:
+        node_sh(NODES[0], "/etc/init.d/sparkops-gateway start")
+    wait_for("the gateway's target up again", gateway_targets_up, 120)
+    wait_for("GatewayDown cleared", lambda: not query('ALERTS{alertname="GatewayDown",alertstate="firing"}'), 60)
+
+
+def test_status_lists_every_key_s_name_and_usage_never_a_key(gateway):
+    """status.yml's screen (its last task's debug, one string per line; the YAML callback may wrap them) has a keys
+    section with KEY_NAME's usage from the database: at least the completion made above."""
+    res = run_playbook("playbooks/status.yml", extra_vars=ON, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:]
+    screen = " ".join(res.stdout.split("TASK [Show the status]")[-1].split())
+    assert re.search(r"keys: \d+ \(names only; requests, prompt and completion tokens", screen), screen[-3000:]
+    mine = re.search(rf"{KEY_NAME}: active, (\d+) requests, (\d+) prompt and (\d+) completion tokens", screen)
+    assert mine and all(int(n) >= 1 for n in mine.groups()), screen[-3000:]
+    assert "sparkops-prometheus: active, " in screen
+    assert f"gateway: http://{HEAD_MGMT}:4000/v1 (clients), {GATEWAY}/v1 (nodes)" in screen
+    key = (KEYS_DIR / KEY_NAME).read_text().strip()
+    assert key not in res.stdout and "sk-sparkops-" not in res.stdout
 
 
 def test_every_path_asks_for_a_key_from_the_fast_link(gateway):

@@ -6,11 +6,14 @@ that the exporters really produce:
 - the node exporter: a real scrape of Debian 12's prometheus-node-exporter 1.5.0-1+b6
   (tests/fixtures/prometheus/, see its README);
 - sparkops' textfile metrics: what roles/monitoring/files/sparkops-textfile-metrics.py writes;
+- the client gateway's per-key counters: the prometheus_client Counters that
+  roles/gateway/files/sparkops_gateway_auth.py registers (a Counter `X` is exposed as `X_total`);
 - Prometheus itself: `up`.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import re
@@ -26,6 +29,7 @@ DASHBOARD = ROLE / "files" / "grafana" / "sparkops-dashboard.json"
 VLLM_CONTRACT = ROOT / "plugins" / "plugin_utils" / "vllm_contracts" / "vllm-0.19.0.json"
 NODE_EXPORTER_SCRAPE = ROOT / "tests" / "fixtures" / "prometheus" / "node_exporter_1.5.0-1+b6_debian12.txt"
 TEXTFILE_SCRIPT = ROLE / "files" / "sparkops-textfile-metrics.py"
+GATEWAY_AUTH = ROOT / "roles" / "gateway" / "files" / "sparkops_gateway_auth.py"
 
 PROMQL_WORDS = {
     # aggregations, functions and keywords used in PromQL
@@ -101,12 +105,25 @@ def sparkops_series(tmp_path: Path) -> set[str]:
     return scrape_series("\n".join(lines))
 
 
+def gateway_series() -> dict[str, list[str]]:
+    """The gateway's counters as exposed (`X_total`), each with its label names, read from the Counter(...) calls
+    of the auth hook's source (it imports LiteLLM, which the unit tests do not have)."""
+    series = {}
+    for node in ast.walk(ast.parse(GATEWAY_AUTH.read_text())):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Counter":
+            name = ast.literal_eval(node.args[0])
+            labels = ast.literal_eval(node.args[2]) if len(node.args) > 2 else []
+            series[name.removesuffix("_total") + "_total"] = labels
+    return series
+
+
 @pytest.fixture(scope="module")
 def known(tmp_path_factory) -> dict[str, set[str]]:
     return {
         "vllm": vllm_series(),
         "node": scrape_series(NODE_EXPORTER_SCRAPE.read_text()),
         "sparkops": sparkops_series(tmp_path_factory.mktemp("textfile")),
+        "gateway": set(gateway_series()),
         "prometheus": {"up"},
     }
 
@@ -148,6 +165,8 @@ def test_the_dashboard_covers_what_operators_watch():
         "node_memory_MemAvailable_bytes",
     ):
         assert needed in used, needed
+    for needed in gateway_series():  # per key, each of the gateway's counters
+        assert needed in used, needed
     quantiles = {e.split(",")[0] for _where, e in dashboard_exprs() if e.startswith("histogram_quantile(")}
     assert quantiles == {"histogram_quantile(0.5", "histogram_quantile(0.95"}
 
@@ -155,10 +174,33 @@ def test_the_dashboard_covers_what_operators_watch():
 def test_every_alert_has_a_for_clause_and_a_test():
     doc = yaml.safe_load(RULES.read_text())
     alerts = [r for g in doc["groups"] for r in g["rules"] if "alert" in r]
-    assert len(alerts) == 8
+    assert len(alerts) == 9
     assert all(r.get("for") for r in alerts), [r["alert"] for r in alerts if not r.get("for")]
     tests = yaml.safe_load((ROOT / "tests" / "promtool" / "sparkops-alerts.test.yml").read_text())["tests"]
     for alert in (r["alert"] for r in alerts):
         cases = [c for t in tests for c in t["alert_rule_test"] if c["alertname"] == alert]
         assert any(c["exp_alerts"] for c in cases), f"{alert}: no case where it fires"
         assert any(not c["exp_alerts"] for c in cases), f"{alert}: no healthy case where it stays quiet"
+
+
+def test_the_gateway_panels_read_its_counters_by_key_and_its_up_state():
+    """Per key NAME (the counters' only label), the gateway's scrape job (prometheus.yml.j2's `gateway`), and
+    its alert on the same job."""
+    series = gateway_series()
+    assert set(series) == {
+        "sparkops_gateway_requests_total",
+        "sparkops_gateway_prompt_tokens_total",
+        "sparkops_gateway_completion_tokens_total",
+    }
+    assert all(labels == ["key"] for labels in series.values()), series
+    gateway_exprs = [e for _t, e in dashboard_exprs() if metric_names(e) & set(series)]
+    assert len(gateway_exprs) == 3, gateway_exprs
+    for expr in gateway_exprs:
+        assert re.search(r"sum by \(key\) \(rate\(", expr) and 'job="gateway"' in expr, expr
+    assert 'up{job="gateway"}' in [e for _t, e in dashboard_exprs()]
+    template = (ROLE / "templates" / "prometheus.yml.j2").read_text()
+    job = re.search(r"job_name: (\w+)\n    metrics_path: /metrics/", template)
+    assert job and job.group(1) == "gateway"
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    [down] = [r for g in groups for r in g["rules"] if r.get("alert") == "GatewayDown"]
+    assert down["expr"] == 'up{job="gateway"} == 0' and down["labels"]["severity"] == "critical"

@@ -18,6 +18,7 @@ import yaml
 from ansible.errors import AnsibleFilterError
 from ansible_collections.sparkops.cluster.plugins.filter.cluster import FilterModule
 from ansible_collections.sparkops.cluster.plugins.filter.day2 import FilterModule as Day2Filters
+from ansible_collections.sparkops.cluster.plugins.filter.gateway import FilterModule as GatewayFilters
 from ansible_collections.sparkops.cluster.plugins.plugin_utils import day2_checks as d
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving import (
     deployment_target,
@@ -32,6 +33,7 @@ TP2 = "qwen3-235b-a22b-gptq-int4-tp2"
 GPT_OSS = "gpt-oss-120b-mxfp4"
 QWEN30 = "qwen3-30b-a3b"
 FILTERS = FilterModule().filters()
+GATEWAY_FILTERS = GatewayFilters().filters()
 
 
 def _four():
@@ -229,12 +231,14 @@ def _env(folder):
     env.filters["realpath"] = os.path.realpath
     env.filters["to_nice_json"] = lambda v: json.dumps(v, indent=4, sort_keys=True)
     env.filters["from_json"] = json.loads
+    env.filters["bool"] = lambda v: v if isinstance(v, bool) else str(v).strip().lower() in ("true", "yes", "on", "1")
+    env.filters["sparkops.cluster.gateway_usage_lines"] = GATEWAY_FILTERS["gateway_usage_lines"]
     env.tests["skipped"] = lambda v: bool(getattr(v, "get", lambda *_: False)("skipped"))
     return env
 
 
-def _prometheus(cluster, plan):
-    text = (
+def _prometheus_config(cluster, plan, **more):
+    return yaml.safe_load(
         _env("roles/monitoring/templates")
         .get_template("prometheus.yml.j2")
         .render(
@@ -247,9 +251,13 @@ def _prometheus(cluster, plan):
             sparkops_cluster={**cluster, "serving": plan},
             groups={"spark_cluster": ["spark-1"]},
             hostvars={"spark-1": {"monitoring_node_exporter_target": "10.0.0.1:9100"}},
+            **{"sparkops_gateway_enabled": False, **more},
         )
     )
-    (job,) = [j for j in yaml.safe_load(text)["scrape_configs"] if j["job_name"] == "vllm"]
+
+
+def _prometheus(cluster, plan):
+    (job,) = [j for j in _prometheus_config(cluster, plan)["scrape_configs"] if j["job_name"] == "vllm"]
     return job["static_configs"]
 
 
@@ -292,6 +300,7 @@ def _report(template, cluster, plan, checks, **more):
         "groups": {"spark_cluster": []},
         "hostvars": {},
         "status_cables": "",
+        "sparkops_gateway_enabled": False,
     }
     values.update(more)
     folder, name = template
