@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import time
 from pathlib import Path
 
@@ -31,6 +32,7 @@ import yaml
 from conftest import (
     SIM_STATE,
     discover,
+    inventory_hosts,
     links_by_host,
     node_sh,
     recap,
@@ -94,6 +96,67 @@ def test_switch_discovery_writes_the_hand_written_switch_and_plan_takes_it(switc
     plan = run_playbook("playbooks/plan.yml", inventory=tmp_path, timeout=300)
     assert plan.returncode == 0, plan.stdout[-3000:]
     print(f"plan.yml on the discovered switch of 4: {plan.elapsed:.1f} s")
+
+
+def test_switch_serves_tp2_and_two_replicas_behind_the_gateway_and_upgrades_one_blue_green(switch4):
+    """Issue 25 on the 4-node switch: `big` (TP=2 over Ray) on spark-sim-1/2 and two replicas of `chat` on
+    spark-sim-3/4, behind the gateway on the head; a client streams chat completions through the gateway
+    (the openai client, no retries) while upgrade.yml replaces chat blue-green; no request fails, and big is
+    not restarted."""
+    from test_gateway import ON as GATEWAY_ON  # noqa: PLC0415
+    from test_gateway import REPLICAS_V2, STREAM, V2, VENV_PY  # noqa: PLC0415 - the pair's gateway scenario
+
+    nodes = [f"spark-sim-{i}" for i in range(1, 5)]
+    chat = {"name": "chat", "profile": "sim-chat", "hosts": nodes[2:]}
+    big = {"name": "big", "profile": "sim-tiny-tp2", "hosts": nodes[:2]}
+    shape = {**GATEWAY_ON, **V2, "sparkops_deployments": [big, chat]}
+    shape_v2 = {**shape, "sparkops_deployments": [big, REPLICAS_V2["sparkops_deployments"][0] | {"hosts": nodes[2:]}]}
+    t0 = time.monotonic()
+    res = run_playbook("site.yml", inventory=switch4, extra_vars=shape, timeout=2400)
+    assert res.returncode == 0, res.stdout[-6000:]
+    print(f"\n[switch-4] site.yml: big TP=2 on 1-2, chat x2 on 3-4, gateway on the head: {time.monotonic() - t0:.0f} s")
+    head_link = inventory_hosts(hand_written(4, "switch"))[nodes[0]]["sparkops_fast_links"][0]["address"]
+    gateway = f"http://{head_link.split('/')[0]}:4000"
+    made = run_playbook("playbooks/keys.yml", inventory=switch4, extra_vars={**shape, "sparkops_key_name": "itest-bg"})
+    assert made.returncode == 0, made.stdout[-3000:]
+    key = (SIM_STATE / "credentials" / "keys" / "itest-bg").read_text().strip()
+    node_sh(nodes[0], f"umask 077; printf '%s\\n' '{key}' > /root/.itest-bg-key; rm -f /root/bg.stop /root/bg.json")
+    started = "docker inspect --format '{{.State.StartedAt}}' sparkops-vllm sparkops-ray"
+    big_started = {n: node_sh(n, started, check=False).stdout for n in nodes[:2]}
+    node_sh(
+        nodes[0],
+        f"nohup {VENV_PY} -c {shlex.quote(STREAM)} {gateway} /root/.itest-bg-key /root/bg.stop /root/bg.json"
+        " >/root/bg.log 2>&1 &",
+    )
+    try:
+        time.sleep(5)  # the client is streaming before the upgrade starts
+        t1 = time.monotonic()
+        up = run_playbook(
+            "playbooks/upgrade.yml",
+            inventory=switch4,
+            extra_vars={**shape_v2, "sparkops_deployment": "chat"},
+            timeout=2400,
+        )
+        took = time.monotonic() - t1
+    finally:
+        node_sh(nodes[0], "touch /root/bg.stop; sleep 3; cat /root/bg.log; rm -f /root/.itest-bg-key", check=False)
+    got = json.loads(node_sh(nodes[0], "cat /root/bg.json").stdout)
+    out = " ".join(up.stdout.split())
+    switches = re.search(r"gateway switches took ([0-9., s]+) s", out)
+    print(
+        f"[switch-4] blue-green upgrade of chat: {took:.0f} s; the streaming client: {got['ok']} streams, "
+        f"{got['failed']} failed {got['errors']}; gateway switches {switches.group(1) if switches else '?'} s (2 cores)"
+    )
+    assert up.returncode == 0, up.stdout[-6000:]
+    assert "blue-green" in out and got["failed"] == 0 and got["ok"] >= 20, (got, out[-3000:])
+    for node in nodes[2:]:
+        cmd = json.loads(node_sh(node, "docker inspect --format '{{json .Config.Cmd}}' sparkops-vllm").stdout)
+        assert cmd[cmd.index("--max-num-seqs") + 1] == "8", (node, cmd)
+    for node in big_started:
+        now = node_sh(
+            node, "docker inspect --format '{{.State.StartedAt}}' sparkops-vllm sparkops-ray", check=False
+        ).stdout
+        assert now == started, f"big was restarted on {node}"
 
 
 @pytest.fixture(scope="module")
