@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.cluster import summary
-from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving import deployment_target, health_rows
+from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving import deployment_target, health_rows, ray_rows
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving import summary as serving_summary
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving import upgrade_strategy
 
@@ -43,6 +43,11 @@ def serving_health_rows(checks) -> list:
     return health_rows([dict(c) for c in checks or []])
 
 
+def serving_ray_rows(readings) -> list:
+    """One row per Ray group from a looped ray_cluster_status's results (plugin_utils/serving.py ray_rows)."""
+    return ray_rows([dict(r) for r in readings or []])
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -51,4 +56,5 @@ class FilterModule:
             "serving_target": serving_target,
             "serving_health_rows": serving_health_rows,
             "serving_upgrade_strategy": serving_upgrade_strategy,
+            "serving_ray_rows": serving_ray_rows,
         }

@@ -365,17 +365,21 @@ def check_nccl_busbw(report: dict | None, hardware: str) -> dict:
     return verdict(name, "cluster", PASS, ev)
 
 
-def check_ray(ray: dict, expected_nodes: int, expected_gpus: float) -> dict:
+def check_ray(
+    ray: dict, expected_nodes: int, expected_gpus: float, scope: str = "cluster", head: str = "the head"
+) -> dict:
+    """One Ray cluster's membership verdict; `scope` names the Ray group when the plan runs several, `head`
+    the node its GCS runs on."""
     if ray and ray.get("not_used"):
         # The serving plan runs no Ray (vLLM's own multi-node executor): the containers' checks cover the ranks.
-        return verdict("Ray membership", "cluster", NA, f"not applicable: {ray['not_used']}")
-    if not ray or ray.get("failed") or ray.get("error"):
+        return verdict("Ray membership", scope, NA, f"not applicable: {ray['not_used']}")
+    if not ray or ray.get("failed") or ray.get("error") or ray.get("unreachable"):
         return verdict(
             "Ray membership",
-            "cluster",
+            scope,
             CRITICAL,
             f"Ray could not be read: {(ray or {}).get('msg') or (ray or {}).get('error') or 'no answer'}",
-            "docker logs sparkops-ray on the head; `ansible-playbook site.yml` restarts the group",
+            f"docker logs sparkops-ray on {head}; `ansible-playbook site.yml` restarts the group",
         )
     # Keys of sparkops.cluster.ray_cluster_status (the one source for alive nodes and GPUs).
     alive, gpus = int(ray.get("nodes_alive", 0)), float(ray.get("gpus_total", 0) or 0)
@@ -385,13 +389,37 @@ def check_ray(ray: dict, expected_nodes: int, expected_gpus: float) -> dict:
     if alive < expected_nodes or gpus < expected_gpus:
         return verdict(
             "Ray membership",
-            "cluster",
+            scope,
             CRITICAL,
             ev,
             "bring the missing node back (power, cable, `docker ps` on it); "
             "the watchdog restarts the group once it answers",
         )
-    return verdict("Ray membership", "cluster", PASS, ev)
+    return verdict("Ray membership", scope, PASS, ev)
+
+
+def check_rays(ray, expected_nodes: int, expected_gpus: float) -> list[dict]:
+    """One Ray membership verdict per Ray group. `ray`: a looped ray_cluster_status's results over the serving
+    plan's ray_groups (each with its group as `item`, judged against the group's own expected nodes and GPUs:
+    with one group scope "cluster", as before groups; with several "<name> (<hosts>)"), or one reading (or
+    {'not_used': why}) judged against `expected_nodes`/`expected_gpus`."""
+    if not isinstance(ray, list):
+        return [check_ray(ray or {}, expected_nodes, expected_gpus)]
+    several = len(ray) > 1
+    out = []
+    for reading in ray:
+        group = reading.get(reading.get("ansible_loop_var") or "item") or {}
+        scope = f"{group.get('name')} ({', '.join(group.get('hosts') or [])})" if several else "cluster"
+        out.append(
+            check_ray(
+                reading,
+                int(group.get("expected_nodes", expected_nodes)),
+                float(group.get("expected_gpus", expected_gpus)),
+                scope,
+                str(group.get("head") or "the head"),
+            )
+        )
+    return out
 
 
 def check_endpoint(health: dict, scope: str = "cluster") -> dict:
@@ -618,7 +646,8 @@ def build_verdicts(inputs: dict) -> list[dict]:
         out.append(check_cabling(dict(inputs["discovery"], hardware=hw), reads))
     out.append(check_nccl(inputs.get("nccl") or {}, hw))
     out.append(check_nccl_busbw(inputs.get("nccl_busbw"), hw))
-    out.append(check_ray(inputs.get("ray") or {}, int(s["expected_nodes"]), float(s["expected_gpus"])))
+    # One verdict per Ray group (doctor.yml reads each on its own head), or the one reading given.
+    out.extend(check_rays(inputs.get("ray") or {}, int(s["expected_nodes"]), float(s["expected_gpus"])))
     # Every replica's completion when doctor.yml gives them (`endpoints`), else the one `health`.
     out.extend(check_endpoints(inputs.get("endpoints") or [inputs.get("health") or {}]))
     out.append(check_exposure(inputs.get("exposure") or {}, s["serve_host"], s["mgmt_address"]))

@@ -25,7 +25,9 @@ A multi-node group's executor (``sparkops_executor``, or the deployment's ``exec
 * ``ray`` (the default): a Ray container on every node of the group (every node of the cluster for
   the default deployment), ``vllm serve`` on the head attached to the head's raylet, with
   ``--distributed-executor-backend ray`` when TP x PP spans nodes; each member's ``ray.argv`` is its
-  ``ray start`` command line (the ``ray_cluster_*`` variables);
+  ``ray start`` command line (the ``ray_cluster_*`` variables), joining its own group's head
+  (``ray.address``). Each group is a Ray cluster of its own: ``ray_groups`` lists them (head, hosts,
+  GCS address, expected nodes, GPUs and node IPs) for what waits on Ray and reads its membership;
 * ``single`` (``mp`` with a profile that fits one node): one ``vllm serve`` on the head, no Ray;
 * ``mp``: vLLM's own multi-node executor: every member runs ``vllm serve --nnodes N --node-rank R
   --master-addr <head fast-link address> --master-port P``; ranks above 0 with ``--headless``
@@ -751,8 +753,11 @@ def build_serving(cluster: dict, inputs: dict) -> dict:  # noqa: PLR0912, PLR091
     # Every replica's API, for what checks, watches and reports on serving (monitoring, verify, doctor, the
     # health report, status, the benchmark): they read this list, not deployments[0].
     plan["targets"] = serving_targets(plan)
+    # Every Ray cluster the plan starts (one per replica under Ray), for what waits on and reads Ray's
+    # membership (ray_cluster's wait, verify, doctor, the health report, status): each from its own head.
+    plan["ray_groups"] = ray_groups(plan, ray_opts["ray_gpus_per_node"])
     # Whether a replica runs under Ray: where Ray's membership is read (report, verify, doctor).
-    plan["ray_used"] = any(t["executor"] == "ray" for t in plan["targets"])
+    plan["ray_used"] = bool(plan["ray_groups"])
     plan["image"] = image  # the cluster's one image (every deployment's)
     plan["gateway"] = gateway  # checked with the rest, above
     return plan
@@ -891,6 +896,60 @@ def serving_targets(plan: dict) -> list:
                 }
             )
     return out
+
+
+def ray_groups(plan: dict, gpus_per_node: int) -> list:
+    """Every Ray cluster of the plan, one per replica under Ray (the default deployment: one, on every node of
+    the cluster, its head the cluster's head). Each: deployment, replica, name ("<deployment> replica <index>"),
+    head (the host holding the GCS), head_ip, hosts, gcs_address (what each of its workers joins), and what
+    its membership must reach: expected_nodes, expected_gpus (the GPUs each node declares, `--num-gpus`, times
+    its nodes) and node_ips (each node's fast-link address, as Ray's GCS lists it)."""
+    out = []
+    for dep in plan.get("deployments", []):
+        for rep in dep.get("replicas") or []:
+            members = [m for m in rep["members"] if m.get("ray")]
+            if rep["executor"] != "ray" or not members:
+                continue
+            head = next(m for m in members if m["ray"]["head"])
+            out.append(
+                {
+                    "deployment": dep["name"],
+                    "replica": rep["index"],
+                    "name": f"{dep['name']} replica {rep['index']}",
+                    "head": head["host"],
+                    "head_ip": head["ip"],
+                    "hosts": [m["host"] for m in members],
+                    "gcs_address": head["ray"]["address"],
+                    "expected_nodes": len(members),
+                    "expected_gpus": len(members) * int(gpus_per_node),
+                    "node_ips": [m["ip"] for m in members],
+                }
+            )
+    return out
+
+
+def ray_rows(readings: list) -> list:
+    """One row per Ray group from a looped ray_cluster_status's results (each with its group as its loop
+    variable: `item`, or the one its `ansible_loop_var` names): the
+    group's keys and ready, summary, msg, nodes_alive, gpus_total, gpus_used, dead_node_ips, missing_node_ips,
+    `state` (ok or DEGRADED) and `line` (status.yml's and verify.yml's Ray line: with one group as it was
+    before groups, "ray: ok: <summary>"; with several each named, "ray <name> (<hosts>): ok: <summary>")."""
+    several = len(readings) > 1
+    rows = []
+    for reading in readings:
+        group = dict(reading.get(reading.get("ansible_loop_var") or "item") or {})
+        ready = bool(reading.get("ready"))
+        state = "ok" if ready else "DEGRADED"
+        summary_text = reading.get("summary") or "not read"
+        label = f" {group.get('name')} ({', '.join(group.get('hosts') or [])})" if several else ""
+        rows.append(
+            {**group, "ready": ready, "summary": reading.get("summary"), "msg": reading.get("msg") or "no answer",
+             "nodes_alive": reading.get("nodes_alive"), "gpus_total": reading.get("gpus_total"),
+             "gpus_used": reading.get("gpus_used"), "dead_node_ips": list(reading.get("dead_node_ips") or []),
+             "missing_node_ips": list(reading.get("missing_node_ips") or []), "state": state,
+             "line": f"ray{label}: {state}: {summary_text}"}
+        )  # fmt: skip
+    return rows
 
 
 def deployment_target(plan: dict, name=None) -> dict:

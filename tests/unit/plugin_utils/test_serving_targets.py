@@ -227,6 +227,7 @@ def _env(folder):
     env.filters["urlsplit"] = lambda url, part: getattr(urllib.parse.urlsplit(url), part)
     env.filters["ansible.utils.ipwrap"] = lambda a: a
     env.filters["sparkops.cluster.serving_health_rows"] = FILTERS["serving_health_rows"]
+    env.filters["sparkops.cluster.serving_ray_rows"] = FILTERS["serving_ray_rows"]
     env.filters["sparkops.cluster.serving_allowed_rules"] = lambda *_a: []
     env.filters["realpath"] = os.path.realpath
     env.filters["to_nice_json"] = lambda v: json.dumps(v, indent=4, sort_keys=True)
@@ -303,6 +304,10 @@ def _report(template, cluster, plan, checks, **more):
         "sparkops_gateway_enabled": False,
     }
     values.update(more)
+    # roles/serving_report/vars/main.yml's serving_report_ray_rows (the role's vars reach its templates).
+    values.setdefault(
+        "serving_report_ray_rows", FILTERS["serving_ray_rows"](values["serving_report_ray"].get("results"))
+    )
     folder, name = template
     return _env(folder).get_template(name).render(**values)
 
@@ -349,8 +354,52 @@ def test_status_prints_a_line_per_replica_and_today_s_line_for_one():
     ]
     assert "ray: not used (no replica runs under Ray)" in out
     cluster, plan = plan_of()
-    out = _report(
-        STATUS, cluster, plan, [_check(plan["targets"][0])], serving_report_ray={"ready": True, "summary": "2 nodes"}
-    )
+    (group,) = plan["ray_groups"]
+    reading = {"item": group, "ready": True, "summary": "2/2 nodes alive, 2.0/2.0 GPUs (2.0 used)"}
+    out = _report(STATUS, cluster, plan, [_check(plan["targets"][0])], serving_report_ray={"results": [reading]})
+    out = out.splitlines()
     assert f"endpoint: {cluster['endpoint']['url']}/v1 HEALTHY; KV cache 0.25; running 1, waiting 0" in out
-    assert "ray: ok: 2 nodes" in out
+    assert "ray: ok: 2/2 nodes alive, 2.0/2.0 GPUs (2.0 used)" in out
+
+
+def _ray_reading(group, alive):
+    gpus = float(alive)
+    return {"item": group, "ready": alive == group["expected_nodes"], "nodes_alive": alive, "gpus_total": gpus,
+            "summary": f"{alive}/{group['expected_nodes']} nodes alive, {gpus}/{float(group['expected_gpus'])} GPUs",
+            "msg": f"Ray cluster after 0 s: {alive}/{group['expected_nodes']} nodes alive"}  # fmt: skip
+
+
+def test_status_and_the_health_report_show_each_ray_group():
+    cluster, plan = plan_of(switch(4), deployments=[{"name": "big", "profile": TP2}])
+    first, second = plan["ray_groups"]
+    ray = {"results": [_ray_reading(first, 2), _ray_reading(second, 1)]}
+    checks = [_check(t) for t in plan["targets"]]
+    out = _report(STATUS, cluster, plan, checks, serving_report_ray=ray).splitlines()
+    assert [line for line in out if line.startswith(("ray", "  (Ray"))] == [
+        "ray big replica 0 (spark-1, spark-2): ok: 2/2 nodes alive, 2.0/2.0 GPUs",
+        "ray big replica 1 (spark-3, spark-4): DEGRADED: 1/2 nodes alive, 1.0/2.0 GPUs",
+        "  (Ray cluster after 0 s: 1/2 nodes alive)",
+    ]
+    md = _report(HEALTH_MD, cluster, plan, checks, serving_report_ray=ray).splitlines()
+    assert [line for line in md if line.startswith("| Ray")] == [
+        "| Ray big replica 0 (spark-1, spark-2) | ok: 2/2 nodes alive, 2.0/2.0 GPUs |",
+        "| Ray big replica 1 (spark-3, spark-4) | DEGRADED: 1/2 nodes alive, 1.0/2.0 GPUs |",
+    ]
+    doc = json.loads(_report(HEALTH_JSON, cluster, plan, checks, serving_report_ray=ray, sparkops_hardware="x"))
+    assert [(g["name"], g["ready"], g["gcs_address"]) for g in doc["ray_groups"]] == [
+        ("big replica 0", True, first["gcs_address"]), ("big replica 1", False, second["gcs_address"])
+    ]  # fmt: skip
+    assert doc["ray"]["name"] == "big replica 0" and doc["ray"]["nodes_alive"] == 2
+    # One group (the default): the report's row and JSON as before groups; no Ray: none.
+    cluster, plan = plan_of()
+    (group,) = plan["ray_groups"]
+    one = {"results": [_ray_reading(group, 2)]}
+    md = _report(HEALTH_MD, cluster, plan, [_check(plan["targets"][0])], serving_report_ray=one).splitlines()
+    assert [line for line in md if line.startswith("| Ray")] == ["| Ray | ok: 2/2 nodes alive, 2.0/2.0 GPUs |"]
+    doc = json.loads(_report(HEALTH_JSON, cluster, plan, [_check(plan["targets"][0])], serving_report_ray=one))
+    assert (doc["ray"]["ready"], doc["ray"]["summary"]) == (True, "2/2 nodes alive, 2.0/2.0 GPUs")
+    skipped = {"skipped": True, "results": []}  # a loop over no group
+    doc = json.loads(_report(HEALTH_JSON, cluster, plan, [_check(plan["targets"][0])], serving_report_ray=skipped))
+    assert doc["ray"] is None and doc["ray_groups"] == []
+    md = _report(HEALTH_MD, cluster, plan, [_check(plan["targets"][0])], serving_report_ray=skipped)
+    assert "| Ray | not used: vLLM's own executor (ray) |" in md.splitlines()
