@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.cluster import summary
-from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving import deployment_target, health_rows, ray_rows
+from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving import (
+    deployment_target,
+    health_rows,
+    ray_rows,
+    upgrade_strategy,
+)
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving import summary as serving_summary
-from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving import upgrade_strategy
 
 
 def cluster_summary(model: dict) -> list:
