@@ -120,12 +120,12 @@ def test_a_worker_that_never_gets_ready_leaves_the_old_one_serving_untouched(mas
     with pytest.raises(gr.ReloadError, match="keep serving") as err:
         master.reloader().run(timeout=1.5)
     assert master.signals == ["SIGTTIN"]  # no TTOU: the oldest (the serving one) was never asked to go
-    assert "LOG TAIL" == err.value.details["log"] and err.value.details["old_pids"] == [old]
+    assert err.value.details["log"] == "LOG TAIL" and err.value.details["old_pids"] == [old]
     booting = err.value.details["new_pid"]
     time.sleep(0.5)
     assert master.workers() == [old, booting] and (master.ready / f"{old}.ready").exists()
-    # Fixed (here: the hang lifted for the next worker), a later run waits for no TTIN'd worker it cannot use:
-    # the stuck one keeps booting, so the run fails again, still without TTOU.
+    # A later run awaits the worker still starting (no second TTIN); it stays stuck, so that run fails too,
+    # again without TTOU: the serving worker is never the one let go.
     master.signals.clear()
     with pytest.raises(gr.ReloadError):
         master.reloader().run(timeout=1.0)
