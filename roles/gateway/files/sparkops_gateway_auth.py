@@ -278,7 +278,7 @@ def load_secret_files(environ=None) -> list[str]:
 
 
 def __getattr__(attr: str):
-    """`gunicorn -k uvicorn.workers.UvicornWorker sparkops_gateway_auth:app`: LiteLLM's app (configured by
+    """`gunicorn -k sparkops_gateway_worker.Worker sparkops_gateway_auth:app`: LiteLLM's app (configured by
     CONFIG_FILE_PATH), wrapped; each worker imports it (no --preload), so each reads the files afresh."""
     if attr == "app":
         load_secret_files()  # before LiteLLM's import reads LITELLM_MASTER_KEY and the config
