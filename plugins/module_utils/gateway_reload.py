@@ -6,14 +6,14 @@ The gateway runs as gunicorn 23.0.0 with uvicorn's worker class and no --preload
 LiteLLM's app itself, and LiteLLM reads CONFIG_FILE_PATH only in its startup (litellm/proxy/proxy_server.py:1441-
 1466 in 1.108.7). So a new worker serves the file as it is when it starts. gunicorn's own HUP spawns the new
 workers and, in the same pass, kills the old ones (arbiter.py:433-486: reload() spawns cfg.workers new ones, then
-manage_workers() TERMs the oldest surplus at once, 564-573), without waiting for the new ones to be ready:
+manage_workers() TERMs the oldest surplus at once, 564-576), without waiting for the new ones to be ready:
 for the seconds LiteLLM takes to start no worker accepts. Instead:
 
 1. TTIN: the master wants one worker more and spawns it (arbiter.py:268-274); it loads the new file.
 2. The new worker's ready file appears: the app wrapper (roles/gateway/files/sparkops_gateway_auth.py) writes
    `<ready_dir>/<pid>.ready`, holding the SHA-256 of the file it loaded, when LiteLLM's startup has completed
    (write_ready), and removes it at shutdown.
-3. TTOU: the master wants one worker less and TERMs the OLDEST (arbiter.py:276-283, 564-573: workers sorted by
+3. TTOU: the master wants one worker less and TERMs the OLDEST (arbiter.py:276-284, 573-576: workers sorted by
    age, popped from the front). uvicorn's worker then stops accepting and finishes its requests
    (uvicorn/server.py:281-311); the listening socket stays open in the master and the new worker.
 

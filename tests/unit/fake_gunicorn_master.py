@@ -3,7 +3,7 @@
 What it reproduces, from gunicorn/arbiter.py (23.0.0):
 - the pidfile holds the master's pid (arbiter.py:131-136, Pidfile.create);
 - TTIN: one worker more, spawned at once (handle_ttin, :268-274, then manage_workers/spawn_workers);
-- TTOU: one worker less, ignored at one worker (handle_ttou, :276-283); manage_workers (:564-573) sorts the
+- TTOU: one worker less, ignored at one worker (handle_ttou, :276-284); manage_workers (:564-576) sorts the
   workers by age and TERMs the OLDEST surplus, again on every pass of the main loop while it has not exited
   (the loop calls manage_workers after each sleep, :206-210), as gunicorn does;
 - a worker that died is replaced (manage_workers -> spawn_workers).
