@@ -1,7 +1,7 @@
 """Filters for the client gateway (roles/gateway, playbooks/gateway_wheels.yml); the logic is in
 plugins/plugin_utils/gateway.py, these turn its errors into AnsibleFilterError.
 
-    {{ sparkops_cluster.serving | sparkops.cluster.gateway_litellm_config }}        -> LiteLLM's config.yaml
+    {{ sparkops_cluster.serving | sparkops.cluster.gateway_litellm_config(drained) }} -> LiteLLM's config.yaml
     {{ arch | sparkops.cluster.gateway_wheelhouse_name(python_version) }}           -> linux-<arch>-cp<XY>
     {{ pip | sparkops.cluster.gateway_pip_download(dest, reqs, arch=, python=, glibc=) }} -> argv
     {{ python | sparkops.cluster.gateway_wheelhouse_download(dest, reqs, arch=, python=, glibc=) }} -> argv
@@ -14,9 +14,9 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.sparkops.cluster.plugins.plugin_utils import gateway
 
 
-def gateway_litellm_config(plan: dict) -> dict:
+def gateway_litellm_config(plan: dict, drained=()) -> dict:
     try:
-        return gateway.litellm_config(plan)
+        return gateway.litellm_config(plan, drained=list(drained or ()))
     except gateway.GatewayPlanError as err:
         raise AnsibleFilterError(str(err)) from None
 

@@ -68,9 +68,32 @@ def model_list(plan: dict) -> list[dict]:
     return entries
 
 
-def litellm_config(plan: dict, router: dict | None = None) -> dict:
+def drain(entries: list[dict], drained=()) -> list[dict]:
+    """`entries` without the replicas whose model_info.id is in `drained` (a blue-green switch takes a replica
+    out of the gateway's routing before it is stopped). Refused, naming what is wrong, when an id names no
+    replica or when a served model would be left without any replica (its clients would get errors)."""
+    drained = [str(d) for d in (drained or ())]
+    ids = [e["model_info"]["id"] for e in entries]
+    unknown = sorted(set(drained) - set(ids))
+    if unknown:
+        raise GatewayPlanError(
+            f"drained replica(s) {', '.join(unknown)} are not in the plan: the replicas are {', '.join(ids)} "
+            "(<deployment>-<index>)"
+        )
+    kept = [e for e in entries if e["model_info"]["id"] not in drained]
+    served = {e["model_name"] for e in kept}
+    emptied = [name for name in dict.fromkeys(e["model_name"] for e in entries) if name not in served]
+    if emptied:
+        raise GatewayPlanError(
+            f"draining {', '.join(sorted(drained))} would leave {', '.join(emptied)} with no replica to route to: "
+            "start its new replica (or keep one) before draining the last one"
+        )
+    return kept
+
+
+def litellm_config(plan: dict, router: dict | None = None, drained=()) -> dict:
     return {
-        "model_list": model_list(plan),
+        "model_list": drain(model_list(plan), drained),
         "router_settings": {**ROUTER_DEFAULTS, **(router or {})},
         "litellm_settings": {
             "callbacks": ["prometheus", f"{AUTH_MODULE}.usage_callback"],

@@ -262,6 +262,71 @@ def test_a_revoked_key_is_refused_within_seconds(gateway):
     assert time.monotonic() - done < 10
 
 
+STREAMER = r"""
+import json, sys, threading, time
+import openai
+url, key_path, seconds, out = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
+client = openai.OpenAI(base_url=url + "/v1", api_key=open(key_path).read().strip(), max_retries=0, timeout=60)
+model = client.models.list().data[0].id
+done, failed, lock = [0], [], threading.Lock()
+end = time.monotonic() + seconds
+def loop():
+    while time.monotonic() < end:
+        try:
+            chunks = list(client.chat.completions.create(model=model, stream=True, max_tokens=32,
+                                                         messages=[{"role": "user", "content": "count"}]))
+            assert chunks, "an empty stream"
+            with lock:
+                done[0] += 1
+        except Exception as exc:
+            with lock:
+                failed.append(f"{time.strftime('%H:%M:%S')} {type(exc).__name__}: {exc}"[:300])
+threads = [threading.Thread(target=loop) for _ in range(4)]
+[t.start() for t in threads]
+[t.join(seconds + 120) for t in threads]
+json.dump({"done": done[0], "failed": failed}, open(out, "w"))
+"""
+
+
+def workers_on_head() -> list[str]:
+    """gunicorn's workers: the children of the pid in its pidfile."""
+    res = node_sh(NODES[0], 'pgrep -P "$(cat /run/sparkops-gateway/gunicorn.pid)" | sort', check=False)
+    return res.stdout.split()
+
+
+def test_a_config_change_is_applied_with_no_failed_client_request(gateway):
+    """Clients stream through the gateway while its configuration changes twice, once by the init script's
+    `reload` and once by the role (gateway_reload): a new worker, the old one retired, no request fails."""
+    if not (KEYS_DIR / KEY_NAME).exists():
+        made = run_playbook("playbooks/keys.yml", extra_vars={**ON, "sparkops_key_name": KEY_NAME})
+        assert made.returncode == 0, made.stdout[-3000:]
+    path = key_on_head((KEYS_DIR / KEY_NAME).read_text().strip())
+    [first] = workers_on_head()
+    out = "/root/.itest-streams.json"
+    node_sh(NODES[0], f"rm -f {out}; nohup {VENV_PY} -c {shlex.quote(STREAMER)} {GATEWAY} {path} 150 {out} "
+            ">/root/.itest-streams.log 2>&1 &")  # fmt: skip
+    time.sleep(10)
+    # Any byte changes the digest: the service's reload starts a worker with it and retires the old one.
+    node_sh(NODES[0], "echo '# itest reload' >> /etc/sparkops/gateway/config.yaml")
+    reload = node_sh(NODES[0], "/etc/init.d/sparkops-gateway reload", check=False, timeout=240)
+    assert reload.returncode == 0, reload.stdout + reload.stderr
+    switched = json.loads(reload.stdout.strip().splitlines()[-1])
+    assert switched["changed"] and switched["old_pids"] == [int(first)], switched
+    time.sleep(10)
+    # The role writes its config back (the comment goes): a changed file, so the module reloads again.
+    again = run_playbook("playbooks/gateway.yml", extra_vars=ON, timeout=900)
+    assert again.returncode == 0, again.stdout[-4000:]
+    assert "Switch the running gateway to its new configuration" in again.stdout
+    for _ in range(60):  # the streamer runs 150 s in all
+        if node_sh(NODES[0], f"test -s {out}", check=False).returncode == 0:
+            break
+        time.sleep(5)
+    result = json.loads(node_sh(NODES[0], f"cat {out}").stdout)
+    assert result["done"] > 20 and result["failed"] == [], result
+    [last] = workers_on_head()
+    assert last != first and int(last) != switched["new_pid"]  # two reloads, two new workers, one left
+
+
 # ------------------------------------------------------------------ several deployments behind the gateway
 # The profiles of test_deployments.py (the stand-in model for one GPU under its own served model names), and
 # a new version of sim-chat for the upgrade: the same served model name, fewer sequences (a new command line).

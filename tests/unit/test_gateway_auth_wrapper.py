@@ -109,3 +109,87 @@ def test_a_missing_or_empty_secret_file_stops_the_start(tmp_path):
         auth.load_secret_files({"SPARKOPS_VLLM_API_KEY_FILE": str(tmp_path / "absent")})
     env = {}
     assert auth.load_secret_files(env) == [] and env == {}
+
+
+def lifespan(marker, inner_steps, messages):
+    """Run the wrapper's lifespan with `inner_steps(receive, send)` as LiteLLM's lifespan; `messages` are what
+    uvicorn sends in. Returns what reached uvicorn."""
+    incoming, sent = list(messages), []
+
+    async def inner(scope, receive, send):
+        await inner_steps(receive, send)
+
+    async def receive():
+        return incoming.pop(0)
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(auth.RequireKeyEverywhere(inner, FakeStore(), ready=marker)({"type": "lifespan"}, receive, send))
+    return sent
+
+
+def test_the_ready_file_holds_the_loaded_configs_digest_from_startup_complete_to_shutdown(tmp_path):
+    import hashlib  # noqa: PLC0415
+
+    config = tmp_path / "config.yaml"
+    config.write_text("model_list: []\n")
+    marker = auth.ReadyMarker(tmp_path, config, pid=4242)
+    ready = tmp_path / "4242.ready"
+    ready.write_text("stale digest of a dead worker with this pid\n")
+    (tmp_path / "4242.retired").write_text("1\n")
+    seen = {}
+
+    async def litellm(receive, send):
+        await receive()  # lifespan.startup
+        seen["at_startup"] = ready.exists()  # the stale one is gone before LiteLLM reads the config
+        await send({"type": "lifespan.startup.complete"})
+        seen["after_complete"] = ready.read_text().strip()
+        await receive()  # lifespan.shutdown
+        seen["at_shutdown"] = ready.exists()
+        await send({"type": "lifespan.shutdown.complete"})
+
+    sent = lifespan(marker, litellm, [{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}])
+    assert seen == {
+        "at_startup": False,
+        "after_complete": hashlib.sha256(config.read_bytes()).hexdigest(),
+        "at_shutdown": False,
+    }
+    assert [m["type"] for m in sent] == ["lifespan.startup.complete", "lifespan.shutdown.complete"]
+    assert not (tmp_path / "4242.retired").exists()
+
+
+def test_a_config_changed_during_startup_is_not_vouched_for(tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_text("a\n")
+
+    async def litellm(receive, send):
+        await receive()
+        config.write_text("b\n")  # rewritten while LiteLLM read it: which one it got is unknown
+        await send({"type": "lifespan.startup.complete"})
+
+    lifespan(auth.ReadyMarker(tmp_path, config, pid=7), litellm, [{"type": "lifespan.startup"}])
+    assert (tmp_path / "7.ready").read_text().strip() == "unknown"
+
+
+def test_a_failed_startup_exits_1_not_gunicorns_boot_error_and_writes_no_ready_file(tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_text("a\n")
+    exits = []
+
+    async def litellm(receive, send):
+        await receive()
+        await send({"type": "lifespan.startup.failed", "message": "bad config"})
+
+    marker = auth.ReadyMarker(tmp_path, config, pid=8, retry_s=0, exit=exits.append)
+    sent = lifespan(marker, litellm, [{"type": "lifespan.startup"}])
+    # 1, not 3: gunicorn's master halts on 3 (WORKER_BOOT_ERROR) and would stop the old worker too.
+    assert exits == [1] and sent == [] and not (tmp_path / "8.ready").exists()
+
+
+def test_the_ready_marker_comes_from_the_environment(tmp_path):
+    assert auth.ready_marker({}) is None  # plain uvicorn: no ready files
+    marker = auth.ready_marker({"SPARKOPS_GATEWAY_READY_DIR": str(tmp_path), "CONFIG_FILE_PATH": "/c.yaml"})
+    assert marker.ready_dir == str(tmp_path) and marker.config == "/c.yaml"
+    with pytest.raises(RuntimeError, match="CONFIG_FILE_PATH"):
+        auth.ready_marker({"SPARKOPS_GATEWAY_READY_DIR": str(tmp_path)})

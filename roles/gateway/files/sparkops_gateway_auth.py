@@ -20,6 +20,12 @@ LiteLLM reads from its environment (LITELLM_MASTER_KEY, and the vLLM key the con
 os.environ/SPARKOPS_VLLM_API_KEY) are given as files, NAME_FILE=path (root's 0600 files the service's user may
 read): load_secret_files() puts them into this process's environment just before LiteLLM is imported, so they
 are on no command line and in no service definition.
+
+Reloads (docs/gateway.md, "Reloads"): the gateway runs under gunicorn with uvicorn's worker class, one worker,
+no --preload, so each worker imports this module and LiteLLM reads CONFIG_FILE_PATH in its own startup. With
+SPARKOPS_GATEWAY_READY_DIR set, ReadyMarker writes `<dir>/<pid>.ready` (the SHA-256 of the config the worker
+loaded) once LiteLLM's startup has completed, and removes it at shutdown; the reload (plugins/module_utils/
+gateway_reload.py, installed beside this file) retires the old worker only when the new one's file is there.
 """
 
 from __future__ import annotations
@@ -32,8 +38,14 @@ import threading
 import time
 
 import gateway_keys  # plugins/module_utils/gateway_keys.py, installed beside this file
+import gateway_reload  # plugins/module_utils/gateway_reload.py, installed beside this file
 
 DB_ENV = "SPARKOPS_GATEWAY_DB"
+READY_DIR_ENV = "SPARKOPS_GATEWAY_READY_DIR"
+CONFIG_ENV = "CONFIG_FILE_PATH"  # LiteLLM's (litellm/proxy/proxy_server.py:1442)
+# A worker whose LiteLLM startup failed waits this long, then exits 1 (see ReadyMarker): gunicorn's master
+# replaces it, and the wait keeps a bad configuration from costing a CPU on imports back to back.
+BOOT_RETRY_S = 10.0
 # The secrets LiteLLM reads from the environment, each given as a file by NAME_FILE (load_secret_files).
 SECRET_ENVS = ("LITELLM_MASTER_KEY", "SPARKOPS_VLLM_API_KEY")
 CACHE_S = 2.0  # the longest a revoked key still passes (issue 25: "effective within seconds")
@@ -152,11 +164,14 @@ class RequireKeyEverywhere:
     LiteLLM's custom_auth runs only where a route depends on user_api_key_auth; this closes the others
     (unknown paths too) with the same key store, answering 401 without touching the inner app."""
 
-    def __init__(self, inner, key_store=None):
+    def __init__(self, inner, key_store=None, ready=None):
         self.inner = inner
         self._store = key_store
+        self._ready = ready
 
     async def __call__(self, scope, receive, send):
+        if scope["type"] == "lifespan" and self._ready is not None:
+            receive, send = self._ready.wrap(receive, send)
         if scope["type"] in ("http", "websocket"):
             headers = dict(scope.get("headers") or [])
             token = gateway_keys.bearer_token(headers.get(b"authorization", b"").decode("latin-1"))
@@ -177,6 +192,67 @@ class RequireKeyEverywhere:
                 await send({"type": "http.response.body", "body": body})
                 return
         await self.inner(scope, receive, send)
+
+
+class ReadyMarker:
+    """The worker's ready file around the ASGI lifespan (uvicorn runs it before it accepts: server.py:115-118,
+    then create_server on gunicorn's sockets). LiteLLM's app is FastAPI with `lifespan=proxy_startup_event`
+    (litellm/proxy/proxy_server.py:1927), which reads the config at :1441-1466, before it yields: so
+    `lifespan.startup.complete` comes after the file was read. The digest is taken before and after the
+    startup; if the file changed in between, which one LiteLLM read is unknown and the file says so.
+
+    A failed startup, under gunicorn, does not exit with uvicorn's code 3: gunicorn's master takes 3 for
+    WORKER_BOOT_ERROR and halts, stopping the old worker too (gunicorn/arbiter.py:524-532; uvicorn's
+    server.py:116-118 and workers.py:100-101 exit 3). This worker waits `retry_s` and exits 1 instead, so the
+    old one keeps serving while the master starts another."""
+
+    def __init__(self, ready_dir, config, pid=None, retry_s=BOOT_RETRY_S, exit=os._exit):  # noqa: A002
+        self.ready_dir, self.config = ready_dir, config
+        self.pid = pid or os.getpid()
+        self.retry_s, self._exit = retry_s, exit
+        self.before = None
+
+    def _digest(self):
+        try:
+            return gateway_reload.config_digest(self.config)
+        except OSError:
+            return None
+
+    def wrap(self, receive, send):
+        async def receive_():
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                gateway_reload.clear_worker_files(self.ready_dir, self.pid)  # a dead worker's, same pid
+                self.before = self._digest()
+            elif message["type"] == "lifespan.shutdown":
+                gateway_reload.clear_worker_files(self.ready_dir, self.pid)
+            return message
+
+        async def send_(message):
+            if message["type"] == "lifespan.startup.failed":
+                _LOG.error("LiteLLM's startup failed; exiting in %.0f s: %s", self.retry_s, message.get("message"))
+                for handler in logging.getLogger().handlers + _LOG.handlers:
+                    handler.flush()
+                await asyncio.sleep(self.retry_s)
+                self._exit(1)
+                return
+            await send(message)
+            if message["type"] == "lifespan.startup.complete":
+                after = self._digest()
+                digest = after if after is not None and after == self.before else gateway_reload.UNKNOWN_DIGEST
+                gateway_reload.write_ready(self.ready_dir, self.pid, digest)
+
+        return receive_, send_
+
+
+def ready_marker(environ=None) -> ReadyMarker | None:
+    environ = os.environ if environ is None else environ
+    ready_dir, config = environ.get(READY_DIR_ENV), environ.get(CONFIG_ENV)
+    if not ready_dir:
+        return None
+    if not config:
+        raise RuntimeError(f"{READY_DIR_ENV} is set but {CONFIG_ENV} is not: there is no config to vouch for")
+    return ReadyMarker(ready_dir, config)
 
 
 def load_secret_files(environ=None) -> list[str]:
@@ -202,10 +278,11 @@ def load_secret_files(environ=None) -> list[str]:
 
 
 def __getattr__(attr: str):
-    """`uvicorn sparkops_gateway_auth:app`: LiteLLM's app (configured by CONFIG_FILE_PATH), wrapped."""
+    """`gunicorn -k sparkops_gateway_worker.Worker sparkops_gateway_auth:app`: LiteLLM's app (configured by
+    CONFIG_FILE_PATH), wrapped; each worker imports it (no --preload), so each reads the files afresh."""
     if attr == "app":
         load_secret_files()  # before LiteLLM's import reads LITELLM_MASTER_KEY and the config
         from litellm.proxy.proxy_server import app as litellm_app  # noqa: PLC0415 - loads the whole proxy
 
-        return RequireKeyEverywhere(litellm_app)
+        return RequireKeyEverywhere(litellm_app, ready=ready_marker())
     raise AttributeError(attr)

@@ -150,3 +150,56 @@ def test_the_wheels_the_node_s_exact_python_needs_besides_are_named(tmp_path):
     assert gw.missing_requirements(str(tmp_path), ["litellm==1.108.7"], node) == []  # no extra: no redis
     _wheel(tmp_path, "async_timeout", "5.0.1", [])
     assert gw.missing_requirements(str(tmp_path), ["litellm[proxy]==1.108.7"], node) == []
+
+
+def _two_replicas_and_a_lone_one():
+    plan = plan_of_only()
+    dep = plan["deployments"][0]
+    dep["replicas"] = [
+        {"index": 0, "head": "spark-1", "endpoint": {"url": "http://10.0.0.1:8000"}},
+        {"index": 1, "head": "spark-3", "endpoint": {"url": "http://10.0.0.3:8000"}},
+    ]
+    other = copy.deepcopy(dep)
+    other.update(name="second", served_model_name="small", replicas=None, api_host="spark-5")
+    other["endpoint"] = {"url": "http://10.0.0.5:8001"}
+    plan["deployments"].append(other)
+    return plan, dep
+
+
+def test_a_drained_replica_leaves_the_routing_and_the_others_stay():
+    plan, dep = _two_replicas_and_a_lone_one()
+    entries = gateway.litellm_config(plan, drained=[dep["name"] + "-0"])["model_list"]
+    assert [e["model_info"]["id"] for e in entries] == [dep["name"] + "-1", "second-0"]
+    assert entries[0]["litellm_params"]["api_base"] == "http://10.0.0.3:8000/v1"
+    # Nothing drained: every replica, as before.
+    assert len(gateway.litellm_config(plan, drained=())["model_list"]) == 3
+
+
+def test_draining_the_last_replica_of_a_model_is_refused_naming_it():
+    plan, dep = _two_replicas_and_a_lone_one()
+    with pytest.raises(gateway.GatewayPlanError, match=r"would leave small with no replica"):
+        gateway.litellm_config(plan, drained=["second-0"])
+    both = [dep["name"] + "-0", dep["name"] + "-1"]
+    with pytest.raises(gateway.GatewayPlanError, match=rf"leave {dep['served_model_name']} with no replica"):
+        gateway.litellm_config(plan, drained=both)
+
+
+def test_draining_an_unknown_replica_is_refused_listing_the_ids():
+    plan, dep = _two_replicas_and_a_lone_one()
+    with pytest.raises(gateway.GatewayPlanError, match=r"second-7 are not in the plan") as err:
+        gateway.litellm_config(plan, drained=["second-7"])
+    assert f"{dep['name']}-0, {dep['name']}-1, second-0" in str(err.value)
+
+
+def test_the_filter_passes_drained_and_turns_refusals_into_ansible_errors():
+    from ansible.errors import AnsibleFilterError  # noqa: PLC0415
+    from ansible_collections.sparkops.cluster.plugins.filter import gateway as gateway_filters  # noqa: PLC0415
+
+    plan, dep = _two_replicas_and_a_lone_one()
+    render = gateway_filters.FilterModule().filters()["gateway_litellm_config"]
+    assert [e["model_info"]["id"] for e in render(plan, [dep["name"] + "-1"])["model_list"]] == [
+        dep["name"] + "-0",
+        "second-0",
+    ]
+    with pytest.raises(AnsibleFilterError, match="no replica"):
+        render(plan, ["second-0"])

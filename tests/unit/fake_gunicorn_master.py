@@ -1,0 +1,106 @@
+"""A stand-in for gunicorn 23.0.0's master with uvicorn's worker class, as real processes, for the reload's tests.
+
+What it reproduces, from gunicorn/arbiter.py (23.0.0):
+- the pidfile holds the master's pid (arbiter.py:131-136, Pidfile.create);
+- TTIN: one worker more, spawned at once (handle_ttin, :268-274, then manage_workers/spawn_workers);
+- TTOU: one worker less, ignored at one worker (handle_ttou, :276-284); manage_workers (:564-576) sorts the
+  workers by age and TERMs the OLDEST surplus, again on every pass of the main loop while it has not exited
+  (the loop calls manage_workers after each sleep, :206-210), as gunicorn does;
+- a worker that died is replaced (manage_workers -> spawn_workers).
+A worker here: after BOOT_S (LiteLLM's import and startup) it writes `<ready_dir>/<pid>.ready` holding the
+SHA-256 of the config as it reads it then, as the app wrapper does, unless the file `<ready_dir>/hang` exists
+(a worker that never becomes ready); on SIGTERM it finishes its "requests" for DRAIN_S (uvicorn's shutdown
+waits for open connections: uvicorn/server.py:281-311), removes its file and exits. No kinder than gunicorn: a
+second TERM does not hurry it (uvicorn forces only on a second SIGINT, server.py:351-356).
+
+python fake_gunicorn_master.py PIDFILE READY_DIR CONFIG BOOT_S DRAIN_S
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+PIDFILE, READY, CONFIG = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+BOOT_S, DRAIN_S = float(sys.argv[4]), float(sys.argv[5])
+LIFETIME_S = 120  # bounded: a master a test forgot still ends
+
+
+def worker() -> None:
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(time.monotonic()))
+    signal.signal(signal.SIGTTIN, signal.SIG_DFL)
+    signal.signal(signal.SIGTTOU, signal.SIG_DFL)
+    me = os.getpid()
+    ready = READY / f"{me}.ready"
+    end = time.monotonic() + LIFETIME_S
+    time.sleep(BOOT_S)
+    if not (READY / "hang").exists():
+        digest = hashlib.sha256(CONFIG.read_bytes()).hexdigest()
+        tmp = READY / f".{me}.tmp"
+        tmp.write_text(digest + "\n")
+        os.replace(tmp, ready)
+    while not stop and time.monotonic() < end:
+        time.sleep(0.02)
+    time.sleep(DRAIN_S)
+    ready.unlink(missing_ok=True)
+    os._exit(0)
+
+
+def main() -> None:
+    workers: dict[int, int] = {}  # pid -> age
+    state = {"num": 1, "age": 0, "queue": []}
+
+    def spawn():
+        state["age"] += 1
+        pid = os.fork()
+        if pid == 0:
+            worker()
+        workers[pid] = state["age"]
+
+    def manage():
+        while True:
+            try:
+                pid, _status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if not pid:
+                break
+            workers.pop(pid, None)
+        while len(workers) < state["num"]:
+            spawn()
+        by_age = sorted(workers.items(), key=lambda w: w[1])
+        while len(by_age) > state["num"]:
+            pid, _age = by_age.pop(0)
+            os.kill(pid, signal.SIGTERM)
+
+    signal.signal(signal.SIGTTIN, lambda *_: state["queue"].append("ttin"))
+    signal.signal(signal.SIGTTOU, lambda *_: state["queue"].append("ttou"))
+    signal.signal(signal.SIGTERM, lambda *_: state["queue"].append("term"))
+    Path(PIDFILE).write_text(f"{os.getpid()}\n")
+    end = time.monotonic() + LIFETIME_S
+    manage()
+    while time.monotonic() < end:
+        while state["queue"]:
+            sig = state["queue"].pop(0)
+            if sig == "term":
+                for pid in workers:
+                    os.kill(pid, signal.SIGKILL)
+                os._exit(0)
+            if sig == "ttin":
+                state["num"] += 1
+            elif state["num"] > 1:
+                state["num"] -= 1
+            manage()
+        time.sleep(0.05)
+        manage()
+    for pid in workers:
+        os.kill(pid, signal.SIGKILL)
+
+
+if __name__ == "__main__":
+    main()
