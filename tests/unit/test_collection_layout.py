@@ -134,7 +134,8 @@ def test_only_vllm_serve_creates_the_api_key():
             creators.append(str(path.relative_to(ROOT)))
     assert creators == ["roles/vllm_serve/tasks/api_key.yml"]
     main = yaml.safe_load((ROOT / "roles" / "vllm_serve" / "tasks" / "main.yml").read_text())
-    assert any(t.get("ansible.builtin.include_tasks") == "api_key.yml" for t in main)
+    tasks = [inner for t in main for inner in (t.get("block") or [t])]  # one level of blocks
+    assert any(t.get("ansible.builtin.include_tasks") == "api_key.yml" for t in tasks)
     # The shared settings (serving_report, benchmark, status) only read it.
     assert "password" not in (ROOT / "roles" / "vllm_serve" / "tasks" / "settings.yml").read_text()
 

@@ -12,7 +12,12 @@ ROOT = Path(__file__).resolve().parents[1].parent
 sys.path.insert(0, str(ROOT / "tests" / "unit" / "plugin_utils"))
 from test_serving_plan import CLUSTER_DEFAULTS, plan_of  # noqa: E402
 
-TASKS = yaml.safe_load((ROOT / "roles/vllm_serve/tasks/container.yml").read_text())
+# Its tasks, the block that starts them (not for upgrade.yml's plan alone) flattened.
+TASKS = [
+    inner
+    for t in yaml.safe_load((ROOT / "roles/vllm_serve/tasks/container.yml").read_text())
+    for inner in (t.get("block") or [t])
+]
 
 
 def test_ray_log_dedup_is_off_so_the_last_rank_is_timed_when_it_prints():
