@@ -98,6 +98,11 @@ def test_switch_discovery_writes_the_hand_written_switch_and_plan_takes_it(switc
     print(f"plan.yml on the discovered switch of 4: {plan.elapsed:.1f} s")
 
 
+@pytest.mark.skipif(
+    os.environ.get("SPARKOPS_SIM_BLUEGREEN_SWITCH") != "1",
+    reason="set SPARKOPS_SIM_BLUEGREEN_SWITCH=1: four nodes with the gateway (~10 min on 2 cores); make test runs "
+    "the same blue-green upgrade on the pair (test_gateway.py)",
+)
 def test_switch_serves_tp2_and_two_replicas_behind_the_gateway_and_upgrades_one_blue_green(switch4):
     """Issue 25 on the 4-node switch: `big` (TP=2 over Ray) on spark-sim-1/2 and two replicas of `chat` on
     spark-sim-3/4, behind the gateway on the head; a client streams chat completions through the gateway
@@ -152,11 +157,8 @@ def test_switch_serves_tp2_and_two_replicas_behind_the_gateway_and_upgrades_one_
     for node in nodes[2:]:
         cmd = json.loads(node_sh(node, "docker inspect --format '{{json .Config.Cmd}}' sparkops-vllm").stdout)
         assert cmd[cmd.index("--max-num-seqs") + 1] == "8", (node, cmd)
-    for node in big_started:
-        now = node_sh(
-            node, "docker inspect --format '{{.State.StartedAt}}' sparkops-vllm sparkops-ray", check=False
-        ).stdout
-        assert now == started, f"big was restarted on {node}"
+    for node, before in big_started.items():
+        assert node_sh(node, started, check=False).stdout == before, f"big was restarted on {node}"
 
 
 @pytest.fixture(scope="module")
