@@ -178,6 +178,7 @@ class Reloader:
     ):
         self.pidfile, self.ready_dir, self.config, self.proc = pidfile, Path(ready_dir), config, proc
         self.kill, self.clock, self.sleep, self.tail = kill, clock, sleep, tail
+        self.ttin_sent = 0
 
     def state(self, master: int):
         if proc_stat(master, self.proc) is None:
@@ -221,6 +222,7 @@ class Reloader:
             )
             return result
 
+        self.ttin_sent = 0
         if not force and live and ready.get(live[-1][0]) == want:
             new = live[-1]  # an earlier run's worker came up after that run gave up: retire the others now
         else:
@@ -243,6 +245,8 @@ class Reloader:
                 self.sleep(TTOU_SPACING_S)
             self.mark_retired(pid, start)
             self.kill(master, signal.SIGTTOU)
+        # Only awaited a worker that was starting already, and none to retire: nothing was changed by this run.
+        result["changed"] = bool(to_retire or self.ttin_sent)
         result["switch_s"] = round(self.clock() - started, 2)
         result["old_pids"] = [pid for pid, _s in older]
         result["msg"] = (
@@ -283,6 +287,7 @@ class Reloader:
             if pending is None and not fresh and (sent == 0 or (sent == 1 and self.clock() - sent_at > SPAWN_SEEN_S)):
                 self.kill(master, signal.SIGTTIN)
                 sent, sent_at = sent + 1, self.clock()
+                self.ttin_sent = sent
             if self.clock() >= deadline:
                 booting = fresh[-1] if fresh else pending
                 state = f"worker {booting[0]} started but is not ready" if booting else "the master started no worker"
