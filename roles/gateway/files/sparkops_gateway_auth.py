@@ -38,7 +38,7 @@ import threading
 import time
 
 import gateway_keys  # plugins/module_utils/gateway_keys.py, installed beside this file
-import gateway_reload  # plugins/module_utils/gateway_reload.py, installed beside this file
+import gateway_reload  # plugins/module_utils/gateway_reload.py, beside this file (the master imported it)
 
 DB_ENV = "SPARKOPS_GATEWAY_DB"
 READY_DIR_ENV = "SPARKOPS_GATEWAY_READY_DIR"
