@@ -48,6 +48,10 @@ UNKNOWN_DIGEST = "unknown"
 POLL_S = 0.2
 TTOU_SPACING_S = 0.3  # signals of one kind do not queue: one at a time, each seen by the master first
 SPAWN_SEEN_S = 10.0  # a TTIN that shows no new child within this long is sent again, once
+# A retired worker withdraws its ready file when its shutdown starts (sparkops_gateway_worker.py, within a
+# tick of the master's TERM); one still there after this long got no TERM (a TTOU lost): one more TTOU.
+RETIRE_SEEN_S = 3.0
+RETIRE_LIMIT_S = 10.0
 LOG_TAIL_LINES = 30
 
 
@@ -178,6 +182,7 @@ class Reloader:
     ):
         self.pidfile, self.ready_dir, self.config, self.proc = pidfile, Path(ready_dir), config, proc
         self.kill, self.clock, self.sleep, self.tail = kill, clock, sleep, tail
+        self.ttin_sent = 0
 
     def state(self, master: int):
         if proc_stat(master, self.proc) is None:
@@ -221,6 +226,7 @@ class Reloader:
             )
             return result
 
+        self.ttin_sent = 0
         if not force and live and ready.get(live[-1][0]) == want:
             new = live[-1]  # an earlier run's worker came up after that run gave up: retire the others now
         else:
@@ -243,6 +249,9 @@ class Reloader:
                 self.sleep(TTOU_SPACING_S)
             self.mark_retired(pid, start)
             self.kill(master, signal.SIGTTOU)
+        self.confirm_retired(master, to_retire, new)
+        # Only awaited a worker that was starting already, and none to retire: nothing was changed by this run.
+        result["changed"] = bool(to_retire or self.ttin_sent)
         result["switch_s"] = round(self.clock() - started, 2)
         result["old_pids"] = [pid for pid, _s in older]
         result["msg"] = (
@@ -283,6 +292,7 @@ class Reloader:
             if pending is None and not fresh and (sent == 0 or (sent == 1 and self.clock() - sent_at > SPAWN_SEEN_S)):
                 self.kill(master, signal.SIGTTIN)
                 sent, sent_at = sent + 1, self.clock()
+                self.ttin_sent = sent
             if self.clock() >= deadline:
                 booting = fresh[-1] if fresh else pending
                 state = f"worker {booting[0]} started but is not ready" if booting else "the master started no worker"
@@ -295,6 +305,35 @@ class Reloader:
                     new_pid=booting[0] if booting else None,
                     old_pids=result["old_pids"],
                 )
+            self.sleep(POLL_S)
+
+    def confirm_retired(self, master: int, to_retire, new) -> None:
+        """Bounded: every worker sent a TTOU for has begun its shutdown (its ready file withdrawn) or exited.
+        gunicorn keeps no count of signals (arbiter.py:190-193 queues what its handler saw), so a TTOU lost means
+        an old worker goes on serving the previous config: one more TTOU, which retires the oldest again and
+        never the new one (the youngest; and the master keeps one worker at least, :281)."""
+        started, resent = self.clock(), False
+        while True:
+            workers, ready, _retired = self.state(master)
+            alive = {pid for pid, _s in workers}
+            serving = [w for w in to_retire if w[0] in alive and w[0] in ready]
+            if not serving:
+                return
+            waited = self.clock() - started
+            if waited >= RETIRE_LIMIT_S:
+                raise ReloadError(
+                    f"worker(s) {', '.join(str(w[0]) for w in serving)} were retired (SIGTTOU to gunicorn's master "
+                    f"{master}) but still serve after {waited:.0f} s; worker {new[0]} serves the new configuration "
+                    "too. Run the reload again; if it persists, restart the gateway.",
+                    new_pid=new[0],
+                    old_pids=[w[0] for w in serving],
+                )
+            if not resent and waited >= RETIRE_SEEN_S and workers and workers[-1] == new:
+                for index, _w in enumerate(serving):
+                    if index:
+                        self.sleep(TTOU_SPACING_S)
+                    self.kill(master, signal.SIGTTOU)
+                resent = True
             self.sleep(POLL_S)
 
     def wait_gone(self, master: int, olds, limit: float) -> dict:

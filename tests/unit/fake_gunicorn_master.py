@@ -9,9 +9,11 @@ What it reproduces, from gunicorn/arbiter.py (23.0.0):
 - a worker that died is replaced (manage_workers -> spawn_workers).
 A worker here: after BOOT_S (LiteLLM's import and startup) it writes `<ready_dir>/<pid>.ready` holding the
 SHA-256 of the config as it reads it then, as the app wrapper does, unless the file `<ready_dir>/hang` exists
-(a worker that never becomes ready); on SIGTERM it finishes its "requests" for DRAIN_S (uvicorn's shutdown
-waits for open connections: uvicorn/server.py:281-311), removes its file and exits. No kinder than gunicorn: a
-second TERM does not hurry it (uvicorn forces only on a second SIGINT, server.py:351-356).
+(a worker that never becomes ready); on SIGTERM it withdraws that file (as sparkops_gateway_worker.py does when
+its shutdown starts), finishes its "requests" for DRAIN_S (uvicorn's shutdown waits for open connections:
+uvicorn/server.py:281-311) and exits. No kinder than gunicorn: a
+second TERM does not hurry it (uvicorn forces only on a second SIGINT, server.py:351-356). The file
+`<ready_dir>/lose-ttou` makes it drop the next TTOU once, as a signal coalesced with another would be.
 
 python fake_gunicorn_master.py PIDFILE READY_DIR CONFIG BOOT_S DRAIN_S
 """
@@ -46,6 +48,7 @@ def worker() -> None:
         os.replace(tmp, ready)
     while not stop and time.monotonic() < end:
         time.sleep(0.02)
+    ready.unlink(missing_ok=True)  # shutting down: not accepting, not ready (sparkops_gateway_worker.py)
     time.sleep(DRAIN_S)
     ready.unlink(missing_ok=True)
     os._exit(0)
@@ -91,6 +94,9 @@ def main() -> None:
                 for pid in workers:
                     os.kill(pid, signal.SIGKILL)
                 os._exit(0)
+            if sig == "ttou" and (READY / "lose-ttou").exists():
+                (READY / "lose-ttou").unlink()  # a signal lost (coalesced with another before the handler ran)
+                continue
             if sig == "ttin":
                 state["num"] += 1
             elif state["num"] > 1:

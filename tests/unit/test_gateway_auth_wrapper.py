@@ -193,3 +193,16 @@ def test_the_ready_marker_comes_from_the_environment(tmp_path):
     assert marker.ready_dir == str(tmp_path) and marker.config == "/c.yaml"
     with pytest.raises(RuntimeError, match="CONFIG_FILE_PATH"):
         auth.ready_marker({"SPARKOPS_GATEWAY_READY_DIR": str(tmp_path)})
+
+
+def test_a_ready_folder_it_cannot_write_is_logged_and_the_worker_serves(tmp_path, caplog):
+    config = tmp_path / "config.yaml"
+    config.write_text("a\n")
+
+    async def litellm(receive, send):
+        await receive()
+        await send({"type": "lifespan.startup.complete"})
+
+    sent = lifespan(auth.ReadyMarker(tmp_path / "missing", config, pid=9), litellm, [{"type": "lifespan.startup"}])
+    assert [m["type"] for m in sent] == ["lifespan.startup.complete"]
+    assert "cannot write the ready file" in caplog.text

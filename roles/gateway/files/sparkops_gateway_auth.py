@@ -38,7 +38,7 @@ import threading
 import time
 
 import gateway_keys  # plugins/module_utils/gateway_keys.py, installed beside this file
-import gateway_reload  # plugins/module_utils/gateway_reload.py, installed beside this file
+import gateway_reload  # plugins/module_utils/gateway_reload.py, beside this file (the master imported it)
 
 DB_ENV = "SPARKOPS_GATEWAY_DB"
 READY_DIR_ENV = "SPARKOPS_GATEWAY_READY_DIR"
@@ -240,7 +240,10 @@ class ReadyMarker:
             if message["type"] == "lifespan.startup.complete":
                 after = self._digest()
                 digest = after if after is not None and after == self.before else gateway_reload.UNKNOWN_DIGEST
-                gateway_reload.write_ready(self.ready_dir, self.pid, digest)
+                try:
+                    gateway_reload.write_ready(self.ready_dir, self.pid, digest)
+                except OSError as err:  # the worker serves; a reload waiting for it says why it never saw it
+                    _LOG.error("cannot write the ready file in %s: %s", self.ready_dir, err.strerror)
 
         return receive_, send_
 

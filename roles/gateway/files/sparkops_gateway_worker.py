@@ -9,8 +9,11 @@ new worker reads the configuration afresh (docs/gateway.md, "Reloads")."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import sys
 
+import gateway_reload  # plugins/module_utils/gateway_reload.py, installed beside this file (stdlib only)
 from gunicorn.arbiter import Arbiter
 from uvicorn.server import Server
 from uvicorn.workers import UvicornWorker
@@ -56,6 +59,11 @@ class LameDuckServer(Server):
     Bounded by gunicorn's --timeout: the master kills a worker that stopped notifying it (arbiter.py:488-507)."""
 
     async def shutdown(self, sockets=None) -> None:
+        # No longer accepting: no longer ready. The reload sees its TTOU was obeyed (gateway_reload.py).
+        ready_dir = os.environ.get("SPARKOPS_GATEWAY_READY_DIR")
+        if ready_dir:
+            with contextlib.suppress(OSError):
+                gateway_reload.ready_path(ready_dir, os.getpid()).unlink()
         for server in getattr(self, "servers", []):
             server.close()
         for sock in sockets or []:

@@ -164,3 +164,12 @@ def test_log_tail_reads_a_file_or_the_journal(tmp_path):
 
     assert gr.log_tail(unit="sparkops-gateway", run=run) == "journal\n"
     assert seen[0][:3] == ["journalctl", "-u", "sparkops-gateway"]
+
+
+def test_a_lost_ttou_is_sent_again_and_the_old_worker_retired(master):
+    [old] = master.workers()
+    (master.ready / "lose-ttou").write_text("")
+    master.config.write_text("model_list: [lost]\n")
+    r = master.reloader().run(timeout=20, wait_old_exit=True, old_exit_timeout=10)
+    assert master.signals == ["SIGTTIN", "SIGTTOU", "SIGTTOU"] and not (master.ready / "lose-ttou").exists()
+    assert r["old_pids"] == [old] and master.workers() == [r["new_pid"]]
