@@ -37,6 +37,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -371,11 +372,11 @@ def main(argv=None) -> int:
     try:
         result = reloader.run(timeout=args.timeout, force=args.force)
     except ReloadError as err:
-        print(f"reload failed: {err}")
+        sys.stdout.write(f"reload failed: {err}\n")
         if err.details.get("log"):
-            print(err.details["log"])
+            sys.stdout.write(f"{err.details['log']}\n")
         return 1
-    print(json.dumps(result))
+    sys.stdout.write(json.dumps(result) + "\n")
     return 0
 
 

@@ -234,9 +234,9 @@ class ReadyMarker:
                 for handler in logging.getLogger().handlers + _LOG.handlers:
                     handler.flush()
                 await asyncio.sleep(self.retry_s)
-                self._exit(1)
-                return
-            await send(message)
+                self._exit(1)  # os._exit: the worker ends here (a test's stand-in returns, and nothing is sent)
+            else:
+                await send(message)
             if message["type"] == "lifespan.startup.complete":
                 after = self._digest()
                 digest = after if after is not None and after == self.before else gateway_reload.UNKNOWN_DIGEST

@@ -329,7 +329,11 @@ def test_an_upgrade_of_one_deployment_may_move_it_alone():
         {"name": "chat", "profile": GPT_OSS, "hosts": ["spark-2"]},
     ]
     recorded = {"profile": GPT_OSS, "id": PROFILES[GPT_OSS]["model"], "revision": "main", "resolved_revision": "c" * 40}
-    lock = {**lock_for(QWEN30), "model": {**lock_for(QWEN30)["model"], "deployment": "code"}, "models": {"chat": recorded}}
+    lock = {
+        **lock_for(QWEN30),
+        "model": {**lock_for(QWEN30)["model"], "deployment": "code"},
+        "models": {"chat": recorded},
+    }
     chat_moved = [deployments[0], {**deployments[1], "profile": "qwen3.6-27b-fp8"}]
     plan = plan_of_only(lock=lock, deployments=chat_moved, upgrade=True, upgrade_deployment="chat")
     assert plan["deployments"][1]["profile_name"] == "qwen3.6-27b-fp8"
@@ -345,7 +349,9 @@ def test_an_upgrade_of_one_deployment_may_move_it_alone():
     msg = _one(_problems(lock=lock, deployments=code_moved, upgrade=True, upgrade_deployment="chat"), "model.profile")
     # The image serves every deployment: never one deployment's upgrade.
     moved_image = {**lock, "image": {**lock["image"], "ref": "0" * 40}}
-    msg = _one(_problems(lock=moved_image, deployments=chat_moved, upgrade=True, upgrade_deployment="chat"), "image.ref")
+    msg = _one(
+        _problems(lock=moved_image, deployments=chat_moved, upgrade=True, upgrade_deployment="chat"), "image.ref"
+    )
     assert "One image serves every deployment" in msg
     # An unknown name is refused with the names there are.
     msg = _one(_problems(lock=lock, deployments=deployments, upgrade=True, upgrade_deployment="nope"), "'nope'")

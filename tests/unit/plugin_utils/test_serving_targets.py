@@ -87,7 +87,7 @@ def test_every_replica_of_every_deployment_is_a_target_with_its_own_api():
 
 
 def test_ray_is_used_only_when_a_replica_runs_under_it():
-    _, plan = plan_of(
+    _cluster, plan = plan_of(
         deployments=[
             {"name": "chat", "profile": GPT_OSS, "hosts": ["spark-1"]},
             {"name": "code", "profile": QWEN30, "hosts": ["spark-2"]},
@@ -100,7 +100,7 @@ def test_ray_is_used_only_when_a_replica_runs_under_it():
 
 # ------------------------------------------------------------------------------------- benchmark
 def test_the_benchmark_measures_the_first_deployment_or_the_one_named():
-    _, plan = _four()
+    _cluster, plan = _four()
     assert deployment_target(plan)["name"] == "big replica 0"
     assert deployment_target(plan, "")["name"] == "big replica 0"
     assert deployment_target(plan, "code")["name"] == "code replica 0"
@@ -108,7 +108,7 @@ def test_the_benchmark_measures_the_first_deployment_or_the_one_named():
 
 
 def test_an_unknown_deployment_is_refused_with_the_names_there_are():
-    _, plan = _four()
+    _cluster, plan = _four()
     with pytest.raises(
         ValueError, match=r"sparkops_deployment='chat' is no deployment of this cluster; it serves big, code"
     ):
@@ -137,7 +137,7 @@ def test_one_replica_s_line_and_problem_are_today_s():
 
 
 def test_several_replicas_are_named_each_with_its_own_state():
-    _, plan = _four()
+    _cluster, plan = _four()
     checks = [_check(t) for t in plan["targets"]]
     checks[2] = _check(plan["targets"][2], healthy=False, failure_kind="engine_dead")
     rows = health_rows(checks)
@@ -160,7 +160,7 @@ def test_several_replicas_are_named_each_with_its_own_state():
 
 # ------------------------------------------------------------------------------------- doctor
 def test_doctor_gives_one_endpoint_verdict_per_replica():
-    _, plan = _four()
+    _cluster, plan = _four()
     results = [_check(t) for t in plan["targets"]]
     results[1] = _check(plan["targets"][1], healthy=False, failure_kind="refused", msg="connection refused")
     verdicts = d.check_endpoints(results)
