@@ -145,6 +145,11 @@ def test_switch_serves_tp2_and_two_replicas_behind_the_gateway_and_upgrades_one_
         took = time.monotonic() - t1
     finally:
         node_sh(nodes[0], "touch /root/bg.stop; sleep 3; cat /root/bg.log; rm -f /root/.itest-bg-key", check=False)
+        run_playbook(
+            "playbooks/keys.yml",
+            inventory=switch4,
+            extra_vars={**shape, "sparkops_key_name": "itest-bg", "sparkops_key_state": "absent"},
+        )
     got = json.loads(node_sh(nodes[0], "cat /root/bg.json").stdout)
     out = " ".join(up.stdout.split())
     switches = re.search(r"gateway switches took ([0-9., s]+) s", out)
