@@ -27,6 +27,11 @@ ROUTER_DEFAULTS = {
 }
 
 
+def replica_id(deployment: str, index: int) -> str:
+    """The gateway's name for a replica (model_info.id; what sparkops_gateway_drained lists)."""
+    return f"{deployment}-{index}"
+
+
 class GatewayPlanError(ValueError):
     """The serving plan gives the gateway nothing to route to, or two deployments one name."""
 
@@ -60,7 +65,7 @@ def model_list(plan: dict) -> list[dict]:
                         "api_base": rep["url"].rstrip("/") + "/v1",
                         "api_key": f"os.environ/{VLLM_KEY_ENV}",
                     },
-                    "model_info": {"id": f"{dep['name']}-{index}", "sparkops_host": rep["host"]},
+                    "model_info": {"id": replica_id(dep["name"], index), "sparkops_host": rep["host"]},
                 }
             )
     if not entries:

@@ -51,6 +51,7 @@ import re
 
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.cluster import WILDCARDS, ClusterError
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.day2_checks import memory_plan_problems
+from ansible_collections.sparkops.cluster.plugins.plugin_utils.gateway import replica_id as gateway_replica_id
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.lockfile import conflicts as lock_conflicts
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.lockfile import effective_revision
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.lockfile import model_conflicts as lock_model_conflicts
@@ -798,7 +799,7 @@ def upgrade_strategy(plan: dict, name: str) -> dict:
         )
     dep = deps[name]
     reps = [
-        {"index": r["index"], "id": f"{name}-{r['index']}", "host": r["head"], "hosts": list(r["hosts"])}
+        {"index": r["index"], "id": gateway_replica_id(name, r["index"]), "host": r["head"], "hosts": list(r["hosts"])}
         for r in dep["replicas"]
     ]
     why = None
