@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -127,7 +128,38 @@ def run_playbook(
         cmd, capture_output=True, text=True, cwd=ROOT, env=ansible_env(env), timeout=timeout, check=False
     )
     res.elapsed = time.monotonic() - t0  # type: ignore[attr-defined]
+    record_cost(playbook, res.elapsed, res.returncode, res.stdout)
     return res
+
+
+# What each test spends on playbook runs, kept so that the end of the stage can print where the
+# integration stage's time goes (converges per file, the slowest task kinds): the budget is seen
+# in every CI log instead of found after a run past it.
+COSTS_FILE = Path(os.environ.get("SPARKOPS_TEST_COSTS", str(SIM_STATE / "test-costs.jsonl")))
+_TASK_TIME = re.compile(r"^(?P<name>.+?) -+ (?P<secs>\d+\.\d+)s$")
+
+
+def record_cost(playbook: str, elapsed: float, rc: int, output: str) -> None:
+    """One line per playbook run: the test that ran it, what it ran, its seconds, and its tasks'
+    seconds (profile_tasks' summary at the end of the output)."""
+    tasks = []
+    for line in output.splitlines()[-40:]:
+        m = _TASK_TIME.match(line.strip())
+        if m:
+            tasks.append([m["name"].strip(), float(m["secs"])])
+    entry = {
+        "test": os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0],
+        "playbook": playbook,
+        "seconds": round(elapsed, 1),
+        "rc": rc,
+        "tasks": tasks,
+    }
+    try:
+        COSTS_FILE.parent.mkdir(parents=True, exist_ok=True)
+        with COSTS_FILE.open("a") as fh:
+            fh.write(json.dumps(entry) + "\n")
+    except OSError:
+        pass  # a report, never a reason for a test to fail
 
 
 def recap(output: str) -> dict[str, dict[str, int]]:
@@ -251,3 +283,41 @@ def discover(hosts_only: Path, out: Path | None, pool: str, timeout: float = 300
     if out is not None:
         extra["sparkops_discover_out"] = str(out)
     return run_playbook("playbooks/discover.yml", inventory=hosts_only, extra_vars=extra, timeout=timeout)
+
+
+_COSTS_START: list[int] = []
+
+
+def pytest_sessionstart(session):
+    _COSTS_START.append(COSTS_FILE.stat().st_size if COSTS_FILE.exists() else 0)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Where the playbook time went in this run: per test file, the converges (site.yml, upgrade.yml)
+    and all playbook runs with their seconds; then the task kinds that waited longest."""
+    if not COSTS_FILE.exists() or not _COSTS_START:
+        return
+    with COSTS_FILE.open() as fh:
+        fh.seek(_COSTS_START[0])
+        entries = [json.loads(line) for line in fh if line.strip()]
+    if not entries:
+        return
+    per_file: dict = {}
+    waits: dict = {}
+    for e in entries:
+        f = per_file.setdefault(e["test"].split("::")[0] or "?", [0, 0, 0.0])
+        f[0] += 1
+        f[1] += e["playbook"].endswith(("site.yml", "upgrade.yml"))
+        f[2] += e["seconds"]
+        for name, secs in e["tasks"]:
+            if re.search(r"wait|pause|until|poll|settle|sleep|ready", name, re.I):
+                waits[name] = waits.get(name, 0.0) + secs
+    tr = terminalreporter
+    tr.write_sep("-", "playbook time per test file (runs, converges, seconds)")
+    for name, (runs, converges, secs) in sorted(per_file.items(), key=lambda kv: -kv[1][2]):
+        tr.write_line(f"{secs:8.0f} s  {runs:3d} runs  {converges:3d} converges  {name}")
+    total = sum(v[2] for v in per_file.values())
+    tr.write_line(f"{total:8.0f} s  {len(entries):3d} runs in all")
+    tr.write_sep("-", "tasks that wait (summed over the runs, the 12 largest)")
+    for name, secs in sorted(waits.items(), key=lambda kv: -kv[1])[:12]:
+        tr.write_line(f"{secs:8.0f} s  {name[:110]}")
