@@ -25,12 +25,14 @@ cabling faults unplug, cross, replug. State lives in .sim/.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import importlib.util
 import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -868,6 +870,11 @@ def load_base_into_nodes() -> None:
 HUB_PORT, HUB_CDN_PORT = 5080, 5081
 HUB_ENDPOINT = f"http://{REGISTRY_HOST}:{HUB_PORT}"
 HUB_SERVER = ROOT / "tests" / "system" / "hub_server.py"
+# What names the test bed's daemons in a command line, whichever checkout started them: the Hub server
+# bound to the management bridge (the system tests run the same server on loopback: those are not ours),
+# and the registry (the only docker-registry this machine runs).
+HUB_MARKER = (b"tests/system/hub_server.py", f"--address\0{REGISTRY_HOST}\0--port\0{HUB_PORT}\0".encode())
+REGISTRY_MARKER = (b"docker-registry\0serve\0",)
 
 
 def hub_answers(model: str) -> bool:
@@ -896,27 +903,79 @@ def start_daemon(name: str, argv: list, answers, what: str) -> None:
     sys.exit(f"simctl: {what} did not answer; see {base / f'{name}.log'}")
 
 
-def stop_daemon(name: str, marker: bytes) -> None:
-    """Stop the daemon this test bed started (by its pid file, and only if that pid still runs ``marker``)."""
-    pidfile = STATE / name / "pid"
+def daemon_pids(marker: tuple[bytes, ...], proc: Path = Path("/proc")) -> dict[int, str]:
+    """Every process on this machine running a test-bed daemon (``marker`` in its command line), whichever
+    checkout started it: pid -> its command line, readable. One simulated cluster exists per machine (the
+    nodes' names, the bridges' addresses and the daemons' ports are fixed), so a daemon another checkout
+    left behind would serve this one's cluster from that checkout's files."""
+    found = {}
+    for entry in proc.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if all(part in cmdline for part in marker):
+            found[int(entry.name)] = cmdline.replace(b"\0", b" ").decode(errors="replace").strip()
+    return found
+
+
+def _alive(entry: Path) -> bool:
+    """A process that still runs: its /proc entry exists and it is not a zombie waiting to be reaped."""
     try:
-        pid = int(pidfile.read_text())
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        return entry.joinpath("stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def stop_daemon(name: str, marker: tuple[bytes, ...], proc: Path = Path("/proc"), timeout_s: float = 10) -> list[str]:
+    """Stop every process running this test-bed daemon (``marker`` in its command line): the one this
+    checkout started (its pid file) and any other checkout's. Returns what was stopped, each naming the
+    command line (so the checkout that held it), and waits, bounded, until they are gone."""
+    (STATE / name / "pid").unlink(missing_ok=True)
+    stopped = daemon_pids(marker, proc)
+    for pid in stopped:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(_alive(proc / str(pid)) for pid in stopped):
+        time.sleep(0.1)
+    for pid in stopped:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    return [f"pid {pid}: {cmd}" for pid, cmd in sorted(stopped.items())]
+
+
+def own_daemon_runs(name: str, marker: tuple[bytes, ...], proc: Path = Path("/proc")) -> bool:
+    """This checkout's daemon runs: its pid file names a live process that runs ``marker`` from this
+    checkout (its command line names this checkout's state folder or files)."""
+    try:
+        pid = int((STATE / name / "pid").read_text())
+        cmdline = (proc / str(pid) / "cmdline").read_bytes()
     except (OSError, ValueError):
+        return False
+    ours = (str(ROOT).encode(), str(STATE.resolve()).encode())
+    return all(part in cmdline for part in marker) and any(path in cmdline for path in ours)
+
+
+def ensure_daemon(name: str, marker: tuple[bytes, ...], argv: list, answers, what: str) -> None:
+    """This checkout's daemon, answering: kept if it is ours and answers; otherwise every process running
+    it (another checkout's included, named in the log) is stopped first and ours is started."""
+    if own_daemon_runs(name, marker) and answers():
+        log(f"{what}: up")
         return
-    if marker in cmdline:
-        os.kill(pid, 15)
-    pidfile.unlink(missing_ok=True)
+    for held in stop_daemon(name, marker):
+        log(f"{what}: stopped a daemon this checkout did not start ({held})")
+    start_daemon(name, argv, answers, what)
 
 
 def ensure_hub(model: str, revision: str, shards: int, shard_mib: int) -> None:
-    if hub_answers(model):
-        log(f"Hub at {HUB_ENDPOINT}: up")
-        return
     argv = [sys.executable, str(HUB_SERVER), "--address", REGISTRY_HOST, "--port", str(HUB_PORT)]
     argv += ["--cdn-port", str(HUB_CDN_PORT), "--model", model, "--commit", revision]
     argv += ["--shards", str(shards), "--shard-mib", str(shard_mib)]
-    start_daemon("hub", argv, lambda: hub_answers(model), f"Hub at {HUB_ENDPOINT} ({model}@main={revision[:12]})")
+    what = f"Hub at {HUB_ENDPOINT} ({model}@main={revision[:12]})"
+    ensure_daemon("hub", HUB_MARKER, argv, lambda: hub_answers(model), what)
 
 
 def registry_answers() -> bool:
@@ -929,9 +988,6 @@ def registry_answers() -> bool:
 
 def ensure_registry() -> None:
     """Start the test bed's registry (once; its storage is in .sim/registry) on the management bridge."""
-    if registry_answers():
-        log(f"registry at {REGISTRY_ADDR}: up")
-        return
     base = STATE / "registry"
     (base / "data").mkdir(parents=True, exist_ok=True)
     config = base / "config.yml"
@@ -940,9 +996,8 @@ def ensure_registry() -> None:
         f"storage:\n  filesystem:\n    rootdirectory: {base / 'data'}\n  delete:\n    enabled: true\n"
         f"http:\n  addr: {REGISTRY_ADDR}\n"
     )
-    start_daemon(
-        "registry", ["docker-registry", "serve", str(config)], registry_answers, f"registry at {REGISTRY_ADDR}"
-    )
+    argv = ["docker-registry", "serve", str(config)]
+    ensure_daemon("registry", REGISTRY_MARKER, argv, registry_answers, f"registry at {REGISTRY_ADDR}")
 
 
 NODE_REGISTRY_SCRIPT = """
@@ -1051,8 +1106,9 @@ def down(args: argparse.Namespace) -> None:
     for name in sorted(set(res.stdout.split()) | set(NETWORKS)):
         if name.startswith(f"{PREFIX}-"):
             remove_network(name)
-    stop_daemon("registry", b"docker-registry")
-    stop_daemon("hub", b"hub_server.py")
+    for name, marker in (("registry", REGISTRY_MARKER), ("hub", HUB_MARKER)):
+        for held in stop_daemon(name, marker):
+            log(f"{name}: stopped {held}")
     if args.all:
         for ref in (node_image_ref(), vllm_base_ref()):
             run(["docker", "image", "rm", "-f", ref], check=False, capture=True)
