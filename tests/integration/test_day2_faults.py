@@ -17,6 +17,10 @@ from conftest import ROOT, SIM_STATE, api_key, node_sh, quiet_watchdog_history, 
 HEAD, WORKER = "spark-sim-1", "spark-sim-2"
 EVENTS = "/var/lib/sparkops/watchdog.jsonl"
 N, T = 2, 4  # watchdog_interval_s, watchdog_hang_timeout_s in inventory/sim
+# What the product promises (roles/watchdog/defaults/main.yml): a frozen engine seen within N + T + the 1 s
+# last look at /metrics (METRICS_AFTER_HANG_S), plus the round's SSH look at the worker (up to 1.5 s on a
+# loaded 2-core machine) and the event's write.
+BOUND = N + T + 1 + 2.0
 
 
 def events_since(epoch: float, node: str = HEAD, path: str = EVENTS) -> list[dict]:
@@ -113,15 +117,15 @@ def test_sigstop_serving_process_is_detected_and_recovered(healthy):
     pid = node_sh(HEAD, "pgrep -f -o 'vllm_test_double.py'").stdout.split()[0]
     t0 = time.time()
     node_sh(HEAD, f"kill -STOP {pid}")
-    hang = wait_event("hang_seen", t0, timeout=T + N + 10)
+    hang = wait_event("hang_seen", t0, timeout=BOUND + 10)
     detect_s = hang["epoch"] - t0
     ended = wait_event("restart_ended", t0, timeout=240, pred=lambda e: e.get("ok"))
     serve_s = wait_serving(60) + (time.time() - t0)
     print(
-        f"\n[day2] SIGSTOP: hang seen after {detect_s:.1f} s (bound T+N={T + N} s); group restart took "
+        f"\n[day2] SIGSTOP: hang seen after {detect_s:.1f} s (bound {BOUND} s); group restart took "
         f"{ended['seconds']} s; serving again {serve_s:.1f} s after the stop (2-core machine)"
     )
-    assert detect_s <= T + N + 1.5
+    assert detect_s <= BOUND
     begun = wait_event("restart_begun", t0, timeout=1)
     assert "hang" in begun["reason"]
     # Before vLLM started again, the model's cached pages were dropped on both nodes (unified memory).

@@ -261,3 +261,46 @@ def test_a_queued_probe_is_busy_when_tokens_flow_and_a_hang_when_they_do_not(tmp
         assert restarts == [] and "busy_seen" in events and "hang_seen" not in events, events
     else:
         assert len(restarts) == 1 and "hang" in restarts[0] and "hang_seen" in events, (restarts, events)
+
+
+class Freezable(Queued):
+    """A server that answers (a token, /metrics) until it is frozen; then it accepts and says nothing, on
+    every path, as a SIGSTOPped vLLM does (the kernel completes the handshake, the process never reads)."""
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        if self.server.frozen:
+            time.sleep(30)
+            return
+        super().do_GET()
+
+    def do_POST(self):  # noqa: N802 - http.server's name
+        if self.server.frozen:
+            time.sleep(30)
+            return
+        Streamer.do_POST(self)
+
+
+def test_a_frozen_engine_is_seen_within_the_probe_timeout_and_a_short_metrics_read(tmp_path, monkeypatch):
+    """The hang is seen within interval + T + METRICS_AFTER_HANG_S of the freeze: the round reads no /metrics
+    before its probe (the count comes from the previous round's answer), so a frozen /metrics costs one short
+    read, not its full timeout before the probe and again after it (12.3 s against a 7.5 s bound on the
+    simulated pair with interval 2 s and T 4 s)."""
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Freezable)
+    srv.daemon_threads = True
+    srv.tokens, srv.moving, srv.frozen = 1000.0, False, False
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        dog = watchdog(tmp_path, f"http://127.0.0.1:{srv.server_address[1]}", KEY, monkeypatch)
+        dog.cfg["hang_timeout_s"] = 2
+        monkeypatch.setattr(dog, "restart_group", lambda reason: dog.save(status="watching"))
+        assert dog.round(None) == "watching"
+        srv.frozen = True
+        start = time.monotonic()
+        dog.round("watching")
+        took = time.monotonic() - start
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    events = [json.loads(line) for line in (tmp_path / "events" / "watchdog.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events if e["event"] == "hang_seen"] == ["hang_seen"], events
+    assert took < 2 + wd.METRICS_AFTER_HANG_S + 1.0, took

@@ -298,6 +298,12 @@ def generation_tokens(metrics_text: str) -> float | None:
     return total if seen else None
 
 
+# vLLM's /metrics is served by its API server, which answers within milliseconds while the engine is
+# busy (a full batch): after a probe that got no token, a /metrics that does not answer within this is
+# frozen with the engine, and the round says "hang" without waiting longer.
+METRICS_AFTER_HANG_S = 1.0
+
+
 def read_generation_tokens(cfg: dict, timeout: float = 3.0) -> float | None:
     """vLLM's /metrics (no key: the API middleware leaves it open for Prometheus); None when unreadable."""
     url = urlsplit(cfg["endpoint"])
@@ -372,6 +378,7 @@ class Watchdog:
     def __init__(self, cfg: dict):
         self.cfg = cfg
         self.events = Events(cfg["events_file"], cfg["node"])
+        self.last_tokens: float | None = None  # vLLM's generated-token count after the last round's probe
         self.state_path = cfg["state_file"]
         try:
             with open(self.state_path, encoding="utf-8") as fh:
@@ -422,17 +429,24 @@ class Watchdog:
         return False
 
     def observe(self) -> dict:
+        """One look at the engine. A hang is seen within interval_s + hang_timeout_s + METRICS_AFTER_HANG_S of
+        the engine freezing: the count of generated tokens the busy test compares against is the one read
+        after the previous round's answer, not a fresh read at the start of this round, which on a frozen
+        server (SIGSTOP: /metrics freezes with it) waited out its own timeout before the probe even began."""
         now = time.time()
-        tokens_before = read_generation_tokens(self.cfg)
+        tokens_before = self.last_tokens if self.last_tokens is not None else read_generation_tokens(self.cfg)
         result, detail, took = probe(self.cfg, self.api_key, float(self.cfg["hang_timeout_s"]))
         if result == "hang":
-            tokens_after = read_generation_tokens(self.cfg)
+            tokens_after = read_generation_tokens(self.cfg, timeout=METRICS_AFTER_HANG_S)
+            self.last_tokens = tokens_after
             if busy_not_hung(tokens_before, tokens_after):
                 result = "busy"
                 detail = (
                     f"no token for the probe within {self.cfg['hang_timeout_s']} s, but the engine generated "
                     f"{tokens_after - tokens_before:.0f} tokens for other requests meanwhile"
                 )
+        else:
+            self.last_tokens = read_generation_tokens(self.cfg) if result == "ok" else None
         workers, tripped = self.worker_states()
         return {
             "probe": result,
