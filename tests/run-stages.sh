@@ -15,6 +15,17 @@ export PYTHONUNBUFFERED=1
 export ANSIBLE_FORCE_COLOR=0
 
 what=${1:-all}
+# Each stage's budget in seconds on CI's 2 cores, and the whole run's: `make test` must stay under 45
+# minutes (CI stops at 90). The summary prints each stage against its budget so that a growing stage is
+# seen in every log; a stage over budget is reported, not failed (a timing is not a test result).
+TOTAL_BUDGET_S=2700
+declare -A budget=(
+    [ruff]=30 [yamllint]=30 [ansible-lint]=240 [syntax-check]=150 [changelog-lint]=20
+    [pytest-unit]=300 [promtool]=10 [hub-clients]=60 [pytest-system]=240
+    [collection-install]=60 [collection-syntax]=150 [collection-docs]=60 [sanity]=420 [ansible-test-units]=180
+    [sim-bringup]=1200 [integration]=1320 [integration-ring]=540 [sim-down]=60
+)
+run_t0=$SECONDS
 declare -a names=() times=() results=()
 failed=0
 
@@ -177,10 +188,16 @@ case "$what" in
 esac
 
 echo
-echo "Stage timings:"
+echo "Stage timings (seconds; budget; the background stage overlaps the ones listed before it):"
 for i in "${!names[@]}"; do
-    printf '  %-14s %5d s  %s\n' "${names[$i]}" "${times[$i]}" "${results[$i]}"
+    b=${budget[${names[$i]}]:-0}
+    over=""
+    [ "$b" -gt 0 ] && [ "${times[$i]}" -gt "$b" ] && over="  OVER BUDGET by $(( times[i] - b )) s"
+    printf '  %-18s %5d s  / %5d s  %s%s\n' "${names[$i]}" "${times[$i]}" "$b" "${results[$i]}" "$over"
 done
+total=$((SECONDS - run_t0))
+printf '  %-18s %5d s  / %5d s  (%d min of 45)%s\n' "total (wall)" "$total" "$TOTAL_BUDGET_S" $((total / 60)) \
+    "$([ "$what" = all ] && [ "$total" -gt "$TOTAL_BUDGET_S" ] && echo "  OVER BUDGET")"
 echo "stages: $(( ${#names[@]} - failed )) passed, $failed failed"
 for i in "${!names[@]}"; do
     [ "${results[$i]}" = ok ] && continue
