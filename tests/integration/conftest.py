@@ -285,6 +285,16 @@ def discover(hosts_only: Path, out: Path | None, pool: str, timeout: float = 300
     return run_playbook("playbooks/discover.yml", inventory=hosts_only, extra_vars=extra, timeout=timeout)
 
 
+# The transition chain: these files run last, in this order, each starting from where the previous one
+# left the pair (one converge per step, no way back to the reference in between); every other file needs
+# the reference deployment and leaves it serving, so they run first, in their usual order.
+CHAIN = ["test_serving_plan.py", "test_deployments.py", "test_gateway.py", "test_transitions.py"]
+
+
+def pytest_collection_modifyitems(items):
+    items.sort(key=lambda item: CHAIN.index(item.path.name) + 1 if item.path.name in CHAIN else 0)
+
+
 _COSTS_START: list[int] = []
 
 

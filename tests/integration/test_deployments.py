@@ -2,11 +2,10 @@
 profiles, one on each node, served side by side by site.yml; each node runs its own vLLM (no Ray),
 answers for its own model, and its own watchdog brings it back when it is killed; a rerun changes
 nothing; status, the health report (verify's last play), doctor, Prometheus and the benchmark see
-each deployment's replica; removing one deployment leaves the other serving without a restart; and
-site.yml goes back to the reference deployment (TP=2 over Ray).
+each deployment's replica; removing one deployment leaves the other serving without a restart.
 
-The molecule scenario and the earlier integration tests have converged the pair with the reference
-deployment and written the lock; this test leaves it serving that way again.
+A step of the transition chain (conftest.CHAIN): it starts from the previous step's end (the pair under
+vLLM's mp executor) and leaves `chat` alone on the head for the gateway's step.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import HEAD_FAST, SIM_STATE, WORKER_FAST, api_key, node_sh, recap, reset_watchdog, run_playbook
-from test_day2_faults import HEAD, WORKER, completion_ok, wait_event, wait_serving
+from test_day2_faults import HEAD, WORKER, wait_event
 from test_serving_plan import container, failure
 
 pytestmark = pytest.mark.usefixtures("sim_cluster")
@@ -134,7 +133,7 @@ def day2_sees_every_replica():
     assert wrong.returncode != 0 and "it serves chat, code" in " ".join(wrong.stdout.split()), failure(wrong)
 
 
-def test_two_deployments_serve_side_by_side_and_the_cluster_goes_back_to_the_reference(tmp_path):
+def test_two_deployments_serve_side_by_side_and_removing_one_leaves_the_other(tmp_path):
     out = tmp_path / "plan.json"
     shown = run_playbook("playbooks/plan.yml", extra_vars={**TWO, "sparkops_plan_file": str(out)})
     assert shown.returncode == 0, failure(shown)
@@ -143,43 +142,34 @@ def test_two_deployments_serve_side_by_side_and_the_cluster_goes_back_to_the_ref
     t0 = time.monotonic()
     res = run_playbook("site.yml", extra_vars=TWO, timeout=900)
     assert res.returncode == 0, failure(res)
-    print(f"\n[deployments] reference -> chat + code: {time.monotonic() - t0:.0f} s")
-    try:
-        for node, name in ((HEAD, "chat"), (WORKER, "code")):
-            vllm = container(node, "sparkops-vllm")
-            assert vllm and vllm["State"]["Running"], f"no vLLM on {node}"
-            assert vllm["Config"]["Cmd"] == argv[name], node
-            assert vllm["Config"]["Labels"]["io.sparkops.deployment"] == name
-            assert container(node, "sparkops-ray") is None, f"Ray still on {node}: a single-node deployment needs none"
-        # Each node answers for its own model only.
-        assert completion(HEAD_FAST, "sim-chat") == 200 and completion(WORKER_FAST, "sim-code") == 200
-        assert completion(HEAD_FAST, "sim-code") == 404 and completion(WORKER_FAST, "sim-chat") == 404
-        again = run_playbook("site.yml", extra_vars=TWO, timeout=900)
-        assert again.returncode == 0, failure(again)
-        counts = recap(again.stdout)
-        assert all(c["changed"] == 0 for c in counts.values()), counts
-        day2_sees_every_replica()
+    print(f"\n[chain] mp TP=2 -> chat + code: {time.monotonic() - t0:.0f} s")
+    for node, name in ((HEAD, "chat"), (WORKER, "code")):
+        vllm = container(node, "sparkops-vllm")
+        assert vllm and vllm["State"]["Running"], f"no vLLM on {node}"
+        assert vllm["Config"]["Cmd"] == argv[name], node
+        assert vllm["Config"]["Labels"]["io.sparkops.deployment"] == name
+        assert container(node, "sparkops-ray") is None, f"Ray still on {node}: a single-node deployment needs none"
+    # Each node answers for its own model only.
+    assert completion(HEAD_FAST, "sim-chat") == 200 and completion(WORKER_FAST, "sim-code") == 200
+    assert completion(HEAD_FAST, "sim-code") == 404 and completion(WORKER_FAST, "sim-chat") == 404
+    again = run_playbook("site.yml", extra_vars=TWO, timeout=900)
+    assert again.returncode == 0, failure(again)
+    counts = recap(again.stdout)
+    assert all(c["changed"] == 0 for c in counts.values()), counts
+    day2_sees_every_replica()
 
-        # The code deployment's own watchdog (on its API host, spark-sim-2) restarts it; chat is untouched.
-        chat_started = started_at(HEAD)
-        reset_watchdog(WORKER)
-        t1 = time.time()
-        node_sh(WORKER, "docker kill sparkops-vllm")
-        ended = wait_event("restart_ended", t1, timeout=240, node=WORKER, pred=lambda e: e.get("ok"))
-        assert completion(WORKER_FAST, "sim-code") == 200
-        assert started_at(HEAD) == chat_started
-        print(f"[deployments] code killed: serving again after {ended['epoch'] - t1:.1f} s (2 cores)")
+    # The code deployment's own watchdog (on its API host, spark-sim-2) restarts it; chat is untouched.
+    chat_started = started_at(HEAD)
+    reset_watchdog(WORKER)
+    t1 = time.time()
+    node_sh(WORKER, "docker kill sparkops-vllm")
+    ended = wait_event("restart_ended", t1, timeout=240, node=WORKER, pred=lambda e: e.get("ok"))
+    assert completion(WORKER_FAST, "sim-code") == 200
+    assert started_at(HEAD) == chat_started
+    print(f"[deployments] code killed: serving again after {ended['epoch'] - t1:.1f} s (2 cores)")
 
-        # Removing one deployment leaves the other serving, not restarted.
-        less = run_playbook("site.yml", extra_vars=CHAT_ONLY, timeout=900)
-        assert less.returncode == 0, failure(less)
-        assert container(WORKER, "sparkops-vllm") is None, "the removed deployment's vLLM is still there"
-        assert started_at(HEAD) == chat_started and completion(HEAD_FAST, "sim-chat") == 200
-    finally:
-        back = run_playbook("site.yml", timeout=900)
-    assert back.returncode == 0, failure(back)
-    for node in (HEAD, WORKER):
-        assert container(node, "sparkops-ray")["State"]["Running"], f"Ray did not come back on {node}"
-    assert container(WORKER, "sparkops-vllm") is None
-    wait_serving(60)
-    assert completion_ok()
+    # Removing one deployment leaves the other serving, not restarted.
+    less = run_playbook("site.yml", extra_vars=CHAT_ONLY, timeout=900)
+    assert less.returncode == 0, failure(less)
+    assert container(WORKER, "sparkops-vllm") is None, "the removed deployment's vLLM is still there"
+    assert started_at(HEAD) == chat_started and completion(HEAD_FAST, "sim-chat") == 200

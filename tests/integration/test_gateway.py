@@ -20,9 +20,9 @@ import urllib.error
 import urllib.request
 
 import pytest
-from conftest import HEAD_FAST, NODES, SIM_STATE, node_sh, recap, run_playbook
+from conftest import HEAD_FAST, NODES, SIM_STATE, WORKER_FAST, node_sh, recap, run_playbook
 from test_deployments import CHAT as CHAT_DEPLOYMENT
-from test_deployments import CODE, EXTRA
+from test_deployments import CODE, EXTRA, completion
 from test_monitoring import query, targets_by_job, wait_for
 
 pytestmark = pytest.mark.usefixtures("sim_cluster")
@@ -79,46 +79,56 @@ def key_on_head(key: str) -> str:
     return path
 
 
+# ------------------------------------------------------------------ several deployments behind the gateway
+# The profiles of test_deployments.py (the stand-in model for one GPU under its own served model names), and
+# a new version of sim-chat for the upgrade: the same served model name, fewer sequences (a new command line).
+TWO = {**ON, **EXTRA, "sparkops_deployments": [CHAT_DEPLOYMENT, CODE]}
+V2 = {"sparkops_serving_profiles_extra": {**EXTRA["sparkops_serving_profiles_extra"], "sim-chat-v2": {
+    **EXTRA["sparkops_serving_profiles_extra"]["sim-chat"], "max_num_seqs": 8}}}  # fmt: skip
+REPLICAS = {**ON, **V2, "sparkops_deployments": [{**CHAT_DEPLOYMENT, "hosts": list(NODES)}]}
+REPLICAS_V2 = {
+    **REPLICAS,
+    "sparkops_deployments": [{**CHAT_DEPLOYMENT, "profile": "sim-chat-v2", "hosts": list(NODES)}],
+}
+
+
 @pytest.fixture(scope="module")
 def gateway():
+    """The gateway's step of the transition chain (conftest.CHAIN): from the previous step's end (chat alone
+    on the head) to two deployments behind the gateway in one site.yml. The chain's last step
+    (test_transitions.py) takes the pair back to the reference and checks the gateway is gone."""
     wheels = SIM_STATE / "wheelhouse" / "gateway"
     if not any(wheels.glob("linux-*-cp311/litellm-*.whl")):
         pytest.fail(f"no gateway wheelhouse under {wheels}: run `sim/simctl.py build` (it downloads it, once)")
-    first = run_playbook("site.yml", extra_vars=ON, timeout=1800)
+    t0 = time.monotonic()
+    first = run_playbook("site.yml", extra_vars=TWO, timeout=1800)
     assert first.returncode == 0, first.stdout[-5000:]
+    print(f"\n[chain] chat alone -> chat + code behind the gateway: {time.monotonic() - t0:.0f} s")
     yield first
-    # Back to the pair without the gateway: vLLM serves the client networks again, the gateway is stopped.
-    run_playbook("playbooks/keys.yml", extra_vars={**ON, "sparkops_key_name": KEY_NAME, "sparkops_key_state": "absent"})
+    gone = {**TWO, "sparkops_key_name": KEY_NAME, "sparkops_key_state": "absent"}
+    run_playbook("playbooks/keys.yml", extra_vars=gone)
     node_sh(NODES[0], "rm -f /root/.itest-gateway-key", check=False)
-    back = run_playbook("site.yml", timeout=1800)
-    assert back.returncode == 0, back.stdout[-5000:]
-    state = node_sh(NODES[0], "/etc/init.d/sparkops-gateway status", check=False)
-    assert state.returncode != 0, "the gateway still runs after site.yml without it"
-    again = run_playbook("site.yml", timeout=1800)
-    assert again.returncode == 0, again.stdout[-5000:]
-    counts = recap(again.stdout)
-    assert all(c["changed"] == 0 for c in counts.values()), ("back to the reference, a rerun changed", counts)
 
 
 def test_a_key_is_made_once_kept_0600_and_printed_nowhere(gateway):
-    made = run_playbook("playbooks/keys.yml", extra_vars={**ON, "sparkops_key_name": KEY_NAME})
+    made = run_playbook("playbooks/keys.yml", extra_vars={**TWO, "sparkops_key_name": KEY_NAME})
     assert made.returncode == 0, made.stdout[-3000:]
     key_file = KEYS_DIR / KEY_NAME
     key = key_file.read_text().strip()
     assert key.startswith("sk-sparkops-")
     assert (key_file.stat().st_mode & 0o777) == 0o600
     assert key not in made.stdout and key not in made.stderr
-    again = run_playbook("playbooks/keys.yml", extra_vars={**ON, "sparkops_key_name": KEY_NAME})
+    again = run_playbook("playbooks/keys.yml", extra_vars={**TWO, "sparkops_key_name": KEY_NAME})
     assert again.returncode == 0 and recap(again.stdout)[NODES[0]]["changed"] == 0, again.stdout[-3000:]
     assert key_file.read_text().strip() == key
-    listed = run_playbook("playbooks/keys.yml", extra_vars=ON)
+    listed = run_playbook("playbooks/keys.yml", extra_vars=TWO)
     # Ansible folds a long message: the listing is read with its whitespace joined.
     assert listed.returncode == 0 and f"{KEY_NAME}: active" in " ".join(listed.stdout.split()), listed.stdout[-3000:]
     assert key not in listed.stdout
 
 
 def test_a_bad_key_name_is_refused_and_changes_nothing(gateway):
-    bad = run_playbook("playbooks/keys.yml", extra_vars={**ON, "sparkops_key_name": "../evil"})
+    bad = run_playbook("playbooks/keys.yml", extra_vars={**TWO, "sparkops_key_name": "../evil"})
     assert bad.returncode != 0 and "sparkops_key_name must be" in bad.stdout, bad.stdout[-3000:]
     assert not (KEYS_DIR.parent / "evil").exists()
 
@@ -128,7 +138,7 @@ def test_the_openai_client_talks_through_the_gateway_from_the_head(gateway):
     path = key_on_head(key)
     res = node_sh(NODES[0], f"{VENV_PY} -c {shlex.quote(CHAT)} {GATEWAY} {path}", check=False, timeout=180)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "sim-tiny" in res.stdout and "True" in res.stdout, res.stdout
+    assert "sim-chat" in res.stdout and "sim-code" in res.stdout and "True" in res.stdout, res.stdout
 
 
 PROM_KEY_FILE = "/etc/prometheus/sparkops-gateway.key"  # roles/monitoring monitoring_gateway_key_file
@@ -189,7 +199,7 @@ def test_gateway_down_fires_critical_and_clears(gateway):
 def test_status_lists_every_key_s_name_and_usage_never_a_key(gateway):
     """status.yml's screen (its last task's debug, one string per line; the YAML callback may wrap them) has a keys
     section with KEY_NAME's usage from the database: at least the completion made above."""
-    res = run_playbook("playbooks/status.yml", extra_vars=ON, timeout=300)
+    res = run_playbook("playbooks/status.yml", extra_vars=TWO, timeout=300)
     assert res.returncode == 0, res.stdout[-3000:]
     screen = " ".join(res.stdout.split("TASK [Show the status]")[-1].split())
     assert re.search(r"keys: \d+ \(names only; requests, prompt and completion tokens", screen), screen[-3000:]
@@ -238,7 +248,7 @@ def test_vllm_is_kept_from_the_client_networks_while_the_gateway_is_on(gateway):
 
 
 def test_a_rerun_changes_nothing(gateway):
-    again = run_playbook("site.yml", extra_vars=ON, timeout=1800)
+    again = run_playbook("site.yml", extra_vars=TWO, timeout=1800)
     assert again.returncode == 0, again.stdout[-4000:]
     counts = recap(again.stdout)
     assert set(counts) == set(NODES) and all(c["changed"] == 0 for c in counts.values()), counts
@@ -248,7 +258,7 @@ def test_a_revoked_key_is_refused_within_seconds(gateway):
     key = (KEYS_DIR / KEY_NAME).read_text().strip()
     assert probe(NODES[1], [("/v1/models", key)]) == {"/v1/models key": 200}
     revoked = run_playbook(
-        "playbooks/keys.yml", extra_vars={**ON, "sparkops_key_name": KEY_NAME, "sparkops_key_state": "absent"}
+        "playbooks/keys.yml", extra_vars={**TWO, "sparkops_key_name": KEY_NAME, "sparkops_key_state": "absent"}
     )
     assert revoked.returncode == 0, revoked.stdout[-3000:]
     done = time.monotonic()
@@ -303,7 +313,7 @@ def test_a_config_change_is_applied_with_no_failed_client_request(gateway):
     """Clients stream through the gateway while its configuration changes twice, once by the init script's
     `reload` and once by the role (gateway_reload): a new worker, the old one retired, no request fails."""
     if not (KEYS_DIR / KEY_NAME).exists():
-        made = run_playbook("playbooks/keys.yml", extra_vars={**ON, "sparkops_key_name": KEY_NAME})
+        made = run_playbook("playbooks/keys.yml", extra_vars={**TWO, "sparkops_key_name": KEY_NAME})
         assert made.returncode == 0, made.stdout[-3000:]
     path = key_on_head((KEYS_DIR / KEY_NAME).read_text().strip())
     [first] = workers_on_head()
@@ -319,7 +329,7 @@ def test_a_config_change_is_applied_with_no_failed_client_request(gateway):
     assert switched["changed"] and switched["old_pids"] == [int(first)], switched
     time.sleep(10)
     # The role writes its config back (the comment goes): a changed file, so the module reloads again.
-    again = run_playbook("playbooks/gateway.yml", extra_vars=ON, timeout=900)
+    again = run_playbook("playbooks/gateway.yml", extra_vars=TWO, timeout=900)
     assert again.returncode == 0, again.stdout[-4000:]
     for _ in range(60):  # the streamer runs 150 s in all
         if node_sh(NODES[0], f"test -s {out}", check=False).returncode == 0:
@@ -331,17 +341,6 @@ def test_a_config_change_is_applied_with_no_failed_client_request(gateway):
     assert last != first and int(last) != switched["new_pid"]  # two reloads, two new workers, one left
 
 
-# ------------------------------------------------------------------ several deployments behind the gateway
-# The profiles of test_deployments.py (the stand-in model for one GPU under its own served model names), and
-# a new version of sim-chat for the upgrade: the same served model name, fewer sequences (a new command line).
-TWO = {**ON, **EXTRA, "sparkops_deployments": [CHAT_DEPLOYMENT, CODE]}
-V2 = {"sparkops_serving_profiles_extra": {**EXTRA["sparkops_serving_profiles_extra"], "sim-chat-v2": {
-    **EXTRA["sparkops_serving_profiles_extra"]["sim-chat"], "max_num_seqs": 8}}}  # fmt: skip
-REPLICAS = {**ON, **V2, "sparkops_deployments": [{**CHAT_DEPLOYMENT, "hosts": list(NODES)}]}
-REPLICAS_V2 = {
-    **REPLICAS,
-    "sparkops_deployments": [{**CHAT_DEPLOYMENT, "profile": "sim-chat-v2", "hosts": list(NODES)}],
-}
 CLIENT = "itest-two"
 
 BOTH = r"""
@@ -396,8 +395,6 @@ def vllm_cmd(node: str) -> list[str]:
 
 
 def test_two_deployments_answer_through_one_endpoint_with_a_client_key(gateway):
-    res = run_playbook("site.yml", extra_vars=TWO, timeout=1800)
-    assert res.returncode == 0, res.stdout[-5000:]
     path = client_key()
     both = node_sh(NODES[0], f"{VENV_PY} -c {shlex.quote(BOTH)} {GATEWAY} {path}", check=False, timeout=180)
     assert both.returncode == 0, both.stdout + both.stderr
@@ -410,10 +407,13 @@ def test_two_deployments_answer_through_one_endpoint_with_a_client_key(gateway):
 
 
 def test_a_killed_replica_is_ejected_and_the_other_serves(gateway):
-    """chat on both nodes: two replicas behind the gateway. The worker's vLLM killed, every request of a client
-    that never retries still gets its answer: the gateway cools the dead replica down and sends to the other."""
+    """chat on both nodes: two replicas behind the gateway (the chain's step from two deployments to two
+    replicas of one model, one site.yml). The worker's vLLM killed, every request of a client that never
+    retries still gets its answer: the gateway cools the dead replica down and sends to the other."""
+    t0 = time.monotonic()
     res = run_playbook("site.yml", extra_vars=REPLICAS, timeout=1800)
     assert res.returncode == 0, res.stdout[-5000:]
+    print(f"\n[chain] chat + code -> two replicas of chat: {time.monotonic() - t0:.0f} s")
     assert vllm_cmd(NODES[1]) and vllm_cmd(NODES[0]), "chat should run on both nodes"
     path = client_key()
     node_sh(NODES[1], "docker stop -t 1 sparkops-watchdog; docker kill sparkops-vllm")
@@ -435,8 +435,11 @@ def test_a_killed_replica_is_ejected_and_the_other_serves(gateway):
 
 
 def test_a_blue_green_upgrade_of_one_deployment_fails_no_request_of_a_streaming_client(gateway):
-    res = run_playbook("site.yml", extra_vars=REPLICAS, timeout=1800)  # the worker's replica back in the gateway
-    assert res.returncode == 0, res.stdout[-5000:]
+    # The worker's replica, started again by the previous test, answers before the upgrade begins.
+    deadline = time.monotonic() + 120
+    while completion(WORKER_FAST, "sim-chat") != 200:
+        assert time.monotonic() < deadline, "the worker's chat replica did not answer again within 120 s"
+        time.sleep(1)
     path = client_key()
     node_sh(NODES[0], "rm -f /root/stream.stop /root/stream.json")
     node_sh(
