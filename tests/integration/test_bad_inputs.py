@@ -52,16 +52,6 @@ def _heads(data):
     return data["all"]["children"]["spark_cluster"]["children"]
 
 
-def two_heads(data):
-    heads = _heads(data)
-    heads["spark_head"]["hosts"].update(heads["spark_workers"]["hosts"])
-
-
-def duplicate_address(data):
-    hosts = _heads(data)["spark_workers"]["hosts"]
-    hosts["spark-sim-2"]["sparkops_fast_links"][0]["address"] = "10.213.0.11/24"
-
-
 def missing_interface(data):
     _heads(data)["spark_workers"]["hosts"]["spark-sim-2"]["sparkops_fast_links"][0]["netdev"] = "enp1s0f9np9"
 
@@ -70,10 +60,6 @@ def hostile_netdev(data):
     # The audit's injection: it ran `touch /tmp/x` as root in the firewall script.
     link = _heads(data)["spark_workers"]["hosts"]["spark-sim-2"]["sparkops_fast_links"][0]
     link["netdev"] = "enp1s0f1np1 -j ACCEPT; touch /tmp/x #"
-
-
-def management_interface_as_fast_link(data):
-    _heads(data)["spark_workers"]["hosts"]["spark-sim-2"]["sparkops_fast_links"][1]["netdev"] = "enP7s7"
 
 
 def _profile(name="bad", **changes):
@@ -85,35 +71,13 @@ def _profile(name="bad", **changes):
     return {"sparkops_serving_profiles_extra": {name: base}, "sparkops_serving_profile": name}
 
 
-def ring_declared_on_a_pair(data):
-    data["all"]["vars"] = {"sparkops_topology": "ring"}
-
-
 INVENTORY_CASES = {
-    "ring declared on two nodes": (ring_declared_on_a_pair, "a ring needs three or more"),
-    "two heads": (two_heads, "must hold exactly one host; it holds 2"),
-    "duplicate fast-link address": (duplicate_address, "Fast-link addresses must be unique"),
-    "interface that does not exist": (missing_interface, "has no interface enp1s0f9np9"),
     "netdev carrying shell": (hostile_netdev, "which the kernel refuses in a device name"),
-    "management interface as a fast link": (management_interface_as_fast_link, "is the management interface"),
+    "interface that does not exist": (missing_interface, "has no interface enp1s0f9np9"),
 }
 
 VARS_CASES = {
-    "unknown profile": ({"sparkops_serving_profile": "qwen9-1t"}, "is not a known profile"),
     "enforce-eager": (_profile(extra_args=["--enforce-eager"]), "enforce-eager"),
-    "gated model without token": (
-        {**_profile(gated=True), "weight_cache_source": "hub"},
-        "gated model and no Hugging Face token",
-    ),
-    "unknown weights source host": (
-        {"sparkops_weights_source_host": "spark-sim-9"},
-        "sparkops_weights_source_host is 'spark-sim-9', which is not a host",
-    ),
-    "API bound to a worker's address": ({"vllm_serve_host": "10.213.0.12"}, "which is none of the head"),
-    "newline in the containers' env": (
-        {"roce_network_env_extra": {"X": "1\nLD_PRELOAD=/tmp/x.so"}},
-        "the value of 'X' contains control characters",
-    ),
     "not enough disk for the weights": (
         # The deployed profile's name: a node's disk is judged on the node, after the plan (and the lock) passed.
         {**_profile("sim-tiny-tp2", weights_gib=100000), "sparkops_node_memory_gib": 10000000},
@@ -122,6 +86,12 @@ VARS_CASES = {
 }
 
 
+# One run per kind of refusal proves that kind changes no host: the cluster model's (on the controller), the
+# serving plan's (on the controller), and the two a node decides (its interfaces, its disk). The other cases'
+# messages are unit tests of the model and the plan, which need no host: ring on two nodes and two heads
+# (tests/unit/plugin_utils/test_cluster.py), a duplicate address, an unknown weights host, the API on a
+# worker, a newline in the env (test_plan_playbook.py, test_cluster_inputs.py), the management interface
+# (test_cluster_inputs.py), an unknown profile and a gated model without a token (test_serving_plan.py).
 @pytest.mark.parametrize("case", sorted(INVENTORY_CASES))
 def test_bad_inventory_refused_before_changes(case, tmp_path, unchanged_hosts):
     mutate, message = INVENTORY_CASES[case]
