@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ from conftest import (
     run_playbook,
     stop_worker_ray_unwatched,
 )
+from test_faults_and_day2 import health
 
 pytestmark = pytest.mark.usefixtures("sim_cluster")
 
@@ -42,7 +44,9 @@ def ray_line(output: str) -> str:
     return m.group(0)
 
 
-def test_status_runs_and_agrees_with_verify_on_a_dead_worker():
+def test_status_runs_and_agrees_with_verify_on_a_dead_worker_and_site_repairs_it():
+    """A worker's Ray gone: status reports it (read-only), verify fails naming it with the same membership,
+    the health check sees the dead engine, and one site.yml repairs it."""
     res = run_playbook("playbooks/status.yml", timeout=300)
     assert res.returncode == 0, res.stdout[-4000:]
     out = flat(res.stdout)
@@ -68,9 +72,20 @@ def test_status_runs_and_agrees_with_verify_on_a_dead_worker():
         assert sentence == "1/2 nodes alive, 1.0/2.0 GPUs", line
         assert f"{sentence} " in flat(verify.stdout), (sentence, verify.stdout[-3000:])
         assert f"dead: {WORKER_FAST}" in flat(verify.stdout)
+        deadline = time.monotonic() + 90
+        seen = None
+        while time.monotonic() < deadline:
+            # vLLM 0.19.0 (and its test double) only finds a dead TP member when a step runs: ask for a token
+            seen = health(timeout_s=5, checks=["health", "completion"])
+            if seen.get("failed") and seen.get("failure_kind") in ("server_error", "engine_dead", "refused"):
+                break
+            time.sleep(3)
+        assert seen and seen.get("failed"), f"endpoint still healthy with a worker gone: {seen}"
+        assert seen["failure_kind"] in ("server_error", "engine_dead", "refused"), seen
     finally:
         repair = run_playbook("site.yml")
     assert repair.returncode == 0, repair.stdout[-4000:]
+    assert not health().get("failed")
     assert_watchdog_running()
 
 

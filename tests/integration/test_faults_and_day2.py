@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import re
 import secrets
-import time
 
 import pytest
 from conftest import (
@@ -25,7 +24,6 @@ from conftest import (
     reset_watchdog,
     run_adhoc,
     run_playbook,
-    stop_worker_ray_unwatched,
 )
 
 pytestmark = pytest.mark.usefixtures("sim_cluster")
@@ -57,15 +55,6 @@ def state_file() -> dict:
     return json.loads(node_sh("spark-sim-1", "cat /var/lib/sparkops/deployment.json").stdout)
 
 
-def test_noop_rerun_changes_nothing():
-    res = run_playbook("site.yml")
-    assert res.returncode == 0, res.stdout[-4000:]
-    counts = recap(res.stdout)
-    assert set(counts) == set(NODES)
-    assert all(c["changed"] == 0 for c in counts.values()), counts
-    print(f"\nno-op site.yml on two nodes: {res.elapsed:.1f} s")
-
-
 def test_wrong_api_key_is_reported_as_401():
     out = health(key="not-the-key")
     assert out.get("failed")
@@ -93,30 +82,6 @@ def test_interrupted_image_transfer_is_redone():
     assert recap(res.stdout)["spark-sim-1"]["changed"] >= 1
     got = node_sh("spark-sim-2", f"docker image inspect --format '{{{{.Id}}}}' {tag}").stdout.strip()
     assert got == want
-
-
-def test_worker_down_then_back():
-    """A worker's Ray gone: the wait names it, the health check sees the dead engine, site.yml repairs."""
-    stop_worker_ray_unwatched()
-    try:
-        res = run_playbook("playbooks/verify.yml", extra_vars={"ray_cluster_join_timeout_s": 60})
-        assert res.returncode != 0
-        assert WORKER_FAST in " ".join(res.stdout.split()), res.stdout[-3000:]
-        deadline = time.monotonic() + 90
-        seen = None
-        while time.monotonic() < deadline:
-            # vLLM 0.19.0 (and its test double) only finds a dead TP member when a step runs: ask for a token
-            seen = health(timeout_s=5, checks=["health", "completion"])
-            if seen.get("failed") and seen.get("failure_kind") in ("server_error", "engine_dead", "refused"):
-                break
-            time.sleep(3)
-        assert seen and seen.get("failed"), f"endpoint still healthy with a worker gone: {seen}"
-        assert seen["failure_kind"] in ("server_error", "engine_dead", "refused"), seen
-    finally:
-        res = run_playbook("site.yml")
-    assert res.returncode == 0, res.stdout[-4000:]
-    assert not health().get("failed")
-    assert_watchdog_running()
 
 
 def test_ray_answers_on_the_fast_links_only_and_a_lost_rule_comes_back():

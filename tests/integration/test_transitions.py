@@ -42,6 +42,7 @@ def test_back_to_the_reference_in_one_run_and_a_rerun_changes_nothing(tmp_path):
     again = run_playbook("site.yml", timeout=1800)
     assert again.returncode == 0, failure(again)
     counts = recap(again.stdout)
+    print(f"no-op site.yml on two nodes: {again.elapsed:.1f} s")
     assert set(counts) == set(NODES) and all(c["changed"] == 0 for c in counts.values()), counts
     state = json.loads(node_sh(NODES[0], "cat /var/lib/sparkops/deployment.json").stdout)
     assert state["profile_name"] == "sim-tiny-tp2", state  # inventory/sim's reference profile
