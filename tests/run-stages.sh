@@ -152,7 +152,10 @@ sim_tests() {
     SPARKOPS_REQUIRE_SIM=1 SPARKOPS_SIM_TOPOLOGIES=0 stage integration pytest_stage -q -s --durations=30 tests/integration
     # Last, since it replaces the pair with a 4-node switch, then ring (and puts the pair back).
     # SPARKOPS_SIM_TOPOLOGIES=0 make test skips it.
+    local pair_after=1
+    [ "${SPARKOPS_KEEP_SIM:-0}" = 1 ] || pair_after=0  # sim-down follows: no pair to put back first
     SPARKOPS_REQUIRE_SIM=1 SPARKOPS_SIM_TOPOLOGIES="${SPARKOPS_SIM_TOPOLOGIES:-1}" \
+        SPARKOPS_SIM_PAIR_AFTER_TOPOLOGIES=$pair_after \
         stage integration-ring pytest_stage -q -s --durations=10 tests/integration/test_topologies.py
     [ "${SPARKOPS_KEEP_SIM:-0}" = 1 ] || stage sim-down make -s sim-down
 }

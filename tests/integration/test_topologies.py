@@ -77,14 +77,21 @@ def topology_of(hosts_yml: dict) -> str:
     return hosts_yml["all"]["children"]["spark_cluster"]["vars"]["sparkops_topology"]
 
 
+@pytest.fixture(scope="module")
+def back_to_the_pair():
+    """The pair again after this file's four-node clusters, once (not between the switch and the ring: the
+    ring is made from the switch directly). make test removes the cluster right after this stage and says
+    so with SPARKOPS_SIM_PAIR_AFTER_TOPOLOGIES=0."""
+    yield
+    if os.environ.get("SPARKOPS_SIM_PAIR_AFTER_TOPOLOGIES", "1") != "0":
+        simctl("up")
+
+
 # The switch first: from the pair (where make test's ring stage starts) it only adds two nodes.
 @pytest.fixture(scope="module")
-def switch4():
+def switch4(back_to_the_pair):
     simctl("up", "--nodes", "4", "--topology", "switch")
-    try:
-        yield SIM_STATE / "inventories" / "switch-4"
-    finally:
-        simctl("up")  # back to the 2-node pair
+    return SIM_STATE / "inventories" / "switch-4"
 
 
 def test_switch_discovery_writes_the_hand_written_switch_and_plan_takes_it(switch4, tmp_path):
@@ -167,12 +174,9 @@ def test_switch_serves_tp2_and_two_replicas_behind_the_gateway_and_upgrades_one_
 
 
 @pytest.fixture(scope="module")
-def ring4():
+def ring4(back_to_the_pair):
     simctl("up", "--nodes", "4", "--topology", "ring")
-    try:
-        yield SIM_STATE / "inventories" / "ring-4"
-    finally:
-        simctl("up")  # back to the 2-node pair
+    return SIM_STATE / "inventories" / "ring-4"
 
 
 @pytest.fixture(scope="module")
