@@ -16,6 +16,7 @@ import time
 from ansible.plugins.action import ActionBase
 from ansible_collections.sparkops.cluster.plugins.module_utils.build_log import (
     WATCH_ARGUMENT_SPEC,
+    WATCH_RECHECK_S,
     build_stage,
     elapsed_text,
     failure_message,
@@ -40,14 +41,21 @@ class ActionModule(ActionBase):
         if self._play_context.check_mode:
             return {**result, "skipped": True, "msg": "check mode: no build runs, so there is nothing to watch"}
         cmd = " ".join(shlex.quote(a) for a in watch_command(str(log_path)))
-        res = self._low_level_execute_command(cmd, sudoable=True)
-        if res.get("rc", 1) != 0:
-            return {
-                **result,
-                "failed": True,
-                "msg": f"could not read the build log {log_path} on the build node: {res.get('stderr', '')[-300:]}",
-            }
-        text, rc = parse_watch_output(res.get("stdout", ""), args["run_id"])
+        # One poll of the until loop: the log read now, then again every WATCH_RECHECK_S while the build runs,
+        # for at most wait_s; it returns as soon as the build has ended.
+        until = time.monotonic() + args["wait_s"]
+        while True:
+            res = self._low_level_execute_command(cmd, sudoable=True)
+            if res.get("rc", 1) != 0:
+                return {
+                    **result,
+                    "failed": True,
+                    "msg": f"could not read the build log {log_path} on the build node: {res.get('stderr', '')[-300:]}",
+                }
+            text, rc = parse_watch_output(res.get("stdout", ""), args["run_id"])
+            if rc is not None or time.monotonic() + WATCH_RECHECK_S > until:
+                break
+            time.sleep(WATCH_RECHECK_S)
         elapsed = time.time() - started
         stage = build_stage(text)
         result.update(

@@ -122,7 +122,11 @@ WATCH_ARGUMENT_SPEC = dict(
     run_id=dict(type="str"),
     timeout_s=dict(type="int", default=10800),
     tail_lines=dict(type="int", default=40),
+    wait_s=dict(type="int", default=0),
 )
+# While waiting up to wait_s for the build to end, the log is read again this often: the task returns
+# within this of the build's end, not a whole poll later.
+WATCH_RECHECK_S = 2
 
 
 def watch_command(log_path: str, tail_bytes: int = 262144) -> list[str]:

@@ -37,6 +37,14 @@ options:
     description: How many of the log's last lines a failure shows.
     type: int
     default: 40
+  wait_s:
+    description:
+      - Wait up to this many seconds for the build to end before returning, reading the log again every 2 seconds;
+        it returns as soon as the build has ended. With an C(until) loop, this is the poll: the loop's C(delay)
+        can then be short, and the build's end is seen within 2 seconds instead of up to a whole delay later.
+      - C(0) reads the log once.
+    type: int
+    default: 0
 extends_documentation_fragment:
   - sparkops.cluster.attributes
 attributes:
@@ -54,10 +62,11 @@ EXAMPLES = r"""
     log_path: /var/lib/sparkops/logs/image-build.log
     started: "{{ build_started }}"
     run_id: "{{ build_started }}"
+    wait_s: 30
   register: build
   until: build.finished
   retries: 400
-  delay: 30
+  delay: 1
 """
 
 RETURN = r"""
