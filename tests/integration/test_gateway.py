@@ -274,15 +274,16 @@ def test_a_revoked_key_is_refused_within_seconds(gateway):
 
 
 STREAMER = r"""
-import json, sys, threading, time
+import json, os, sys, threading, time
 import openai
 url, key_path, seconds, out = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
+stop = out + ".stop"
 client = openai.OpenAI(base_url=url + "/v1", api_key=open(key_path).read().strip(), max_retries=0, timeout=60)
 model = client.models.list().data[0].id
 done, failed, lock = [0], [], threading.Lock()
 end = time.monotonic() + seconds
 def loop():
-    while time.monotonic() < end:
+    while time.monotonic() < end and not os.path.exists(stop):
         try:
             chunks = list(client.chat.completions.create(model=model, stream=True, max_tokens=32,
                                                          messages=[{"role": "user", "content": "count"}]))
@@ -318,23 +319,26 @@ def test_a_config_change_is_applied_with_no_failed_client_request(gateway):
     path = key_on_head((KEYS_DIR / KEY_NAME).read_text().strip())
     [first] = workers_on_head()
     out = "/root/.itest-streams.json"
-    node_sh(NODES[0], f"rm -f {out}; nohup {VENV_PY} -c {shlex.quote(STREAMER)} {GATEWAY} {path} 150 {out} "
+    # The clients stream until told to stop (at most 300 s), from before the first reload until after the second.
+    node_sh(NODES[0], f"rm -f {out} {out}.stop; nohup {VENV_PY} -c {shlex.quote(STREAMER)} {GATEWAY} {path} 300 {out} "
             ">/root/.itest-streams.log 2>&1 &")  # fmt: skip
-    time.sleep(10)
+    time.sleep(5)
     # Any byte changes the digest: the service's reload starts a worker with it and retires the old one.
     node_sh(NODES[0], "echo '# itest reload' >> /etc/sparkops/gateway/config.yaml")
     reload = node_sh(NODES[0], "/etc/init.d/sparkops-gateway reload", check=False, timeout=240)
     assert reload.returncode == 0, reload.stdout + reload.stderr
     switched = json.loads(reload.stdout.strip().splitlines()[-1])
     assert switched["changed"] and switched["old_pids"] == [int(first)], switched
-    time.sleep(10)
+    time.sleep(5)
     # The role writes its config back (the comment goes): a changed file, so the module reloads again.
     again = run_playbook("playbooks/gateway.yml", extra_vars=TWO, timeout=900)
     assert again.returncode == 0, again.stdout[-4000:]
-    for _ in range(60):  # the streamer runs 150 s in all
+    time.sleep(5)  # requests after the second switch, on the worker left
+    node_sh(NODES[0], f"touch {out}.stop")
+    for _ in range(150):  # each client ends its request in flight (a stream of 32 tokens), then writes the result
         if node_sh(NODES[0], f"test -s {out}", check=False).returncode == 0:
             break
-        time.sleep(5)
+        time.sleep(1)
     result = json.loads(node_sh(NODES[0], f"cat {out}").stdout)
     assert result["done"] > 20 and result["failed"] == [], result
     [last] = workers_on_head()
