@@ -227,7 +227,8 @@ def test_incomplete_snapshot_is_refused_when_preseeded_and_resumed_from_the_hub(
         assert m["expected_from"] == "hub listing"
         assert m["missing_files"] == [name] and m["incomplete_downloads"] == {blob: 1048576}
         # A cache the site put there itself (preseeded): nothing may download it, so the run stops.
-        res = run_playbook("site.yml", extra_vars={"weight_cache_source": "preseeded"})
+        # weights.yml is site.yml's weights play (playbooks/site.yml imports it), without the plays before it.
+        res = run_playbook("playbooks/weights.yml", extra_vars={"weight_cache_source": "preseeded"})
         out = flat(res.stdout)
         assert res.returncode != 0, out[-3000:]
         assert "nothing to copy" not in out
@@ -261,7 +262,7 @@ def test_flipped_byte_sizes_check_says_so_and_verify_finds_it():
     node_sh(TARGET, f"printf '\\xff' | dd of={REPO}/blobs/{blob} bs=1 seek=1000 count=1 conv=notrunc 2>/dev/null")
     assert node_sh(TARGET, f"sha256sum {REPO}/blobs/{blob}").stdout.split()[0] != blob
     try:
-        res = run_playbook("site.yml")
+        res = run_playbook("playbooks/weights.yml")  # site.yml's weights play
         assert res.returncode == 0, res.stdout[-3000:]
         # The default check says what it compared, and the hash record shows the blob changed since.
         out = flat(res.stdout)
