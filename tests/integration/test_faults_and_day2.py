@@ -25,6 +25,7 @@ from conftest import (
     run_adhoc,
     run_playbook,
 )
+from test_image_lock import standin_commit
 
 pytestmark = pytest.mark.usefixtures("sim_cluster")
 
@@ -121,6 +122,7 @@ def test_head_node_restart_brings_serving_back():
 def locked_copy(tmp_path):
     """A copy of the inventory's lock file: an upgrade moves this one, so later site.yml runs in this
     session (whose inventory still says sim-v1) converge back instead of being refused by the lock."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     lock = tmp_path / "sparkops.lock.json"
     main = ROOT / ".sim" / "sparkops.lock.json"  # the simulated cluster's lock (inventory/sim connection.yml)
     if main.exists():
@@ -146,7 +148,25 @@ def test_upgrade_to_a_new_image_commit(tmp_path):
     assert after["image"] != before["image"]
     assert after["image_ref"] == "sim-v2"
     assert after["previous"]["image"] == before["image"]
-    assert json.loads(lock.read_text())["image"]["ref"] == "sim-v2"
+    # The lock moved, and the run said what moved.
+    locked_before = json.loads(locked_copy(tmp_path / "main").read_text())
+    locked = json.loads(lock.read_text())
+    assert locked["image"]["ref"] == "sim-v2" and locked["image"]["id"] != locked_before["image"]["id"]
+    assert locked["versions"] == locked_before["versions"]
+    moved = re.search(r"Lock file \S+: moved: (.{0,600})", text.replace('\\"', '"'))
+    assert moved, text[-3000:]
+    assert f'image.commit: "{standin_commit("sim-v1")}" -> "{standin_commit("sim-v2")}"' in moved.group(1)
+    assert 'image.ref: "sim-v1" -> "sim-v2"' in moved.group(1)
+    assert (
+        node_sh("spark-sim-1", "docker inspect --format '{{.Config.Image}}' sparkops-vllm").stdout.strip()
+        == (locked["image"]["tag"])
+    )
+    # The lock now holds sim-v2: the inventory (sim-v1) is refused until it is upgraded back.
+    refused = run_playbook("playbooks/image.yml", extra_vars={"sparkops_lock_file": str(lock)})
+    assert refused.returncode != 0
+    assert 'the lock has "sim-v2", the inventory asks for "sim-v1"' in " ".join(refused.stdout.split()).replace(
+        '\\"', '"'
+    )
     # The old tag is kept on every node, for a rollback.
     for node in NODES:
         assert node_sh(node, f"docker image inspect {before['image']}", check=False).returncode == 0

@@ -125,33 +125,6 @@ def test_the_old_pins_arguments_are_refused_by_the_build_script(tmp_path):
     assert "Unknown parameter passed: --use-wheels" in out(res)
 
 
-def test_upgrade_moves_the_lock_and_says_what_moved(tmp_path):
-    lock = tmp_path / "sparkops.lock.json"
-    assert run("playbooks/image.yml", lock).returncode == 0
-    before = json.loads(lock.read_text())
-    try:
-        res = run("playbooks/upgrade.yml", lock, {"spark_vllm_image_ref": "sim-v2"})
-        assert res.returncode == 0, res.stdout[-5000:]
-        text = out(res)
-        moved = re.search(r"Lock file \S+: moved: (.{0,600})", text)
-        assert moved, text[-3000:]
-        print(f"\nupgrade sim-v1 -> sim-v2, lock moved: {moved.group(1)[:400]}")
-        assert f'image.commit: "{standin_commit("sim-v1")}" -> "{standin_commit("sim-v2")}"' in moved.group(1)
-        assert 'image.ref: "sim-v1" -> "sim-v2"' in moved.group(1)
-        after = json.loads(lock.read_text())
-        assert after["image"]["id"] != before["image"]["id"]
-        assert after["versions"] == before["versions"]
-        assert serving_image() == after["image"]["tag"]
-        # The lock now holds sim-v2: the inventory (sim-v1) is refused until it is upgraded back.
-        refused = run("playbooks/image.yml", lock)
-        assert refused.returncode != 0
-        assert 'the lock has "sim-v2", the inventory asks for "sim-v1"' in out(refused)
-    finally:
-        back = run("playbooks/upgrade.yml", lock, {"spark_vllm_image_ref": "sim-v1"})
-    assert back.returncode == 0, back.stdout[-4000:]
-    assert json.loads(lock.read_text())["image"]["commit"] == before["image"]["commit"]
-
-
 def test_registry_pull_by_digest_and_a_wrong_digest_is_refused(tmp_path):
     facts = json.loads((ROOT / ".sim" / "cluster.json").read_text())
     registry = facts["registry"]
