@@ -49,7 +49,7 @@ import json
 import posixpath
 import re
 
-from ansible_collections.sparkops.cluster.plugins.plugin_utils.cluster import WILDCARDS, ClusterError
+from ansible_collections.sparkops.cluster.plugins.plugin_utils.cluster import WILDCARDS, ClusterError, bind_problem
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.day2_checks import memory_plan_problems
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.gateway import replica_id as gateway_replica_id
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.lockfile import conflicts as lock_conflicts
@@ -835,6 +835,15 @@ def plan_gateway(cluster: dict, inputs: dict, problems: list) -> dict:
     bind = str(_get(inputs, "gateway_bind", "") or "0.0.0.0")  # noqa: S104 - the firewall chain is the gate
     head = cluster["head"]
     node = cluster["nodes"][head]
+    why = bind_problem(
+        "sparkops_gateway_bind",
+        bind,
+        node["ips"] + [node["mgmt_address"]],
+        owner=f"the head {head}",
+        what="The gateway",
+    )
+    if why:
+        problems.append(why)
     fast = node["primary"]["ip"]
     return {
         "enabled": _bool(inputs, "gateway_enabled", False, problems),

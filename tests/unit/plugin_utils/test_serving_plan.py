@@ -429,10 +429,30 @@ def test_the_gateway_listens_on_the_head_at_its_default_port_and_is_off_by_defau
 
 
 def test_the_gateway_takes_its_port_bind_and_switch_from_the_inventory():
-    cluster, plan = plan_of(gateway_enabled="true", gateway_port="4100", gateway_bind="10.0.0.1")
+    cluster, plan = plan_of(gateway_enabled="true", gateway_port="4100", gateway_bind="10.0.0.11")
     assert plan["gateway"]["enabled"] is True
     assert plan["gateway"]["port"] == 4100
-    assert plan["gateway"]["url"] == plan["gateway"]["client_url"] == "http://10.0.0.1:4100"
+    assert plan["gateway"]["url"] == plan["gateway"]["client_url"] == "http://10.0.0.11:4100"
+
+
+@pytest.mark.parametrize(
+    ("bind", "said"),
+    [
+        (
+            "203.0.113.9 --x",
+            "sparkops_gateway_bind is '203.0.113.9 --x', which is none of the head spark-1's addresses",
+        ),
+        ("10.0.0.12", "sparkops_gateway_bind is '10.0.0.12', which is none of the head spark-1's addresses"),
+        ("::", "sparkops_gateway_bind is '::', an IPv6 address."),
+        ("fe80::1", "sparkops_gateway_bind is 'fe80::1', an IPv6 address."),
+    ],
+)
+def test_a_gateway_bind_that_is_not_an_ipv4_address_of_the_head_is_refused(bind, said):
+    with pytest.raises(ClusterError) as err:
+        plan_of(gateway_bind=bind)
+    (p,) = [p for p in err.value.problems if p.startswith("sparkops_gateway_bind")]
+    assert p.startswith(said), p
+    assert "192.168.100.11, 192.168.101.11, 10.0.0.11 or 0.0.0.0 (0.0.0.0: every IPv4 address)" in p
 
 
 @pytest.mark.parametrize(
