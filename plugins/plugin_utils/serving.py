@@ -85,6 +85,11 @@ AUTH_ENV = {"PYTHONPATH": AUTH_MOUNT, "SPARKOPS_API_KEY_FILE": f"{AUTH_MOUNT}/ap
 CONTAINER_HF_HOME = "/root/.cache/huggingface"
 _COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 _DIGEST_RE = re.compile(r"^[^@\s]+@sha256:([0-9a-f]{64})$")
+# spark_vllm_image_ref, checked before any clone: a branch, tag or commit within git's refname rules
+# (git-check-ref-format(1): no "..", "//", "@{", no component that starts with "." or ends with ".lock",
+# nothing that ends with "/" or ".") in a narrower set of characters than git's, and no leading "-" (an
+# option to git).
+_GIT_REF_RE = re.compile(r"^(?!-)(?!.*\.\.)(?!.*//)(?!.*(?:^|/)\.)(?!.*\.lock(?:/|\Z))[A-Za-z0-9._+/-]+(?<![/.])\Z")
 # The inventory variable behind each input (the cluster_facts action reads them; messages name them).
 INPUT_VARIABLES = {
     "profile_name": "sparkops_serving_profile",
@@ -658,6 +663,13 @@ def build_serving(cluster: dict, inputs: dict) -> dict:  # noqa: PLR0912, PLR091
     gateway = plan_gateway(cluster, inputs, problems)
 
     image_in = inputs.get("image") or {}
+    ref_in = str(image_in.get("ref") or "")
+    if str(image_in.get("source") or "eugr") == "eugr" and ref_in and not _GIT_REF_RE.match(ref_in):
+        problems.append(
+            f"spark_vllm_image_ref is {ref_in!r}, which is no git commit, branch or tag sparkops takes: give a "
+            "commit (40 hex digits) or a branch or tag of letters, digits and . _ + / - (not starting with - or "
+            "., without .. or //)"
+        )
     lock = inputs.get("lock") or {}
     upgrade = bool(inputs.get("upgrade"))
     first = served[0] if served else ({"profile_name": name}, None, None, 0)

@@ -468,3 +468,31 @@ def test_a_bad_gateway_setting_is_refused_with_its_name(inputs, said):
     with pytest.raises(ClusterError) as err:
         plan_of(**inputs)
     assert any(said in problem for problem in err.value.problems), err.value.problems
+
+
+# ------------------------------------------------------------------ spark_vllm_image_ref before any clone
+@pytest.mark.parametrize(
+    "ref", ["v1';id>/tmp/x;'", "-c", "--upload-pack=touch /tmp/x", "a..b", "main\n", "x y", "a@{1}", ".hidden", "a/"]
+)
+def test_an_image_ref_that_is_no_plain_git_ref_is_refused_by_the_plan(ref):
+    # The image role clones the ref (ansible.builtin.git version:): the plan refuses it first.
+    with pytest.raises(ClusterError) as err:
+        plan_of(image={**plan_inputs_image(), "ref": ref})
+    (p,) = [p for p in err.value.problems if p.startswith("spark_vllm_image_ref")]
+    assert p.startswith(f"spark_vllm_image_ref is {ref!r}, which is no git commit, branch or tag")
+
+
+@pytest.mark.parametrize("ref", [REF, "main", "v0.19.0", "release/v1.2+cu130", "feature_x-y"])
+def test_a_commit_branch_or_tag_is_taken(ref):
+    plan = plan_of_only(image={**plan_inputs_image(), "ref": ref})
+    assert plan["deployments"][0]["image"]["ref"] == ref
+
+
+def plan_inputs_image():
+    return {
+        "source": "eugr",
+        "name": "vllm-node",
+        "repo": "https://github.com/eugr/spark-vllm-docker.git",
+        "ref": REF,
+        "build_args": VERSIONS["spark_vllm_image_build_args"],
+    }
