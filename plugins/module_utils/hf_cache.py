@@ -960,9 +960,12 @@ MAX_REFUSALS_KEPT = 20
 class TemporaryReceiver:
     """The target's end of transport=tcp, started by :func:`remote_main` and stopped by it.
 
-    Listens on ``address``:``port`` only, accepts connections from ``allow`` only and at most
-    ``max_conns`` at a time (the source's streams plus one; more are closed at once), and asks each for
-    the HMAC of a random challenge under the one-time ``secret`` within ``handshake_timeout`` seconds.
+    Listens on ``address``:``port`` only, accepts connections from ``allow`` only, and asks each for the
+    HMAC of a random challenge under the one-time ``secret`` within ``handshake_timeout`` seconds. A
+    connection takes one of the ``max_conns`` stream slots (the source's streams plus one; one more is
+    refused) only once it has answered: connections still owing their answer are held apart, at most
+    ``max_pending`` (default 4 x max_conns, at least 16), and a new one drops the oldest of them, so idle
+    connections (anyone on the source's address can open them) never keep the real sender out.
     A connection then carries files one after another: a header (path, size, mtime), the bytes, and
     the receiver's answer after each (an error answer for anything malformed, then the connection ends).
     Only paths in the plan (``plan`` at the start, more by :meth:`allow`: path -> size) are written,
@@ -983,6 +986,8 @@ class TemporaryReceiver:
         self.io_timeout = float(args.get("io_timeout", 300))
         self.handshake_timeout = float(args.get("handshake_timeout", 10))
         self.max_conns = max(1, int(args.get("max_conns", 8)))
+        self.max_pending = max(1, int(args.get("max_pending", max(16, 4 * self.max_conns))))
+        self.pending: dict = {}  # connections before their answer, oldest first -> accepted at
         self.verify = bool(args.get("verify", True))
         # Without O_DIRECT (tmpfs, for one) it writes through the cache and drops what it wrote.
         self.direct = direct_io_ok(self.blob_dir)
@@ -1035,13 +1040,15 @@ class TemporaryReceiver:
                     conn.close()
                     continue
                 with self.lock:
-                    full = len(self.conns) >= self.max_conns
-                    if not full:
-                        self.conns.add(conn)
-                if full:  # before any thread or buffer is spent on it
-                    self._refuse(f"{peer[0]}: more than {self.max_conns} connections")
-                    conn.close()
-                    continue
+                    # No stream slot before the answer: the oldest connection still owing one makes room.
+                    self.pending[conn] = time.monotonic()
+                    oldest = next(iter(self.pending)) if len(self.pending) > self.max_pending else None
+                    if oldest is not None:
+                        del self.pending[oldest]
+                if oldest is not None:
+                    self._refuse(f"{peer[0]}: more than {self.max_pending} connections without an answer yet")
+                    with contextlib.suppress(OSError):
+                        oldest.shutdown(socket.SHUT_RDWR)  # its thread's read ends; the thread closes it
                 t = threading.Thread(target=self._serve, args=(conn,), daemon=True)
                 with self.lock:
                     self.workers = [w for w in self.workers if w.is_alive()]
@@ -1050,6 +1057,7 @@ class TemporaryReceiver:
             except Exception as exc:  # noqa: BLE001 - e.g. no thread could start: drop this one, keep accepting
                 self._refuse(f"{peer[0]}: {type(exc).__name__}: {exc}")
                 with self.lock:
+                    self.pending.pop(conn, None)
                     self.conns.discard(conn)
                 with contextlib.suppress(OSError):
                     conn.close()
@@ -1061,6 +1069,15 @@ class TemporaryReceiver:
             conn.sendall(nonce)
             if not hmac.compare_digest(_recv_exact(conn, AUTH_ANSWER_BYTES), tcp_auth(self.secret, nonce)):
                 self._refuse("wrong secret")
+                return
+            with self.lock:  # answered: now, and only now, a stream slot
+                if self.pending.pop(conn, None) is None:
+                    return  # dropped as the oldest waiting one meanwhile
+                full = len(self.conns) >= self.max_conns
+                if not full:
+                    self.conns.add(conn)
+            if full:
+                self._refuse(f"{self.allow_addr}: more than {self.max_conns} connections")
                 return
             conn.settimeout(self.io_timeout)  # a stalled stream fails after io_timeout
             while True:
@@ -1091,6 +1108,7 @@ class TemporaryReceiver:
                     self.stats["errors"].append(f"connection from {self.allow_addr}: {type(exc).__name__}: {exc}")
         finally:
             with self.lock:
+                self.pending.pop(conn, None)
                 self.conns.discard(conn)
             with contextlib.suppress(OSError):
                 conn.close()
@@ -1184,7 +1202,7 @@ class TemporaryReceiver:
         with contextlib.suppress(OSError):
             self.sock.close()
         with self.lock:
-            workers, conns = list(self.workers), list(self.conns)
+            workers, conns = list(self.workers), list(self.conns) + list(self.pending)
         for conn in conns:  # the source is done (its streams ended) or gone: wake any blocked read
             with contextlib.suppress(OSError):
                 conn.shutdown(socket.SHUT_RDWR)

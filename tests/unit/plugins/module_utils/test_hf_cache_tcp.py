@@ -383,36 +383,93 @@ def test_an_oversized_header_is_answered_with_an_error(repos):
     assert "not a sparkops sender" in answer["error"]
 
 
+def _send_streams(port, src, parts) -> list:
+    results = []
+    threads = [
+        threading.Thread(
+            target=lambda part: results.append(hf_cache.send_stream(channel(port), part, str(src), Progress())),
+            args=(part,),
+        )
+        for part in parts
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    return results
+
+
+def test_idle_connections_take_no_stream_slot_and_the_sender_is_served_at_once(repos):
+    # Three connections from the source's address that never answer the challenge (anyone on that host can
+    # open them) took the streams + 1 slots before: the real sender's 2 streams were closed, 5 times in 6.
+    src, dst = repos
+    files = [blob(src, 5000 + i, seed=i) for i in range(4)]
+    with receiver(dst, plan=plan_of(src, files), max_conns=3, handshake_timeout=30) as (rcv, port):
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _conn in range(3)]
+        try:
+            for s in idle:
+                assert len(s.recv(64)) == hf_cache.AUTH_NONCE_BYTES  # challenged, and left waiting
+            started = time.monotonic()
+            assert _send_streams(port, src, [files[0::2], files[1::2]]) == [(0, "")] * 2
+            assert time.monotonic() - started < 10  # not after the idle ones' handshake deadline
+        finally:
+            for s in idle:
+                s.close()
+    assert all((dst / rel).read_bytes() == (src / rel).read_bytes() for rel in files)
+
+
 def test_a_flood_of_idle_connections_is_capped_and_timed_out_and_the_sender_is_served(repos):
     src, dst = repos
     rel = blob(src, 7000)
-    with receiver(dst, plan=plan_of(src, [rel]), max_conns=3, handshake_timeout=1) as (rcv, port):
+    with receiver(dst, plan=plan_of(src, [rel]), max_conns=3, handshake_timeout=3) as (rcv, port):
+        assert rcv.max_pending == 16
         idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _conn in range(40)]
         try:
             started = time.monotonic()
-            # The first 3 get a challenge; the other 37 are closed at once, without one.
+            # The newest 16 wait for their answer; each newer one dropped the oldest waiting one.
             closed = 0
-            for s in idle[3:]:
-                s.settimeout(5)
-                if s.recv(64) == b"":
-                    closed += 1
-            assert closed == 37 and time.monotonic() - started < 4
-            assert len(idle[0].recv(64)) == hf_cache.AUTH_NONCE_BYTES
-            # The 3 that never answer are dropped after the handshake deadline...
-            for s in idle[:3]:
+            for s in idle[:24]:
                 s.settimeout(5)
                 while s.recv(64):
                     pass
-            assert time.monotonic() - started < 4
-            # ... and the real sender is served.
+                closed += 1
+            assert closed == 24 and time.monotonic() - started < 2.5  # at once, not at the deadline
+            # While the 16 wait, the real sender is served (its connection drops the oldest of them).
             assert hf_cache.send_stream(channel(port), [rel], str(src), Progress()) == (0, "")
+            # The ones that never answer are dropped after the handshake deadline.
+            for s in idle[24:]:
+                s.settimeout(5)
+                while s.recv(64):
+                    pass
+            assert time.monotonic() - started < 8
         finally:
             for s in idle:
                 s.close()
     stopped = rcv.stop()
     assert stopped["files"] == 1 and len(stopped["refused"]) <= hf_cache.MAX_REFUSALS_KEPT
-    assert any("more than 3 connections" in r for r in stopped["refused"])
-    assert len(rcv.workers) <= 4
+    assert any("more than 16 connections without an answer yet" in r for r in stopped["refused"])
+    assert not rcv.pending and not rcv.conns
+
+
+def test_answered_connections_are_still_capped_at_the_streams_plus_one(repos):
+    src, dst = repos
+    rel = blob(src, 3000)
+    with receiver(dst, plan=plan_of(src, [rel])) as (rcv, port):
+        rcv.max_conns = 2
+        held = [raw_client(port) for _conn in range(2)]
+        try:
+            extra = raw_client(port)  # answered, but both slots are taken: closed
+            extra.settimeout(5)
+            assert extra.recv(64) == b""
+            extra.close()
+        finally:
+            for s in held:
+                s.close()
+        deadline = time.monotonic() + 5
+        while rcv.conns and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert hf_cache.send_stream(channel(port), [rel], str(src), Progress()) == (0, "")
+    assert any("more than 2 connections" in r for r in rcv.stop()["refused"])
 
 
 def test_nothing_is_written_through_a_link_swapped_into_the_target(repos, tmp_path):
