@@ -808,6 +808,10 @@ class TemporaryRsyncd:
                 + (f"  uid = {os.getuid()}\n  gid = {os.getgid()}\n" if os.getuid() == 0 else "")
                 + f"  hosts allow = {args['allow']}\n  hosts deny = *\n"
                 f"  auth users = {args['user']}\n  secrets file = {secrets}\n  strict modes = yes\n"
+                # A copy only adds files: no deletion on the target, whatever the client asks (rsyncd.conf(5),
+                # refuse options: every delete option implies --delete, and implied options are refused
+                # like explicit ones; the daemon prints an error and exits before the transfer).
+                "  refuse options = delete* del remove-source-files\n"
                 f"  timeout = {int(args.get('io_timeout', 300))}\n"
             )
         os.makedirs(args["path"], exist_ok=True)

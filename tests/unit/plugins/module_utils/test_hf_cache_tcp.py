@@ -558,3 +558,31 @@ def test_a_refused_folder_name_names_the_whole_path(tmp_path):
             hf_cache.open_subdir(fd, ["snapshots", "r", ".."])
     finally:
         os.close(fd)
+
+
+@pytest.mark.skipif(not shutil.which("rsync"), reason="rsync is not installed on this machine")
+@pytest.mark.parametrize("option", ["--delete", "--del", "--delete-after", "--delete-excluded"])
+def test_the_rsync_daemon_refuses_to_delete_anything(tmp_path, option):
+    # A client with the secret (the source, or whoever read it) could otherwise empty the model's folder.
+    port = free_port()
+    target = tmp_path / "m"
+    (target / "blobs").mkdir(parents=True)
+    (target / "blobs" / "kept").write_bytes(b"weights")
+    empty = tmp_path / "empty"
+    (empty / "blobs").mkdir(parents=True)
+    args = {"address": "127.0.0.1", "port": port, "allow": "127.0.0.1", "user": "sparkops", "secret": SECRET}
+    daemon = hf_cache.TemporaryRsyncd(args | {"path": str(target)})
+    try:
+        res = subprocess.run(  # noqa: S603 - fixed argv, loopback only
+            [shutil.which("rsync"), "-r", option, f"{empty}/", f"rsync://sparkops@127.0.0.1:{port}/hf/"],
+            env={**os.environ, "RSYNC_PASSWORD": SECRET},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        daemon.stop()
+    assert res.returncode != 0, res.stdout + res.stderr
+    assert "refuse" in res.stderr, res.stderr
+    assert (target / "blobs" / "kept").read_bytes() == b"weights"
