@@ -449,6 +449,15 @@ def blob_hasher(name: str, size: int):
     return h
 
 
+def file_sha256(path: str) -> str:
+    """The sha256 of the file at ``path`` (hex)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def verify_blob(path: str, name: str) -> bool:
     """Whether the file at ``path`` hashes to its blob ``name`` (see :func:`blob_hasher`)."""
     h = blob_hasher(name, os.path.getsize(path))
@@ -997,7 +1006,8 @@ class TemporaryReceiver:
         self.direct = direct_io_ok(self.blob_dir)
         self.lock = threading.Lock()
         self.plan: dict = {}
-        self.allow(args.get("plan") or {})
+        self.hashes: dict = {}  # path -> sha256 of a file not named by its hash (the lists, snapshot files)
+        self.allow(args.get("plan") or {}, args.get("hashes"))
         self.stats = {"files": 0, "bytes": 0, "refused": [], "errors": []}
         self.verified: list = []
         self.workers: list = []
@@ -1016,16 +1026,32 @@ class TemporaryReceiver:
         self.acceptor = threading.Thread(target=self._accept, daemon=True)
         self.acceptor.start()
 
-    def allow(self, files: dict) -> dict:
-        """Add ``files`` (path -> size) to what may be received; ValueError (nothing added) for a bad one."""
+    def allow(self, files: dict, hashes: dict | None = None) -> dict:
+        """Add ``files`` (path -> size) to what may be received, and ``hashes`` (path -> sha256) of the files
+        among them that their name does not check (the Hub's file lists, snapshot files): each must arrive
+        with exactly that hash. ValueError (nothing added) for a bad one."""
         if not isinstance(files, dict):
             raise ValueError("the plan must map paths to sizes")
+        hashes = {} if hashes is None else hashes
+        if not isinstance(hashes, dict):
+            raise ValueError("the plan's hashes must map paths to sha256 digests")
         for rel, size in files.items():
             if not receivable_path(rel) or not isinstance(size, int) or isinstance(size, bool) or size < 0:
                 raise ValueError(f"refusing to plan {rel!r} ({size!r} bytes): not a file a model's cache holds")
+        for rel, digest in hashes.items():
+            if (
+                rel not in files
+                or rel.startswith("blobs/")
+                or not isinstance(digest, str)
+                or not SHA256_RE.match(digest)
+            ):
+                raise ValueError(
+                    f"refusing the hash {str(digest)[:80]!r} of {str(rel)[:200]!r}: not a planned file's sha256"
+                )
         with self.lock:
             self.plan.update(files)
-            return {"planned": len(self.plan)}
+            self.hashes.update(hashes)
+            return {"planned": len(self.plan), "hashed": len(self.hashes)}
 
     def _refuse(self, why: str) -> None:
         with self.lock:
@@ -1142,7 +1168,11 @@ class TemporaryReceiver:
         parts = rel.split("/")
         name = parts[-1]
         is_blob = parts[0] == "blobs"
-        h = blob_hasher(name, size) if self.verify and is_blob else None
+        with self.lock:
+            want = None if is_blob else self.hashes.get(rel)
+        # A blob is checked against its name (verify); a list or a snapshot file against the hash the source
+        # planned for it over its ssh channel, whatever this connection carried.
+        h = blob_hasher(name, size) if self.verify and is_blob else (hashlib.sha256() if want else None)
         direct = self.direct and is_blob
         with repo_subdir(self.repo, parts[:-1], where=rel) as dfd:
             tmp = _temp_name_at(dfd, name)
@@ -1150,8 +1180,9 @@ class TemporaryReceiver:
                 fd = os.open(tmp, os.O_WRONLY | os.O_NOFOLLOW | (os.O_DIRECT if direct else 0), dir_fd=dfd)
                 try:
                     self._write_from(conn, fd, size, h, direct)
-                    if h is not None and h.hexdigest() != name:
-                        raise RuntimeError(f"{rel}: the received bytes hash to {h.hexdigest()}, not to the blob's name")
+                    if h is not None and h.hexdigest() != (want or name):
+                        expected = "the hash the source planned" if want else "the blob's name"
+                        raise RuntimeError(f"{rel}: the received bytes hash to {h.hexdigest()}, not to {expected}")
                     os.fchmod(fd, BLOB_MODE if is_blob else FILE_MODE)
                     mtime = float(meta.get("mtime", time.time()))
                     os.utime(fd, (mtime, mtime))
@@ -1314,7 +1345,7 @@ def remote_main(control=None, out=None) -> int:
                 elif action == "tcp_plan":
                     if receiver is None:
                         raise RuntimeError("no receiver runs in this session (tcp_start first)")
-                    result = receiver.allow(args.get("files"))
+                    result = receiver.allow(args.get("files"), args.get("hashes"))
                 elif action == "tcp_stop":
                     result = receiver.stop() if receiver is not None else {"stopped": False}
                     receiver = None

@@ -327,6 +327,70 @@ def test_the_hubs_file_list_tree_cache_and_snapshot_files_arrive_too(repos):
     assert sorted(p.name for p in dst.rglob(".*") if p.is_file() and "sparkops-tmp" in p.name) == []
 
 
+def hashes_of(src, files) -> dict:
+    """What the source plans besides the sizes: the sha256 of every file its name does not check."""
+    return {rel: hashlib.sha256((src / rel).read_bytes()).hexdigest() for rel in files if not rel.startswith("blobs/")}
+
+
+def test_lists_and_snapshot_files_arrive_only_with_the_hash_the_source_planned(repos):
+    # After the handshake a connection is plain TCP: only blobs were checked (by their name); a list or a
+    # snapshot file of the planned size with other bytes was written as it came.
+    src, dst = repos
+    files = [
+        plain(src, f".sparkops/{COMMIT}.json", b'{"files": {}}'),
+        plain(src, f"trees/{COMMIT}.json", b'{"format_version": 1}'),
+        plain(src, f"snapshots/{COMMIT}/original/params.json", b'{"dim": 4096}'),
+    ]
+    with receiver(dst, plan=plan_of(src, files), hashes=hashes_of(src, files)) as (rcv, port):
+        for rel in files:
+            forged = (src / rel).read_bytes().replace(b"{", b"[", 1)  # same size, other bytes
+            conn = raw_client(port)
+            with conn:
+                hf_cache._send_msg(conn, {"name": rel, "size": len(forged)})
+                conn.sendall(forged)
+                answer = hf_cache._recv_msg(conn)
+            assert "not to the hash the source planned" in answer["error"], rel
+            assert not (dst / rel).exists()
+        assert hf_cache.send_stream(channel(port), files, str(src), Progress()) == (0, "")
+    assert all((dst / rel).read_bytes() == (src / rel).read_bytes() for rel in files)
+    assert [p.name for p in dst.rglob(".*") if p.is_file()] == []  # no temporary file left
+
+
+def test_remote_main_takes_the_hashes_with_the_plan(repos):
+    src, dst = repos
+    rel = plain(src, f"trees/{COMMIT}.json", b'{"format_version": 1}')
+    start = {"action": "tcp_start", "repo": str(dst), "address": "127.0.0.1", "port": free_port()}
+    lines = [
+        json.dumps(start | {"allow": "127.0.0.1", "secret": SECRET}),
+        json.dumps({"action": "tcp_plan", "files": plan_of(src, [rel]), "hashes": hashes_of(src, [rel])}),
+        json.dumps({"action": "tcp_plan", "files": plan_of(src, [rel]), "hashes": {rel: "not-a-digest"}}),
+        json.dumps({"action": "tcp_stop"}),
+    ]
+    out = io.StringIO()
+    hf_cache.remote_main(io.BytesIO(("\n".join(lines) + "\n").encode()), out)
+    results = [json.loads(line[len(hf_cache.RESULT_MARK) :]) for line in out.getvalue().splitlines()]
+    assert results[1] == {"planned": 1, "hashed": 1}
+    assert "not a planned file's sha256" in results[2]["error"]
+
+
+@pytest.mark.parametrize(
+    "hashes",
+    [
+        {"blobs/" + "d" * 64: "d" * 64},  # a blob is checked by its name
+        {f"trees/{COMMIT}.json": "not-a-digest"},
+        {f"snapshots/{COMMIT}/unplanned.json": "0" * 64},
+        ["not", "a", "mapping"],
+    ],
+)
+def test_a_bad_planned_hash_is_refused_and_nothing_is_planned(repos, hashes):
+    src, dst = repos
+    files = {"blobs/" + "d" * 64: 3, f"trees/{COMMIT}.json": 5}
+    with receiver(dst) as (rcv, _port):
+        with pytest.raises(ValueError, match="hash"):
+            rcv.allow(files, hashes)
+        assert rcv.plan == {} and rcv.hashes == {}
+
+
 def test_only_the_planned_names_with_the_planned_sizes_are_received(repos):
     src, dst = repos
     planned, unplanned = blob(src, 3000), blob(src, 4000, seed=2)
@@ -586,3 +650,31 @@ def test_the_rsync_daemon_refuses_to_delete_anything(tmp_path, option):
     assert res.returncode != 0, res.stdout + res.stderr
     assert "refuse" in res.stderr, res.stderr
     assert (target / "blobs" / "kept").read_bytes() == b"weights"
+
+
+def test_the_module_plans_the_hash_of_every_file_its_name_does_not_check(repos):
+    from ansible_collections.sparkops.cluster.plugins.modules import hf_cache_sync  # noqa: PLC0415 - the module
+
+    src, _dst = repos
+    files = [
+        blob(src, 3000),
+        plain(src, f"trees/{COMMIT}.json", b"[]"),
+        plain(src, f"snapshots/{COMMIT}/a.json", b"{}"),
+    ]
+    calls = []
+
+    class Target:
+        def call(self, action, **args):
+            calls.append((action, args))
+            return {}
+
+    class Module:
+        params = {"transport": "tcp", "streams": 2}
+
+    def stream(names, src_repo, progress):
+        return 0, ""
+
+    hf_cache_sync.copy_files(Module(), Target(), stream, plan_of(src, files), src_repo=str(src), progress=Progress())
+    ((action, args),) = calls
+    assert action == "tcp_plan" and args["files"] == plan_of(src, files)
+    assert args["hashes"] == hashes_of(src, files) and len(args["hashes"]) == 2
