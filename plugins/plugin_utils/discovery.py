@@ -44,6 +44,13 @@ def printable(text) -> str:
     return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
 
 
+def _shown(text) -> str:
+    """A neighbour's words in a sentence (and a comment of hosts.yml): as they are when plain (sw-200g,
+    b8:ce:f6:00:00:01), else double-quoted (JSON's escapes, YAML's too), so where they end is never in doubt."""
+    text = str(text)
+    return text if _PLAIN.match(text) else json.dumps(text)
+
+
 def _trusted_nodes(nodes: dict) -> dict:
     """The reads with every neighbour string escaped again (neighbour_text): fabric_discover escapes them on
     the node, but a node that is not ours (or not our module) answers what it likes."""
@@ -143,7 +150,7 @@ class _Index:
                     return ("spark", self.netdev[(host, cand)])
             return ("spark", (host, None))
         key = nb.get("chassis_id") or nb.get("sysname") or nb.get("port_id") or "unknown"
-        return ("external", f"{nb.get('sysname') or 'switch'} (chassis {key})")
+        return ("external", f"{_shown(nb.get('sysname') or 'switch')} (chassis {_shown(key)})")
 
 
 # ---------------------------------------------------------------------------- cabling

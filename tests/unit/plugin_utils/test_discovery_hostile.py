@@ -110,7 +110,7 @@ def test_a_hostile_system_name_writes_no_yaml_of_its_own():
     assert "ansible_ssh_common_args" not in json.dumps(data)
     # The switch is still named, escaped, on one comment line.
     (line,) = [ln for ln in text.splitlines() if ln.startswith("# switch ")]
-    assert line.startswith("# switch sw-200g\\nevil:\\n  hosts:")
+    assert line.startswith('# switch "sw-200g\\\\nevil:\\\\n  hosts:')  # quoted, escaped
     for ln in text.splitlines():
         assert ln.isprintable()
 
@@ -121,7 +121,7 @@ def test_the_hostile_name_in_a_refusal_is_one_printable_line():
     with pytest.raises(d.DiscoveryError) as err:
         d.infer(world.nodes(), NAMES, {"speed_mbps": 200000})
     (p,) = [p for p in err.value.problems if "is not on the switch" in p]
-    assert "sw-200g\\nevil:" in p and p.isprintable()
+    assert '"sw-200g\\\\nevil:' in p and p.isprintable()
 
 
 def test_a_node_that_answers_for_its_module_is_escaped_on_the_controller():
