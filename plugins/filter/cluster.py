@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.sparkops.cluster.plugins.plugin_utils.cluster import summary
+from ansible_collections.sparkops.cluster.plugins.plugin_utils.cluster import bind_problem, summary
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving import (
     deployment_target,
     health_rows,
@@ -17,6 +17,18 @@ def cluster_summary(model: dict) -> list:
     """The plan as readable lines (nodes, peers, routes, segments, cables, stages), then what is served:
     each deployment's exact image tag and every member's command line."""
     return summary(model) + (serving_summary(model["serving"]) if model.get("serving") else [])
+
+
+LOOPBACK_OR_EVERY = ("0.0.0.0", "127.0.0.1")  # noqa: S104 - values compared, not bound
+
+
+def listen_address_problem(value, variable: str, node: dict, host: str, allowed=LOOPBACK_OR_EVERY) -> str:
+    """Why `value` cannot be `variable`, a listen address of `host` ("" when it can): one of the node's own
+    IPv4 addresses (its fast links, its management address) or `allowed`; IPv6 is refused (plugin_utils/
+    cluster.py bind_problem)."""
+    node = node or {}
+    mine = [str(ip) for ip in node.get("ips") or []] + ([str(node["mgmt_address"])] if node.get("mgmt_address") else [])
+    return bind_problem(variable, value, mine, owner=host, what=f"{variable} of {host}", allowed=tuple(allowed))
 
 
 def cluster_plan(model: dict) -> dict:
@@ -55,6 +67,7 @@ def serving_ray_rows(readings) -> list:
 class FilterModule:
     def filters(self):
         return {
+            "bind_problem": listen_address_problem,
             "cluster_summary": cluster_summary,
             "cluster_plan": cluster_plan,
             "serving_target": serving_target,

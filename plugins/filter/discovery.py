@@ -9,6 +9,7 @@ from ansible_collections.sparkops.cluster.plugins.plugin_utils.discovery import 
     DiscoveryError,
     infer,
     moved_cables,
+    printable,
     render_inventory,
     summary,
 )
@@ -20,9 +21,9 @@ def sparkops_discover(reads: dict, hosts: list, settings: dict | None = None) ->
         result = infer(reads, hosts, settings or {})
     except DiscoveryError as err:
         partial = err.partial or {}
-        lines = [f"node {h}: " + ", ".join(
+        lines = [printable(f"node {h}: " + ", ".join(
             f"{p['netdev']}[{p['rdma_device'] or '-'}] {p['operstate']}" for p in partial.get("ports", {}).get(h, [])
-        ) for h in partial.get("hosts", [])]  # fmt: skip
+        )) for h in partial.get("hosts", [])]  # fmt: skip
         return {"ok": False, "result": None, "problems": err.problems, "summary": lines}
     return {"ok": True, "result": result, "problems": [], "summary": summary(result)}
 

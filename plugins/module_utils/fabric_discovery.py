@@ -36,6 +36,23 @@ PCI_RE = re.compile(
     r"^(?P<domain>[0-9a-fA-F]{4,}):(?P<bus>[0-9a-fA-F]{2}):(?P<slot>[0-9a-fA-F]{2})\.(?P<function>[0-7])$"
 )
 MAC_RE = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
+# lldpd keeps a string TLV's octets as sent, up to the 511 a TLV holds (src/daemon/protocols/lldp.c,
+# lldp_decode: PEEK_BYTES of the whole TLV, no check of its characters): a neighbour chooses them.
+NEIGHBOUR_TEXT_MAX = 255
+
+
+def neighbour_text(value):
+    """A string a neighbour sent (LLDP system name, port description, chassis or port id), safe to show
+    and to write into a file: None stays None; every character that is not printable (control characters
+    such as a newline or ESC, Unicode format characters such as a right-to-left override) is written as its
+    escape (``\\n``, ``\\x1b``, ``\\u202e``), and the text is cut to NEIGHBOUR_TEXT_MAX characters. The
+    result is one printable line."""
+    if value is None:
+        return None
+    text = str(value)[:NEIGHBOUR_TEXT_MAX]
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
 
 
 def parse_ibdev2netdev(text: str) -> dict:
@@ -122,21 +139,28 @@ def _neighbour(iface: dict) -> dict:
     ptype, pid = _id(port.get("id"))
     caps = chassis.get("capability") or []
     bridge = any(isinstance(c, dict) and c.get("type") == "Bridge" and c.get("enabled") is True for c in caps)
+    # Every string here is the neighbour's own (a switch, a cable's far end, whatever is plugged in):
+    # escaped to one printable line before anything reads it.
     return {
         "via": "lldp",
-        "chassis_id": cid,
-        "chassis_id_type": ctype,
-        "sysname": sysname,
-        "port_id": pid,
-        "port_id_type": ptype,
-        "port_descr": _first(port.get("descr")),
+        "chassis_id": neighbour_text(cid),
+        "chassis_id_type": neighbour_text(ctype),
+        "sysname": neighbour_text(sysname),
+        "port_id": neighbour_text(pid),
+        "port_id_type": neighbour_text(ptype),
+        "port_descr": neighbour_text(_first(port.get("descr"))),
         "bridge": bridge,
     }
 
 
 def parse_lldp_neighbours(text: str) -> dict:
-    """``lldpcli -f json0|json show neighbors details`` -> {ifname: [neighbour, ...]}."""
-    data = json.loads(text or "{}") or {}
+    """``lldpcli -f json0|json show neighbors details`` -> {ifname: [neighbour, ...]}, every string a
+    neighbour sent escaped (neighbour_text).
+
+    Read with strict=False: lldpcli writes C0 control characters as \\uXXXX, except 0x1f up to lldpd 1.0.18
+    (src/client/json_writer.c, json_string_dump: ``c < 0x1f``, fixed by commit 6f55f7af), which it writes
+    raw: one such octet in a neighbour's name would otherwise make the whole read fail."""
+    data = json.loads(text or "{}", strict=False) or {}
     lldp = data.get("lldp")
     if isinstance(lldp, list):  # json0: [{"interface": [...]}]
         lldp = lldp[0] if lldp else {}
@@ -164,7 +188,7 @@ def parse_ipv6_neighbours(text: str) -> list:
         mac = (entry.get("lladdr") or "").lower()
         dst = entry.get("dst") or ""
         if MAC_RE.match(mac) and dst.lower().startswith("fe80:") and "FAILED" not in (entry.get("state") or []):
-            out.append({"via": "nd", "mac": mac, "address": dst})
+            out.append({"via": "nd", "mac": mac, "address": neighbour_text(dst)})
     return out
 
 

@@ -47,6 +47,11 @@ def check_name(name: str) -> str:
     return name
 
 
+# What new_key() makes (token_urlsafe(32): 43 characters of the URL-safe alphabet): the only keys the
+# table can hold, so anything else is refused without asking the database.
+KEY_RE = re.compile(r"^sk-sparkops-[A-Za-z0-9_-]{43}\Z")
+
+
 def new_key() -> str:
     """A fresh key: 32 random bytes (secrets), URL-safe, with a prefix that says whose key it is."""
     return KEY_PREFIX + secrets.token_urlsafe(32)

@@ -449,6 +449,15 @@ def blob_hasher(name: str, size: int):
     return h
 
 
+def file_sha256(path: str) -> str:
+    """The sha256 of the file at ``path`` (hex)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def verify_blob(path: str, name: str) -> bool:
     """Whether the file at ``path`` hashes to its blob ``name`` (see :func:`blob_hasher`)."""
     h = blob_hasher(name, os.path.getsize(path))
@@ -808,6 +817,10 @@ class TemporaryRsyncd:
                 + (f"  uid = {os.getuid()}\n  gid = {os.getgid()}\n" if os.getuid() == 0 else "")
                 + f"  hosts allow = {args['allow']}\n  hosts deny = *\n"
                 f"  auth users = {args['user']}\n  secrets file = {secrets}\n  strict modes = yes\n"
+                # A copy only adds files: no deletion on the target, whatever the client asks (rsyncd.conf(5),
+                # refuse options: every delete option implies --delete, and implied options are refused
+                # like explicit ones; the daemon prints an error and exits before the transfer).
+                "  refuse options = delete* del remove-source-files\n"
                 f"  timeout = {int(args.get('io_timeout', 300))}\n"
             )
         os.makedirs(args["path"], exist_ok=True)
@@ -960,9 +973,12 @@ MAX_REFUSALS_KEPT = 20
 class TemporaryReceiver:
     """The target's end of transport=tcp, started by :func:`remote_main` and stopped by it.
 
-    Listens on ``address``:``port`` only, accepts connections from ``allow`` only and at most
-    ``max_conns`` at a time (the source's streams plus one; more are closed at once), and asks each for
-    the HMAC of a random challenge under the one-time ``secret`` within ``handshake_timeout`` seconds.
+    Listens on ``address``:``port`` only, accepts connections from ``allow`` only, and asks each for the
+    HMAC of a random challenge under the one-time ``secret`` within ``handshake_timeout`` seconds. A
+    connection takes one of the ``max_conns`` stream slots (the source's streams plus one; one more is
+    refused) only once it has answered: connections still owing their answer are held apart, at most
+    ``max_pending`` (default 4 x max_conns, at least 16), and a new one drops the oldest of them, so idle
+    connections (anyone on the source's address can open them) never keep the real sender out.
     A connection then carries files one after another: a header (path, size, mtime), the bytes, and
     the receiver's answer after each (an error answer for anything malformed, then the connection ends).
     Only paths in the plan (``plan`` at the start, more by :meth:`allow`: path -> size) are written,
@@ -983,12 +999,15 @@ class TemporaryReceiver:
         self.io_timeout = float(args.get("io_timeout", 300))
         self.handshake_timeout = float(args.get("handshake_timeout", 10))
         self.max_conns = max(1, int(args.get("max_conns", 8)))
+        self.max_pending = max(1, int(args.get("max_pending", max(16, 4 * self.max_conns))))
+        self.pending: dict = {}  # connections before their answer, oldest first -> accepted at
         self.verify = bool(args.get("verify", True))
         # Without O_DIRECT (tmpfs, for one) it writes through the cache and drops what it wrote.
         self.direct = direct_io_ok(self.blob_dir)
         self.lock = threading.Lock()
         self.plan: dict = {}
-        self.allow(args.get("plan") or {})
+        self.hashes: dict = {}  # path -> sha256 of a file not named by its hash (the lists, snapshot files)
+        self.allow(args.get("plan") or {}, args.get("hashes"))
         self.stats = {"files": 0, "bytes": 0, "refused": [], "errors": []}
         self.verified: list = []
         self.workers: list = []
@@ -1007,16 +1026,32 @@ class TemporaryReceiver:
         self.acceptor = threading.Thread(target=self._accept, daemon=True)
         self.acceptor.start()
 
-    def allow(self, files: dict) -> dict:
-        """Add ``files`` (path -> size) to what may be received; ValueError (nothing added) for a bad one."""
+    def allow(self, files: dict, hashes: dict | None = None) -> dict:
+        """Add ``files`` (path -> size) to what may be received, and ``hashes`` (path -> sha256) of the files
+        among them that their name does not check (the Hub's file lists, snapshot files): each must arrive
+        with exactly that hash. ValueError (nothing added) for a bad one."""
         if not isinstance(files, dict):
             raise ValueError("the plan must map paths to sizes")
+        hashes = {} if hashes is None else hashes
+        if not isinstance(hashes, dict):
+            raise ValueError("the plan's hashes must map paths to sha256 digests")
         for rel, size in files.items():
             if not receivable_path(rel) or not isinstance(size, int) or isinstance(size, bool) or size < 0:
                 raise ValueError(f"refusing to plan {rel!r} ({size!r} bytes): not a file a model's cache holds")
+        for rel, digest in hashes.items():
+            if (
+                rel not in files
+                or rel.startswith("blobs/")
+                or not isinstance(digest, str)
+                or not SHA256_RE.match(digest)
+            ):
+                raise ValueError(
+                    f"refusing the hash {str(digest)[:80]!r} of {str(rel)[:200]!r}: not a planned file's sha256"
+                )
         with self.lock:
             self.plan.update(files)
-            return {"planned": len(self.plan)}
+            self.hashes.update(hashes)
+            return {"planned": len(self.plan), "hashed": len(self.hashes)}
 
     def _refuse(self, why: str) -> None:
         with self.lock:
@@ -1035,13 +1070,15 @@ class TemporaryReceiver:
                     conn.close()
                     continue
                 with self.lock:
-                    full = len(self.conns) >= self.max_conns
-                    if not full:
-                        self.conns.add(conn)
-                if full:  # before any thread or buffer is spent on it
-                    self._refuse(f"{peer[0]}: more than {self.max_conns} connections")
-                    conn.close()
-                    continue
+                    # No stream slot before the answer: the oldest connection still owing one makes room.
+                    self.pending[conn] = time.monotonic()
+                    oldest = next(iter(self.pending)) if len(self.pending) > self.max_pending else None
+                    if oldest is not None:
+                        del self.pending[oldest]
+                if oldest is not None:
+                    self._refuse(f"{peer[0]}: more than {self.max_pending} connections without an answer yet")
+                    with contextlib.suppress(OSError):
+                        oldest.shutdown(socket.SHUT_RDWR)  # its thread's read ends; the thread closes it
                 t = threading.Thread(target=self._serve, args=(conn,), daemon=True)
                 with self.lock:
                     self.workers = [w for w in self.workers if w.is_alive()]
@@ -1050,6 +1087,7 @@ class TemporaryReceiver:
             except Exception as exc:  # noqa: BLE001 - e.g. no thread could start: drop this one, keep accepting
                 self._refuse(f"{peer[0]}: {type(exc).__name__}: {exc}")
                 with self.lock:
+                    self.pending.pop(conn, None)
                     self.conns.discard(conn)
                 with contextlib.suppress(OSError):
                     conn.close()
@@ -1061,6 +1099,15 @@ class TemporaryReceiver:
             conn.sendall(nonce)
             if not hmac.compare_digest(_recv_exact(conn, AUTH_ANSWER_BYTES), tcp_auth(self.secret, nonce)):
                 self._refuse("wrong secret")
+                return
+            with self.lock:  # answered: now, and only now, a stream slot
+                if self.pending.pop(conn, None) is None:
+                    return  # dropped as the oldest waiting one meanwhile
+                full = len(self.conns) >= self.max_conns
+                if not full:
+                    self.conns.add(conn)
+            if full:
+                self._refuse(f"{self.allow_addr}: more than {self.max_conns} connections")
                 return
             conn.settimeout(self.io_timeout)  # a stalled stream fails after io_timeout
             while True:
@@ -1091,6 +1138,7 @@ class TemporaryReceiver:
                     self.stats["errors"].append(f"connection from {self.allow_addr}: {type(exc).__name__}: {exc}")
         finally:
             with self.lock:
+                self.pending.pop(conn, None)
                 self.conns.discard(conn)
             with contextlib.suppress(OSError):
                 conn.close()
@@ -1120,7 +1168,11 @@ class TemporaryReceiver:
         parts = rel.split("/")
         name = parts[-1]
         is_blob = parts[0] == "blobs"
-        h = blob_hasher(name, size) if self.verify and is_blob else None
+        with self.lock:
+            want = None if is_blob else self.hashes.get(rel)
+        # A blob is checked against its name (verify); a list or a snapshot file against the hash the source
+        # planned for it over its ssh channel, whatever this connection carried.
+        h = blob_hasher(name, size) if self.verify and is_blob else (hashlib.sha256() if want else None)
         direct = self.direct and is_blob
         with repo_subdir(self.repo, parts[:-1], where=rel) as dfd:
             tmp = _temp_name_at(dfd, name)
@@ -1128,8 +1180,9 @@ class TemporaryReceiver:
                 fd = os.open(tmp, os.O_WRONLY | os.O_NOFOLLOW | (os.O_DIRECT if direct else 0), dir_fd=dfd)
                 try:
                     self._write_from(conn, fd, size, h, direct)
-                    if h is not None and h.hexdigest() != name:
-                        raise RuntimeError(f"{rel}: the received bytes hash to {h.hexdigest()}, not to the blob's name")
+                    if h is not None and h.hexdigest() != (want or name):
+                        expected = "the hash the source planned" if want else "the blob's name"
+                        raise RuntimeError(f"{rel}: the received bytes hash to {h.hexdigest()}, not to {expected}")
                     os.fchmod(fd, BLOB_MODE if is_blob else FILE_MODE)
                     mtime = float(meta.get("mtime", time.time()))
                     os.utime(fd, (mtime, mtime))
@@ -1184,7 +1237,7 @@ class TemporaryReceiver:
         with contextlib.suppress(OSError):
             self.sock.close()
         with self.lock:
-            workers, conns = list(self.workers), list(self.conns)
+            workers, conns = list(self.workers), list(self.conns) + list(self.pending)
         for conn in conns:  # the source is done (its streams ended) or gone: wake any blocked read
             with contextlib.suppress(OSError):
                 conn.shutdown(socket.SHUT_RDWR)
@@ -1292,7 +1345,7 @@ def remote_main(control=None, out=None) -> int:
                 elif action == "tcp_plan":
                     if receiver is None:
                         raise RuntimeError("no receiver runs in this session (tcp_start first)")
-                    result = receiver.allow(args.get("files"))
+                    result = receiver.allow(args.get("files"), args.get("hashes"))
                 elif action == "tcp_stop":
                     result = receiver.stop() if receiver is not None else {"stopped": False}
                     receiver = None

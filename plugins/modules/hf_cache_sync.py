@@ -40,7 +40,9 @@ description:
   - Both leave the weights unencrypted on the private fast-link cable (they are public model files);
     in exchange no CPU goes to a cipher, which measured (benchmarks/weight_sync.py, 2 cores) 1.7-2.8
     times the copy rate of I(transport=ssh). Every copied blob is hashed on the target (I(hash_copied);
-    with C(tcp) as it arrives), so what arrived is checked against its name, whatever carried it.
+    with C(tcp) as it arrives), so what arrived is checked against its name, whatever carried it. With C(tcp)
+    the other files (the Hub's file lists, snapshot files) must hash to what the source announced for them
+    over ssh before the copy.
   - I(transport=ssh) encrypts with I(ssh_cipher) (AES-GCM is the cheapest on the GB10's Arm cores);
     use it where the fast link is shared with machines you do not trust.
   - Before anything is copied (and, with I(follow), before each forward), every target's free space is
@@ -606,8 +608,12 @@ def copy_files(module: AnsibleModule, target: Target, stream, files: dict, *, sr
     """Copy ``files`` (repo-relative path -> size) in parallel streams; seconds taken, or SyncError."""
     lists = hf_cache.plan_streams(files, module.params["streams"])
     if module.params["transport"] == "tcp":
-        # The receiver writes only what is announced here, with these sizes (issue 23).
-        target.call("tcp_plan", files=files)
+        # The receiver writes only what is announced here, with these sizes (issue 23), and the files their
+        # name does not check (the Hub's lists, snapshot files) only with these hashes.
+        hashes = {
+            rel: hf_cache.file_sha256(os.path.join(src_repo, rel)) for rel in files if not rel.startswith("blobs/")
+        }
+        target.call("tcp_plan", files=files, hashes=hashes)
     start = time.monotonic()
     with ThreadPoolExecutor(max_workers=len(lists)) as pool:
         futures = [pool.submit(stream, names, src_repo, progress) for names in lists]

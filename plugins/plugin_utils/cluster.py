@@ -259,16 +259,52 @@ def _check_roles(settings: dict, hosts: list, nodes: dict, mgmt: dict, problems:
     bind = _setting(settings, "vllm_serve_host", "")
     if not bind or head is None:
         return
-    bind = str(bind)
     if not nodes[head]["links"]:
         return  # the head's links are malformed (reported): its addresses are unknown
     mine = [link["ip"] for link in nodes[head]["links"]] + [mgmt[head]]
-    if bind not in mine and bind not in WILDCARDS:
-        problems.append(
-            f"vllm_serve_host is '{bind}', which is none of the head {head}'s addresses ({', '.join(mine)}). "
-            "The API can listen only on an address of the head: give one of these, 0.0.0.0 or :: (every "
-            "address), or leave it empty for the head's fast-link address."
+    why = bind_problem(
+        "vllm_serve_host", bind, mine, owner=f"the head {head}", what="The API", empty="the head's fast-link address"
+    )
+    if why:
+        problems.append(why)
+
+
+def bind_problem(
+    variable: str,
+    value,
+    addresses: list,
+    *,
+    owner: str,
+    what: str,
+    allowed=("0.0.0.0",),  # noqa: S104 - values compared, not bound
+    empty: str = "",
+) -> str:
+    """Why `value` cannot be the listen address of `variable` ("" when it can): it must be one of `addresses`
+    (the owner's own) or of `allowed` (0.0.0.0: every IPv4 address), written as such. An IPv6 address
+    (``::`` included) is refused: the SPARKOPS-* chains are iptables (IPv4) rules, and a service bound to
+    IPv6 would answer every network, over the fe80:: address every interface has."""
+    text = str(value)
+    extra = [a for a in allowed if a not in addresses]
+    valid_text = ", ".join(addresses) + (f" or {', '.join(extra)}" if extra else "")
+    if "0.0.0.0" in extra:  # noqa: S104 - a value compared
+        valid_text += " (0.0.0.0: every IPv4 address)"
+    tail = f", or leave it empty for {empty}" if empty else ""
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        address = None
+    if address is not None and address.version == 6:
+        return (
+            f"{variable} is '{text}', an IPv6 address. sparkops' firewall chains (SPARKOPS-*) filter IPv4 only for "
+            "now, so a port bound to IPv6 would be open to every network (every interface has an fe80:: address): "
+            f"IPv6 binds are refused until the chains cover IPv6. Give {valid_text}{tail}."
         )
+    if text not in addresses and text not in extra:
+        return (
+            f"{variable} is '{text}', which is none of {owner}'s addresses ({', '.join(addresses)}). {what} can "
+            f"listen only on an IPv4 address of {owner}: give {valid_text}{tail}."
+        )
+    return ""
 
 
 # --------------------------------------------------------------------------- topology

@@ -22,18 +22,63 @@ import ipaddress
 import json
 import re
 
+import yaml
+from ansible_collections.sparkops.cluster.plugins.module_utils.fabric_discovery import neighbour_text
+
 DEFAULT_POOL = "192.168.96.0/19"
 DEFAULT_PREFIX = 24
 DEFAULT_SPEED_MBPS = 200000
 HOST_BASE = 11
 _PLAIN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:/-]*$")
+# The neighbour's fields: all of them its own words (LLDP TLVs, or the IPv6 neighbour table).
+_NEIGHBOUR_TEXT = ("chassis_id", "chassis_id_type", "sysname", "port_id", "port_id_type", "port_descr")
+_NEIGHBOUR_TEXT += ("mac", "address")
+
+
+def printable(text) -> str:
+    """One printable line: every character that is not printable (a newline, ESC, a right-to-left override)
+    written as its escape. Summary lines, problems and the comments of hosts.yml pass through it."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
+
+
+def _shown(text) -> str:
+    """A neighbour's words in a sentence (and a comment of hosts.yml): as they are when plain (sw-200g,
+    b8:ce:f6:00:00:01), else double-quoted (JSON's escapes, YAML's too), so where they end is never in doubt."""
+    text = str(text)
+    return text if _PLAIN.match(text) else json.dumps(text)
+
+
+def _trusted_nodes(nodes: dict) -> dict:
+    """The reads with every neighbour string escaped again (neighbour_text): fabric_discover escapes them on
+    the node, but a node that is not ours (or not our module) answers what it likes."""
+    out = {}
+    for h, node in nodes.items():
+        if not isinstance(node, dict):
+            out[h] = node
+            continue
+        ports = []
+        for port in node.get("ports") or []:
+            if not isinstance(port, dict):
+                ports.append(port)
+                continue
+            nbs = [
+                {k: (neighbour_text(v) if k in _NEIGHBOUR_TEXT and v is not None else v) for k, v in nb.items()}
+                for nb in port.get("neighbours") or []
+                if isinstance(nb, dict)
+            ]
+            ports.append({**port, "neighbours": nbs})
+        out[h] = {**node, "ports": ports}
+    return out
 
 
 class DiscoveryError(ValueError):
     """Every problem of the cabling at once (``problems``: one sentence each, naming the ends)."""
 
     def __init__(self, problems, partial=None):
-        self.problems = list(problems)
+        self.problems = [printable(p) for p in problems]
         self.partial = partial or {}
         super().__init__(self.render())
 
@@ -105,7 +150,7 @@ class _Index:
                     return ("spark", self.netdev[(host, cand)])
             return ("spark", (host, None))
         key = nb.get("chassis_id") or nb.get("sysname") or nb.get("port_id") or "unknown"
-        return ("external", f"{nb.get('sysname') or 'switch'} (chassis {key})")
+        return ("external", f"{_shown(nb.get('sysname') or 'switch')} (chassis {_shown(key)})")
 
 
 # ---------------------------------------------------------------------------- cabling
@@ -426,6 +471,7 @@ def infer(nodes: dict, hosts: list, settings: dict | None = None) -> dict:  # no
     topology (auto, pair, switch, ring, mesh: the shape expected), allow_any_port (bool), head (host).
     """
     settings = dict(settings or {})
+    nodes = _trusted_nodes(nodes)
     if settings.get("speed_mbps") is None:
         settings["speed_mbps"] = DEFAULT_SPEED_MBPS
     problems: list = []
@@ -623,12 +669,16 @@ def _ports_out(hosts, ports) -> dict:
 
 # ---------------------------------------------------------------------------- output
 def _scalar(value) -> str:
+    """A YAML scalar that reads back as str(value): plain where YAML reads the same string (enp1s0f1np1,
+    10.0.0.11/24), else double-quoted (JSON's escapes are YAML's): never text YAML would read as more."""
     text = str(value)
-    return (
-        text
-        if _PLAIN.match(text) and text.lower() not in ("true", "false", "null", "yes", "no", "on", "off")
-        else json.dumps(text)
-    )
+    if _PLAIN.match(text):
+        try:
+            if yaml.safe_load(text) == text:
+                return text
+        except yaml.YAMLError:
+            pass
+    return json.dumps(text)
 
 
 def render_inventory(result: dict, connection: dict | None = None, source: str = "") -> str:
@@ -642,7 +692,7 @@ def render_inventory(result: dict, connection: dict | None = None, source: str =
     def host_block(h: str, indent: str) -> list:
         lines = [f"{indent}{_scalar(h)}:"]
         for key, value in sorted((connection.get(h) or {}).items()):
-            lines.append(f"{indent}  {key}: {_scalar(value)}")
+            lines.append(f"{indent}  {_scalar(key)}: {_scalar(value)}")
         lines.append(f"{indent}  sparkops_fast_links:")
         for lk in result["links"][h]:
             parts = [f"netdev: {_scalar(lk['netdev'])}"]
@@ -652,20 +702,25 @@ def render_inventory(result: dict, connection: dict | None = None, source: str =
             lines.append(f"{indent}    - {{ {', '.join(parts)} }}")
         return lines
 
+    # The comments hold what the neighbours and the nodes said (a switch's system name, netdev names):
+    # each one printable line (printable), so none ends its comment and writes YAML of its own. Every
+    # value below is a _scalar.
     out = [
         "---",
-        f"# Written by playbooks/discover.yml{(' from ' + source) if source else ''}: the {result['topology']} the "
-        "cables make,",
+        printable(
+            f"# Written by playbooks/discover.yml{(' from ' + str(source)) if source else ''}: the "
+            f"{result['topology']} the cables make,"
+        ),
         "# both twins of every cabled port, one subnet per cable lane and twin. Check it with",
         "#   ansible-playbook playbooks/plan.yml -i <this directory>",
     ]
-    out += ["# " + line for line in summary(result, brief=True)]
+    out += ["# " + printable(line) for line in summary(result, brief=True)]
     out += [
         "all:",
         "  children:",
         "    spark_cluster:",
         "      vars:",
-        f"        sparkops_topology: {result['topology']}",
+        f"        sparkops_topology: {_scalar(result['topology'])}",
         "      children:",
         "        spark_head:",
         "          hosts:",
@@ -704,7 +759,7 @@ def summary(result: dict, brief: bool = False) -> list:
         lines.append(f"switch {s['switch']}: {', '.join(s['ports'])}")
         for h in result["hosts"]:
             lines.append("  " + h + ": " + ", ".join(f"{lk['netdev']} {lk['address']}" for lk in result["links"][h]))
-    return lines
+    return [printable(line) for line in lines]
 
 
 # ----------------------------------------------------------------------- moved cables

@@ -49,7 +49,7 @@ import json
 import posixpath
 import re
 
-from ansible_collections.sparkops.cluster.plugins.plugin_utils.cluster import WILDCARDS, ClusterError
+from ansible_collections.sparkops.cluster.plugins.plugin_utils.cluster import WILDCARDS, ClusterError, bind_problem
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.day2_checks import memory_plan_problems
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.gateway import replica_id as gateway_replica_id
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.lockfile import conflicts as lock_conflicts
@@ -85,6 +85,11 @@ AUTH_ENV = {"PYTHONPATH": AUTH_MOUNT, "SPARKOPS_API_KEY_FILE": f"{AUTH_MOUNT}/ap
 CONTAINER_HF_HOME = "/root/.cache/huggingface"
 _COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 _DIGEST_RE = re.compile(r"^[^@\s]+@sha256:([0-9a-f]{64})$")
+# spark_vllm_image_ref, checked before any clone: a branch, tag or commit within git's refname rules
+# (git-check-ref-format(1): no "..", "//", "@{", no component that starts with "." or ends with ".lock",
+# nothing that ends with "/" or ".") in a narrower set of characters than git's, and no leading "-" (an
+# option to git).
+_GIT_REF_RE = re.compile(r"^(?!-)(?!.*\.\.)(?!.*//)(?!.*(?:^|/)\.)(?!.*\.lock(?:/|\Z))[A-Za-z0-9._+/-]+(?<![/.])\Z")
 # The inventory variable behind each input (the cluster_facts action reads them; messages name them).
 INPUT_VARIABLES = {
     "profile_name": "sparkops_serving_profile",
@@ -658,6 +663,13 @@ def build_serving(cluster: dict, inputs: dict) -> dict:  # noqa: PLR0912, PLR091
     gateway = plan_gateway(cluster, inputs, problems)
 
     image_in = inputs.get("image") or {}
+    ref_in = str(image_in.get("ref") or "")
+    if str(image_in.get("source") or "eugr") == "eugr" and ref_in and not _GIT_REF_RE.match(ref_in):
+        problems.append(
+            f"spark_vllm_image_ref is {ref_in!r}, which is no git commit, branch or tag sparkops takes: give a "
+            "commit (40 hex digits) or a branch or tag of letters, digits and . _ + / - (not starting with - or "
+            "., without .. or //)"
+        )
     lock = inputs.get("lock") or {}
     upgrade = bool(inputs.get("upgrade"))
     first = served[0] if served else ({"profile_name": name}, None, None, 0)
@@ -835,6 +847,15 @@ def plan_gateway(cluster: dict, inputs: dict, problems: list) -> dict:
     bind = str(_get(inputs, "gateway_bind", "") or "0.0.0.0")  # noqa: S104 - the firewall chain is the gate
     head = cluster["head"]
     node = cluster["nodes"][head]
+    why = bind_problem(
+        "sparkops_gateway_bind",
+        bind,
+        node["ips"] + [node["mgmt_address"]],
+        owner=f"the head {head}",
+        what="The gateway",
+    )
+    if why:
+        problems.append(why)
     fast = node["primary"]["ip"]
     return {
         "enabled": _bool(inputs, "gateway_enabled", False, problems),

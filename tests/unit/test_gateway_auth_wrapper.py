@@ -82,12 +82,71 @@ def test_the_store_caches_an_answer_for_at_most_its_window(monkeypatch):
     monkeypatch.setattr(store, "_run", lambda fn, key: next(answers))
     clock = [100.0]
     monkeypatch.setattr(auth.time, "monotonic", lambda: clock[0])
-    assert store.name_for("sk-x") == "alice"
+    key = auth.gateway_keys.new_key()
+    assert store.name_for(key) == "alice"
     clock[0] += 1.9
-    assert store.name_for("sk-x") == "alice"  # cached
+    assert store.name_for(key) == "alice"  # cached
     clock[0] += 0.2
-    assert store.name_for("sk-x") is None  # asked again after 2 s: revoked
+    assert store.name_for(key) is None  # asked again after 2 s: revoked
     assert store.name_for("") is None
+
+
+def _counting_store(monkeypatch, active: dict):
+    store = auth.KeyStore("dbname=none", cache_s=2.0)
+    asked = []
+
+    def run(fn, key):
+        asked.append(key)
+        return active.get(key)
+
+    monkeypatch.setattr(store, "_run", run)
+    clock = [100.0]
+    monkeypatch.setattr(auth.time, "monotonic", lambda: clock[0])
+    return store, asked, clock
+
+
+def test_a_key_sparkops_never_makes_costs_no_database_round_trip(monkeypatch):
+    store, asked, _clock = _counting_store(monkeypatch, {})
+    for bad in (
+        "sk-x",
+        "sk-sparkops-short",
+        "Bearer sk-sparkops-" + "a" * 43,
+        "sk-sparkops-" + "a" * 43 + "\n",
+        "x" * 5000,
+    ):
+        assert store.name_for(bad) is None
+    assert asked == []
+
+
+def test_unknown_keys_are_remembered_bounded_and_never_push_the_active_ones_out(monkeypatch):
+    good = auth.gateway_keys.new_key()
+    store, asked, clock = _counting_store(monkeypatch, {good: "alice"})
+    assert store.name_for(good) == "alice"
+    wrong = [auth.gateway_keys.new_key() for _key in range(auth.NEGATIVE_MAX + 500)]
+    for key in wrong:
+        assert store.name_for(key) is None
+    assert len(store._unknown) == auth.NEGATIVE_MAX  # the oldest dropped
+    asked.clear()
+    assert store.name_for(wrong[-1]) is None and store.name_for(good) == "alice"
+    assert asked == []  # both answered from memory within the window
+    assert store.name_for(wrong[0]) is None and asked == [wrong[0]]  # dropped from the bounded memory: asked again
+    clock[0] += 2.1
+    assert store.name_for(wrong[-1]) is None and asked[-1] == wrong[-1]  # remembered cache_s only
+
+
+def test_a_revoked_key_is_refused_within_the_window_and_a_new_key_accepted_within_it(monkeypatch):
+    key = auth.gateway_keys.new_key()
+    active = {key: "alice"}
+    store, _asked, clock = _counting_store(monkeypatch, active)
+    assert store.name_for(key) == "alice"
+    del active[key]  # revoked
+    clock[0] += 2.1
+    assert store.name_for(key) is None
+    active[key] = "alice"  # made again (keys.yml): accepted once the unknown answer is cache_s old
+    clock[0] += 1.0
+    assert store.name_for(key) is None
+    clock[0] += 1.1
+    assert store.name_for(key) == "alice"
 
 
 def test_secrets_come_from_files_into_the_environment_only(tmp_path):

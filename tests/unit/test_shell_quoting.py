@@ -133,7 +133,7 @@ def test_the_ray_firewall_passes_netdevs_as_one_argument(tmp_path, hostile):
         "ray_cluster_gcs_port": 6379, "ray_cluster_dashboard_port": 8265, "ray_cluster_client_port": 10001,
         "ray_cluster_node_manager_port": 6381, "ray_cluster_runtime_env_agent_port": 6385,
         "ray_cluster_dashboard_agent_listen_port": 52365, "ray_cluster_min_worker_port": 20000,
-        "ray_cluster_max_worker_port": 20999,
+        "ray_cluster_max_worker_port": 20999, "ray_cluster_metric_ports": [44217, 44227],
     }  # fmt: skip
     script = render_task(ROOT / "roles/ray_cluster/tasks/firewall.yml",
                          "Keep Ray's ports to loopback and the fast links (iptables chain SPARKOPS-RAY)",
@@ -144,6 +144,23 @@ def test_the_ray_firewall_passes_netdevs_as_one_argument(tmp_path, hostile):
     returns = [c for c in calls if c[1] == "-I" and c[2] == "SPARKOPS-RAY"]
     assert [c[c.index("-i") + 1] for c in returns] == ["lo", "enp1s0f1np1", dev]
     assert [c[c.index("--comment") + 1] for c in returns][-1] == f"sparkops: Ray from {dev}"
+
+
+def test_the_ray_chain_covers_ray_s_metrics_ports_too(tmp_path):
+    # Ray 2.52.1's autoscaler and dashboard metrics servers listen on 0.0.0.0:44217 and :44227 (no flag binds
+    # them): the INPUT rule sends them to SPARKOPS-RAY with every other Ray port.
+    ray_vars = yaml.safe_load((ROOT / "roles/ray_cluster/vars/main.yml").read_text())
+    defaults = yaml.safe_load((ROOT / "roles/sparkops_defaults/defaults/main/ray.yml").read_text())
+    script = render_task(ROOT / "roles/ray_cluster/tasks/firewall.yml",
+                         "Keep Ray's ports to loopback and the fast links (iptables chain SPARKOPS-RAY)",
+                         sparkops_node={"netdevs": ["enp1s0f1np1"]}, ansible_check_mode=False,
+                         ray_cluster_metric_ports=ray_vars["ray_cluster_metric_ports"],
+                         **{k: v for k, v in defaults.items() if k.endswith("_port")})  # fmt: skip
+    calls = run_with_recorder(tmp_path, script)
+    (jump,) = [c for c in calls if c[1:3] == ["-I", "INPUT"]]
+    ports = jump[jump.index("--dports") + 1].split(",")
+    assert ports == ["6379", "8265", "10001", "6381:6385", "52365", "20000:20999", "44217", "44227"]
+    assert len(ports) + sum(":" in p for p in ports) <= 15  # iptables' multiport takes 15 ports, a range counts 2
 
 
 # --------------------------------------------------------------------- the upgrade's watchdog pause

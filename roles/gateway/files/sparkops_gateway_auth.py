@@ -31,6 +31,7 @@ gateway_reload.py, installed beside this file) retires the old worker only when 
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 import os
@@ -49,6 +50,9 @@ BOOT_RETRY_S = 10.0
 # The secrets LiteLLM reads from the environment, each given as a file by NAME_FILE (load_secret_files).
 SECRET_ENVS = ("LITELLM_MASTER_KEY", "SPARKOPS_VLLM_API_KEY")
 CACHE_S = 2.0  # the longest a revoked key still passes (issue 25: "effective within seconds")
+# Unknown keys remembered (each for CACHE_S), at most this many, oldest dropped first: a client repeating a
+# wrong key costs no database round trip, and a flood of wrong keys never pushes the active keys' answers out.
+NEGATIVE_MAX = 4096
 _LOG = logging.getLogger("sparkops_gateway_auth")
 
 
@@ -60,7 +64,8 @@ class KeyStore:
         self.cache_s = cache_s
         self._conn = None
         self._lock = threading.Lock()
-        self._cache: dict[str, tuple[float, str | None]] = {}
+        self._cache: dict[str, tuple[float, str]] = {}  # active keys' answers
+        self._unknown: collections.OrderedDict[str, float] = collections.OrderedDict()  # bounded, see NEGATIVE_MAX
 
     def _run(self, fn, *args):
         import psycopg  # noqa: PLC0415 - the gateway's venv has it (litellm[proxy] pulls psycopg + psycopg-binary)
@@ -78,17 +83,31 @@ class KeyStore:
         return None
 
     def name_for(self, key: str) -> str | None:
-        if not key:
+        """The name of the active key `key`, or None; an answer is at most cache_s old (a revoked key is refused
+        within cache_s), and a key that is no sparkops key at all is refused without a database round trip."""
+        if not key or not gateway_keys.KEY_RE.match(key):
             return None
         digest = gateway_keys.digest(key)
         now = time.monotonic()
         hit = self._cache.get(digest)
         if hit is not None and now - hit[0] < self.cache_s:
             return hit[1]
+        seen = self._unknown.get(digest)
+        if seen is not None and now - seen < self.cache_s:
+            return None
         name = self._run(gateway_keys.lookup, key)
-        if len(self._cache) > 10000:  # bounded: random wrong keys must not grow it without end
-            self._cache.clear()
-        self._cache[digest] = (now, name)
+        with self._lock:
+            if name is None:
+                self._cache.pop(digest, None)
+                self._unknown[digest] = now
+                self._unknown.move_to_end(digest)
+                while len(self._unknown) > NEGATIVE_MAX:
+                    self._unknown.popitem(last=False)
+            else:
+                self._unknown.pop(digest, None)
+                if len(self._cache) > 10000:  # active keys only: bounded by the table, kept so anyway
+                    self._cache.clear()
+                self._cache[digest] = (now, name)
         return name
 
     def add_usage(self, name: str, prompt: int, completion: int) -> None:

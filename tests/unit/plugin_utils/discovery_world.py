@@ -76,6 +76,7 @@ class World:
         self.hear_own_twin = False
         self.networks: dict = {h: [f"10.0.0.{11 + i}/24"] for i, h in enumerate(names)}
         self.missing_twin = set()  # (host, netdev) absent
+        self.switch_name = "sw-200g"  # the switch's LLDP system name (its own words)
 
     def _i(self, h):
         return self.names.index(h)
@@ -146,7 +147,7 @@ class World:
                     heard.append(
                         {
                             "chassis": "b8:ce:f6:00:00:01",
-                            "sysname": "sw-200g",
+                            "sysname": self.switch_name,
                             "port": f"swp{i + 1}s{t}",
                             "port_type": "ifname",
                             "descr": f"swp{i + 1}s{t}",

@@ -135,9 +135,19 @@ def test_an_unknown_host_is_refused_not_replaced_by_the_head(setting):
     ] == "spark-3"
 
 
-@pytest.mark.parametrize("bind", ["192.168.100.11", "192.168.101.11", "10.0.0.11", "0.0.0.0", "::"])
+@pytest.mark.parametrize("bind", ["192.168.100.11", "192.168.101.11", "10.0.0.11", "0.0.0.0"])
 def test_the_api_binds_to_an_address_of_the_head_or_everywhere(bind):
     assert build_cluster(inv.pair(vllm_serve_host=bind))["endpoint"]["bind"] == bind
+
+
+@pytest.mark.parametrize("bind", ["::", "fe80::1", "::ffff:10.0.0.11", "2001:db8::11"])
+def test_an_ipv6_api_bind_is_refused_until_the_chains_cover_ipv6(bind):
+    # The SPARKOPS-* chains are iptables (IPv4) rules: a port bound to IPv6 is open to every network.
+    probs = problems_of(inv.pair(vllm_serve_host=bind))
+    (p,) = [p for p in probs if p.startswith("vllm_serve_host")]
+    assert p.startswith(f"vllm_serve_host is '{bind}', an IPv6 address.")
+    assert "refused until the chains cover IPv6" in p
+    assert "192.168.100.11, 192.168.101.11, 10.0.0.11 or 0.0.0.0" in p
 
 
 @pytest.mark.parametrize("bind", ["192.168.100.12", "10.0.0.12", "8.8.8.8", "localhost", "0.0.0.0; id"])
@@ -304,7 +314,7 @@ def test_no_cycle_when_a_node_has_other_than_two_neighbours():
     assert cluster._cycle(hosts, ring) == ["a", "b", "c", "d"]
 
 
-@pytest.mark.parametrize("bind", ["0.0.0.0", "::"])
+@pytest.mark.parametrize("bind", ["0.0.0.0"])
 def test_an_api_bound_everywhere_is_reached_at_the_heads_fast_address(bind):
     assert build_cluster(inv.pair(vllm_serve_host=bind))["endpoint"]["url"] == "http://192.168.100.11:8000"
 

@@ -429,10 +429,30 @@ def test_the_gateway_listens_on_the_head_at_its_default_port_and_is_off_by_defau
 
 
 def test_the_gateway_takes_its_port_bind_and_switch_from_the_inventory():
-    cluster, plan = plan_of(gateway_enabled="true", gateway_port="4100", gateway_bind="10.0.0.1")
+    cluster, plan = plan_of(gateway_enabled="true", gateway_port="4100", gateway_bind="10.0.0.11")
     assert plan["gateway"]["enabled"] is True
     assert plan["gateway"]["port"] == 4100
-    assert plan["gateway"]["url"] == plan["gateway"]["client_url"] == "http://10.0.0.1:4100"
+    assert plan["gateway"]["url"] == plan["gateway"]["client_url"] == "http://10.0.0.11:4100"
+
+
+@pytest.mark.parametrize(
+    ("bind", "said"),
+    [
+        (
+            "203.0.113.9 --x",
+            "sparkops_gateway_bind is '203.0.113.9 --x', which is none of the head spark-1's addresses",
+        ),
+        ("10.0.0.12", "sparkops_gateway_bind is '10.0.0.12', which is none of the head spark-1's addresses"),
+        ("::", "sparkops_gateway_bind is '::', an IPv6 address."),
+        ("fe80::1", "sparkops_gateway_bind is 'fe80::1', an IPv6 address."),
+    ],
+)
+def test_a_gateway_bind_that_is_not_an_ipv4_address_of_the_head_is_refused(bind, said):
+    with pytest.raises(ClusterError) as err:
+        plan_of(gateway_bind=bind)
+    (p,) = [p for p in err.value.problems if p.startswith("sparkops_gateway_bind")]
+    assert p.startswith(said), p
+    assert "192.168.100.11, 192.168.101.11, 10.0.0.11 or 0.0.0.0 (0.0.0.0: every IPv4 address)" in p
 
 
 @pytest.mark.parametrize(
@@ -448,3 +468,31 @@ def test_a_bad_gateway_setting_is_refused_with_its_name(inputs, said):
     with pytest.raises(ClusterError) as err:
         plan_of(**inputs)
     assert any(said in problem for problem in err.value.problems), err.value.problems
+
+
+# ------------------------------------------------------------------ spark_vllm_image_ref before any clone
+@pytest.mark.parametrize(
+    "ref", ["v1';id>/tmp/x;'", "-c", "--upload-pack=touch /tmp/x", "a..b", "main\n", "x y", "a@{1}", ".hidden", "a/"]
+)
+def test_an_image_ref_that_is_no_plain_git_ref_is_refused_by_the_plan(ref):
+    # The image role clones the ref (ansible.builtin.git version:): the plan refuses it first.
+    with pytest.raises(ClusterError) as err:
+        plan_of(image={**plan_inputs_image(), "ref": ref})
+    (p,) = [p for p in err.value.problems if p.startswith("spark_vllm_image_ref")]
+    assert p.startswith(f"spark_vllm_image_ref is {ref!r}, which is no git commit, branch or tag")
+
+
+@pytest.mark.parametrize("ref", [REF, "main", "v0.19.0", "release/v1.2+cu130", "feature_x-y"])
+def test_a_commit_branch_or_tag_is_taken(ref):
+    plan = plan_of_only(image={**plan_inputs_image(), "ref": ref})
+    assert plan["deployments"][0]["image"]["ref"] == ref
+
+
+def plan_inputs_image():
+    return {
+        "source": "eugr",
+        "name": "vllm-node",
+        "repo": "https://github.com/eugr/spark-vllm-docker.git",
+        "ref": REF,
+        "build_args": VERSIONS["spark_vllm_image_build_args"],
+    }

@@ -327,6 +327,70 @@ def test_the_hubs_file_list_tree_cache_and_snapshot_files_arrive_too(repos):
     assert sorted(p.name for p in dst.rglob(".*") if p.is_file() and "sparkops-tmp" in p.name) == []
 
 
+def hashes_of(src, files) -> dict:
+    """What the source plans besides the sizes: the sha256 of every file its name does not check."""
+    return {rel: hashlib.sha256((src / rel).read_bytes()).hexdigest() for rel in files if not rel.startswith("blobs/")}
+
+
+def test_lists_and_snapshot_files_arrive_only_with_the_hash_the_source_planned(repos):
+    # After the handshake a connection is plain TCP: only blobs were checked (by their name); a list or a
+    # snapshot file of the planned size with other bytes was written as it came.
+    src, dst = repos
+    files = [
+        plain(src, f".sparkops/{COMMIT}.json", b'{"files": {}}'),
+        plain(src, f"trees/{COMMIT}.json", b'{"format_version": 1}'),
+        plain(src, f"snapshots/{COMMIT}/original/params.json", b'{"dim": 4096}'),
+    ]
+    with receiver(dst, plan=plan_of(src, files), hashes=hashes_of(src, files)) as (rcv, port):
+        for rel in files:
+            forged = (src / rel).read_bytes().replace(b"{", b"[", 1)  # same size, other bytes
+            conn = raw_client(port)
+            with conn:
+                hf_cache._send_msg(conn, {"name": rel, "size": len(forged)})
+                conn.sendall(forged)
+                answer = hf_cache._recv_msg(conn)
+            assert "not to the hash the source planned" in answer["error"], rel
+            assert not (dst / rel).exists()
+        assert hf_cache.send_stream(channel(port), files, str(src), Progress()) == (0, "")
+    assert all((dst / rel).read_bytes() == (src / rel).read_bytes() for rel in files)
+    assert [p.name for p in dst.rglob(".*") if p.is_file()] == []  # no temporary file left
+
+
+def test_remote_main_takes_the_hashes_with_the_plan(repos):
+    src, dst = repos
+    rel = plain(src, f"trees/{COMMIT}.json", b'{"format_version": 1}')
+    start = {"action": "tcp_start", "repo": str(dst), "address": "127.0.0.1", "port": free_port()}
+    lines = [
+        json.dumps(start | {"allow": "127.0.0.1", "secret": SECRET}),
+        json.dumps({"action": "tcp_plan", "files": plan_of(src, [rel]), "hashes": hashes_of(src, [rel])}),
+        json.dumps({"action": "tcp_plan", "files": plan_of(src, [rel]), "hashes": {rel: "not-a-digest"}}),
+        json.dumps({"action": "tcp_stop"}),
+    ]
+    out = io.StringIO()
+    hf_cache.remote_main(io.BytesIO(("\n".join(lines) + "\n").encode()), out)
+    results = [json.loads(line[len(hf_cache.RESULT_MARK) :]) for line in out.getvalue().splitlines()]
+    assert results[1] == {"planned": 1, "hashed": 1}
+    assert "not a planned file's sha256" in results[2]["error"]
+
+
+@pytest.mark.parametrize(
+    "hashes",
+    [
+        {"blobs/" + "d" * 64: "d" * 64},  # a blob is checked by its name
+        {f"trees/{COMMIT}.json": "not-a-digest"},
+        {f"snapshots/{COMMIT}/unplanned.json": "0" * 64},
+        ["not", "a", "mapping"],
+    ],
+)
+def test_a_bad_planned_hash_is_refused_and_nothing_is_planned(repos, hashes):
+    src, dst = repos
+    files = {"blobs/" + "d" * 64: 3, f"trees/{COMMIT}.json": 5}
+    with receiver(dst) as (rcv, _port):
+        with pytest.raises(ValueError, match="hash"):
+            rcv.allow(files, hashes)
+        assert rcv.plan == {} and rcv.hashes == {}
+
+
 def test_only_the_planned_names_with_the_planned_sizes_are_received(repos):
     src, dst = repos
     planned, unplanned = blob(src, 3000), blob(src, 4000, seed=2)
@@ -383,36 +447,93 @@ def test_an_oversized_header_is_answered_with_an_error(repos):
     assert "not a sparkops sender" in answer["error"]
 
 
+def _send_streams(port, src, parts) -> list:
+    results = []
+    threads = [
+        threading.Thread(
+            target=lambda part: results.append(hf_cache.send_stream(channel(port), part, str(src), Progress())),
+            args=(part,),
+        )
+        for part in parts
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    return results
+
+
+def test_idle_connections_take_no_stream_slot_and_the_sender_is_served_at_once(repos):
+    # Three connections from the source's address that never answer the challenge (anyone on that host can
+    # open them) took the streams + 1 slots before: the real sender's 2 streams were closed, 5 times in 6.
+    src, dst = repos
+    files = [blob(src, 5000 + i, seed=i) for i in range(4)]
+    with receiver(dst, plan=plan_of(src, files), max_conns=3, handshake_timeout=30) as (rcv, port):
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _conn in range(3)]
+        try:
+            for s in idle:
+                assert len(s.recv(64)) == hf_cache.AUTH_NONCE_BYTES  # challenged, and left waiting
+            started = time.monotonic()
+            assert _send_streams(port, src, [files[0::2], files[1::2]]) == [(0, "")] * 2
+            assert time.monotonic() - started < 10  # not after the idle ones' handshake deadline
+        finally:
+            for s in idle:
+                s.close()
+    assert all((dst / rel).read_bytes() == (src / rel).read_bytes() for rel in files)
+
+
 def test_a_flood_of_idle_connections_is_capped_and_timed_out_and_the_sender_is_served(repos):
     src, dst = repos
     rel = blob(src, 7000)
-    with receiver(dst, plan=plan_of(src, [rel]), max_conns=3, handshake_timeout=1) as (rcv, port):
+    with receiver(dst, plan=plan_of(src, [rel]), max_conns=3, handshake_timeout=3) as (rcv, port):
+        assert rcv.max_pending == 16
         idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _conn in range(40)]
         try:
             started = time.monotonic()
-            # The first 3 get a challenge; the other 37 are closed at once, without one.
+            # The newest 16 wait for their answer; each newer one dropped the oldest waiting one.
             closed = 0
-            for s in idle[3:]:
-                s.settimeout(5)
-                if s.recv(64) == b"":
-                    closed += 1
-            assert closed == 37 and time.monotonic() - started < 4
-            assert len(idle[0].recv(64)) == hf_cache.AUTH_NONCE_BYTES
-            # The 3 that never answer are dropped after the handshake deadline...
-            for s in idle[:3]:
+            for s in idle[:24]:
                 s.settimeout(5)
                 while s.recv(64):
                     pass
-            assert time.monotonic() - started < 4
-            # ... and the real sender is served.
+                closed += 1
+            assert closed == 24 and time.monotonic() - started < 2.5  # at once, not at the deadline
+            # While the 16 wait, the real sender is served (its connection drops the oldest of them).
             assert hf_cache.send_stream(channel(port), [rel], str(src), Progress()) == (0, "")
+            # The ones that never answer are dropped after the handshake deadline.
+            for s in idle[24:]:
+                s.settimeout(5)
+                while s.recv(64):
+                    pass
+            assert time.monotonic() - started < 8
         finally:
             for s in idle:
                 s.close()
     stopped = rcv.stop()
     assert stopped["files"] == 1 and len(stopped["refused"]) <= hf_cache.MAX_REFUSALS_KEPT
-    assert any("more than 3 connections" in r for r in stopped["refused"])
-    assert len(rcv.workers) <= 4
+    assert any("more than 16 connections without an answer yet" in r for r in stopped["refused"])
+    assert not rcv.pending and not rcv.conns
+
+
+def test_answered_connections_are_still_capped_at_the_streams_plus_one(repos):
+    src, dst = repos
+    rel = blob(src, 3000)
+    with receiver(dst, plan=plan_of(src, [rel])) as (rcv, port):
+        rcv.max_conns = 2
+        held = [raw_client(port) for _conn in range(2)]
+        try:
+            extra = raw_client(port)  # answered, but both slots are taken: closed
+            extra.settimeout(5)
+            assert extra.recv(64) == b""
+            extra.close()
+        finally:
+            for s in held:
+                s.close()
+        deadline = time.monotonic() + 5
+        while rcv.conns and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert hf_cache.send_stream(channel(port), [rel], str(src), Progress()) == (0, "")
+    assert any("more than 2 connections" in r for r in rcv.stop()["refused"])
 
 
 def test_nothing_is_written_through_a_link_swapped_into_the_target(repos, tmp_path):
@@ -501,3 +622,59 @@ def test_a_refused_folder_name_names_the_whole_path(tmp_path):
             hf_cache.open_subdir(fd, ["snapshots", "r", ".."])
     finally:
         os.close(fd)
+
+
+@pytest.mark.skipif(not shutil.which("rsync"), reason="rsync is not installed on this machine")
+@pytest.mark.parametrize("option", ["--delete", "--del", "--delete-after", "--delete-excluded"])
+def test_the_rsync_daemon_refuses_to_delete_anything(tmp_path, option):
+    # A client with the secret (the source, or whoever read it) could otherwise empty the model's folder.
+    port = free_port()
+    target = tmp_path / "m"
+    (target / "blobs").mkdir(parents=True)
+    (target / "blobs" / "kept").write_bytes(b"weights")
+    empty = tmp_path / "empty"
+    (empty / "blobs").mkdir(parents=True)
+    args = {"address": "127.0.0.1", "port": port, "allow": "127.0.0.1", "user": "sparkops", "secret": SECRET}
+    daemon = hf_cache.TemporaryRsyncd(args | {"path": str(target)})
+    try:
+        res = subprocess.run(  # noqa: S603 - fixed argv, loopback only
+            [shutil.which("rsync"), "-r", option, f"{empty}/", f"rsync://sparkops@127.0.0.1:{port}/hf/"],
+            env={**os.environ, "RSYNC_PASSWORD": SECRET},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        daemon.stop()
+    assert res.returncode != 0, res.stdout + res.stderr
+    assert "refuse" in res.stderr, res.stderr
+    assert (target / "blobs" / "kept").read_bytes() == b"weights"
+
+
+def test_the_module_plans_the_hash_of_every_file_its_name_does_not_check(repos):
+    from ansible_collections.sparkops.cluster.plugins.modules import hf_cache_sync  # noqa: PLC0415 - the module
+
+    src, _dst = repos
+    files = [
+        blob(src, 3000),
+        plain(src, f"trees/{COMMIT}.json", b"[]"),
+        plain(src, f"snapshots/{COMMIT}/a.json", b"{}"),
+    ]
+    calls = []
+
+    class Target:
+        def call(self, action, **args):
+            calls.append((action, args))
+            return {}
+
+    class Module:
+        params = {"transport": "tcp", "streams": 2}
+
+    def stream(names, src_repo, progress):
+        return 0, ""
+
+    hf_cache_sync.copy_files(Module(), Target(), stream, plan_of(src, files), src_repo=str(src), progress=Progress())
+    ((action, args),) = calls
+    assert action == "tcp_plan" and args["files"] == plan_of(src, files)
+    assert args["hashes"] == hashes_of(src, files) and len(args["hashes"]) == 2
