@@ -24,20 +24,33 @@ digest, so the one it keeps is always a ready one (the master never goes below o
 If the new worker never becomes ready nothing is TTOU'd: the old one keeps serving, and a later run picks the
 booting worker up.
 
-Also runnable as a script (`python gateway_reload.py --pidfile ... --ready-dir ... --config ...`): the service's
-`reload` action. Pure Python with injected clock, sleep, kill and /proc: tests/unit/plugins/module_utils/
+Trust: the run folder belongs to the gateway's user, and so does everything in it (gunicorn writes the pidfile as
+that user, the workers their ready files), so LiteLLM's user can plant links, FIFOs or a pidfile naming any process
+there. The reload therefore runs as that user (`reload()`: from root it forks and the child drops to the user's
+uid/gid before it reads anything; systemd's ExecReload runs as the unit's User= already): what it writes and what
+it signals are only what that user could write and signal anyway. And it trusts no file there: each is opened with
+O_NOFOLLOW | O_NONBLOCK and must be a regular file (`read_regular`), a marker is written to a fresh O_EXCL name and
+renamed over the old one (a planted link is replaced, never written through), and a signal goes only to a pid
+whose process is the gateway user's gunicorn master (`check_master`: /proc/<pid>/status's uids and its cmdline
+naming gunicorn and the app).
+
+Also runnable as a script (`python gateway_reload.py --pidfile ... --ready-dir ... --config ... --user NAME`): the
+service's `reload` action. Pure Python with injected clock, sleep, kill and /proc: tests/unit/plugins/module_utils/
 test_gateway_reload.py, with a real process standing in for gunicorn's master.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -54,6 +67,13 @@ SPAWN_SEEN_S = 10.0  # a TTIN that shows no new child within this long is sent a
 RETIRE_SEEN_S = 3.0
 RETIRE_LIMIT_S = 10.0
 LOG_TAIL_LINES = 30
+# What gunicorn's master runs: the role's argv names the app first (roles/gateway/vars/main.yml gateway_argv);
+# gunicorn's own title, where setproctitle is installed, is "gunicorn: master [<app>]" (gunicorn/util.py:50-53,
+# arbiter.py:198; the proc name defaults to the app argument: app/wsgiapp.py:34).
+APP_SPEC = "sparkops_gateway_auth:app"
+READ_LIMIT = 4096  # a pid, a digest, a start time: anything longer is not ours
+# Stands for the log's end in an error raised by the unprivileged child; the parent reads the log (reload()).
+_LOG_FROM_PARENT = "\0log-from-parent\0"
 
 
 class ReloadError(Exception):
@@ -90,17 +110,61 @@ def clear_worker_files(ready_dir, pid: int) -> None:
             (Path(ready_dir) / f"{pid}{suffix}").unlink()
 
 
+class NotRegularFile(OSError):
+    """A path in the gateway user's folder that is a link, FIFO, device or folder: never ours, never followed."""
+
+
+def read_regular(path, limit: int = READ_LIMIT) -> str:
+    """A small regular file's text, never through a link (O_NOFOLLOW: ELOOP) nor blocking on a FIFO the gateway's
+    user planted (O_NONBLOCK, then fstat must say regular). FileNotFoundError when absent."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise NotRegularFile(errno.ELOOP, "is a symbolic link", str(path)) from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegularFile(errno.EINVAL, "is not a regular file", str(path))
+        return os.read(fd, limit).decode("utf-8", errors="replace")
+    finally:
+        os.close(fd)
+
+
+def replace_file(path, text: str) -> None:
+    """Write `path` without following what is there: a fresh O_CREAT|O_EXCL|O_NOFOLLOW file beside it (mkstemp),
+    renamed over it. rename(2) replaces a link planted at `path` with our file; it never writes through it."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
 # ------------------------------------------------------------------------------------------ reading the master
 def read_master(pidfile) -> int:
     try:
-        text = Path(pidfile).read_text(encoding="utf-8").strip()
+        text = read_regular(pidfile).strip()
+    except NotRegularFile as err:
+        raise ReloadError(
+            f"{pidfile} {err.strerror}: gunicorn writes a plain file there, so something else put this one. Stop "
+            "the gateway, remove it, look at who can write to its folder, and start the gateway."
+        ) from None
     except FileNotFoundError:
         raise ReloadError(
             f"{pidfile} does not exist: the gateway is not running under gunicorn (or not at all). Start it "
             "(service sparkops-gateway start, or run the gateway role, which restarts it when its argv changed)"
         ) from None
     except OSError as err:
-        raise ReloadError(f"cannot read {pidfile}: {err.strerror}; run as root or as the gateway's user") from None
+        raise ReloadError(
+            f"cannot read {pidfile}: {err.strerror}; the gateway's user, which the reload runs as, must be able to"
+        ) from None
     if not text.isdigit():
         raise ReloadError(f"{pidfile} holds {text[:40]!r}, not a pid: stop and start the gateway to rewrite it")
     return int(text)
@@ -116,6 +180,58 @@ def proc_stat(pid: int, proc="/proc") -> tuple[int, int] | None:
     if fields[0] in ("Z", "X"):
         return None
     return int(fields[1]), int(fields[19])
+
+
+def proc_uids(pid: int, proc="/proc") -> tuple[int, ...] | None:
+    """The real, effective, saved and filesystem uids of a process (/proc/<pid>/status `Uid:`), None if gone."""
+    try:
+        text = (Path(proc) / str(pid) / "status").read_text(encoding="utf-8", errors="replace")
+    except (FileNotFoundError, ProcessLookupError, NotADirectoryError):
+        return None
+    for line in text.splitlines():
+        if line.startswith("Uid:"):
+            return tuple(int(v) for v in line.split()[1:])
+    return None
+
+
+def proc_argv(pid: int, proc="/proc") -> list[str]:
+    try:
+        raw = (Path(proc) / str(pid) / "cmdline").read_bytes()
+    except (FileNotFoundError, ProcessLookupError, NotADirectoryError):
+        return []
+    return [a.decode("utf-8", errors="replace") for a in raw.split(b"\0") if a]
+
+
+def check_master(pid: int, uid: int, *, app: str = APP_SPEC, proc="/proc", pidfile="the pidfile") -> None:
+    """Refuse (ReloadError) unless `pid` is the gateway user's gunicorn master: every uid of the process (real,
+    effective, saved, filesystem) is the user's, and its command line runs gunicorn (`python .../bin/gunicorn`,
+    `python -m gunicorn`, or gunicorn's own title "gunicorn: master [...]") with the app. No rule on
+    its parent: a process of the user that passes this could have been started by LiteLLM's user itself, but
+    signalling that user's own process gives it nothing it did not have (and reload() signals as that user)."""
+    why = None
+    uids = proc_uids(pid, proc)
+    argv = proc_argv(pid, proc)
+    if uids is None or proc_stat(pid, proc) is None:
+        why = "no such live process"
+    elif any(u != uid for u in uids):
+        why = f"it runs as uid {uids[0]}, not the gateway's user (uid {uid})"
+    else:
+        title = argv[0] if argv else ""
+        gunicorn = (
+            (len(argv) > 1 and os.path.basename(argv[1]) == "gunicorn")  # python .../bin/gunicorn (its script)
+            or os.path.basename(title) == "gunicorn"  # the script exec'd directly
+            or argv[1:3] == ["-m", "gunicorn"]
+            or title.startswith("gunicorn: master [")
+        )
+        if not (gunicorn and (app in argv or f"[{app}]" in title)):
+            why = f"its command line is not gunicorn's with {app}: {' '.join(argv)[:160]!r}"
+    if why:
+        raise ReloadError(
+            f"{pidfile} names pid {pid}, which is not the gateway's gunicorn master ({why}): nothing was signalled. "
+            "If the gateway runs, its pidfile was overwritten: restart the gateway (service sparkops-gateway "
+            "restart) and look at who writes in its run folder.",
+            master_pid=pid,
+        )
 
 
 def children(master: int, proc="/proc") -> list[tuple[int, int]]:
@@ -134,13 +250,12 @@ def read_worker_files(ready_dir, workers) -> tuple[dict[int, str], set[int]]:
     """{pid: digest} of the workers' ready files, and the pids this module marked retired (start matching)."""
     ready, retired = {}, set()
     for pid, start in workers:
-        with contextlib.suppress(FileNotFoundError):
-            ready[pid] = ready_path(ready_dir, pid).read_text(encoding="utf-8").strip()
-        try:
-            if (Path(ready_dir) / f"{pid}{RETIRED_SUFFIX}").read_text(encoding="utf-8").strip() == str(start):
+        # A link, FIFO or other non-file counts as absent: only a plain file speaks for a worker.
+        with contextlib.suppress(FileNotFoundError, NotRegularFile):
+            ready[pid] = read_regular(ready_path(ready_dir, pid)).strip()
+        with contextlib.suppress(FileNotFoundError, NotRegularFile):
+            if read_regular(Path(ready_dir) / f"{pid}{RETIRED_SUFFIX}").strip() == str(start):
                 retired.add(pid)
-        except FileNotFoundError:
-            pass
     return ready, retired
 
 
@@ -175,6 +290,8 @@ class Reloader:
         ready_dir,
         config,
         *,
+        uid: int,
+        app: str = APP_SPEC,
         proc="/proc",
         kill=os.kill,
         clock=time.monotonic,
@@ -182,8 +299,14 @@ class Reloader:
         tail=lambda: "",
     ):
         self.pidfile, self.ready_dir, self.config, self.proc = pidfile, Path(ready_dir), config, proc
+        self.uid, self.app = uid, app
         self.kill, self.clock, self.sleep, self.tail = kill, clock, sleep, tail
         self.ttin_sent = 0
+
+    def signal(self, master: int, sig) -> None:
+        """Every signal goes through here: only to the gateway user's gunicorn master, checked right before."""
+        check_master(master, self.uid, app=self.app, proc=self.proc, pidfile=self.pidfile)
+        self.kill(master, sig)
 
     def state(self, master: int):
         if proc_stat(master, self.proc) is None:
@@ -197,7 +320,7 @@ class Reloader:
         return workers, ready, retired
 
     def mark_retired(self, pid: int, start: int) -> None:
-        (self.ready_dir / f"{pid}{RETIRED_SUFFIX}").write_text(f"{start}\n", encoding="utf-8")
+        replace_file(self.ready_dir / f"{pid}{RETIRED_SUFFIX}", f"{start}\n")
 
     def run(self, *, timeout: float, check_mode: bool = False, force: bool = False, wait_old_exit=False,
             old_exit_timeout: float = 660.0) -> dict:  # fmt: skip
@@ -207,6 +330,8 @@ class Reloader:
         except OSError as err:
             raise ReloadError(f"cannot read the gateway's configuration {self.config}: {err.strerror}") from None
         master = read_master(self.pidfile)
+        if proc_stat(master, self.proc) is not None:  # a dead one: state() says to start the gateway
+            check_master(master, self.uid, app=self.app, proc=self.proc, pidfile=self.pidfile)
         workers, ready, retired = self.state(master)
         live = [w for w in workers if w[0] not in retired]
         result = {"changed": False, "digest": want, "master_pid": master, "old_pids": [], "new_pid": None,
@@ -249,7 +374,7 @@ class Reloader:
             if index:
                 self.sleep(TTOU_SPACING_S)
             self.mark_retired(pid, start)
-            self.kill(master, signal.SIGTTOU)
+            self.signal(master, signal.SIGTTOU)
         self.confirm_retired(master, to_retire, new)
         # Only awaited a worker that was starting already, and none to retire: nothing was changed by this run.
         result["changed"] = bool(to_retire or self.ttin_sent)
@@ -291,7 +416,7 @@ class Reloader:
                 )
             # One TTIN; once more if the master shows no new child for a while (a signal lost in a burst).
             if pending is None and not fresh and (sent == 0 or (sent == 1 and self.clock() - sent_at > SPAWN_SEEN_S)):
-                self.kill(master, signal.SIGTTIN)
+                self.signal(master, signal.SIGTTIN)
                 sent, sent_at = sent + 1, self.clock()
                 self.ttin_sent = sent
             if self.clock() >= deadline:
@@ -333,7 +458,7 @@ class Reloader:
                 for index, _w in enumerate(serving):
                     if index:
                         self.sleep(TTOU_SPACING_S)
-                    self.kill(master, signal.SIGTTOU)
+                    self.signal(master, signal.SIGTTOU)
                 resent = True
             self.sleep(POLL_S)
 
@@ -355,22 +480,112 @@ class Reloader:
             self.sleep(POLL_S)
 
 
+# ------------------------------------------------------------------------------------ as the gateway's user
+def service_ids(user) -> tuple[int, int]:
+    """(uid, gid) of the gateway's user, by name or number; root is refused (the gateway never runs as root)."""
+    import pwd  # noqa: PLC0415 - Unix only, like the rest
+
+    try:
+        entry = pwd.getpwuid(int(user)) if str(user).isdigit() else pwd.getpwnam(str(user))
+        uid, gid = entry.pw_uid, entry.pw_gid
+    except KeyError:
+        if not str(user).isdigit():
+            raise ReloadError(
+                f"user {user!r} does not exist: give the gateway's service user (sparkops_gateway_user)"
+            ) from None
+        uid = gid = int(user)  # a uid without a passwd entry (tests): its own group
+    if uid == 0:
+        raise ReloadError("user is root: the gateway runs as its own user; give that one (sparkops_gateway_user)")
+    return uid, gid
+
+
+def call_as(uid: int, gid: int, fn):
+    """fn() with the rights of uid/gid only. As that user already (systemd's ExecReload): called here. As root:
+    in a forked child that drops every id (groups, gid, uid: real, effective and saved) before fn runs, whose
+    result or ReloadError comes back as JSON over a pipe; nothing of root's reaches what fn touches."""
+    euid = os.geteuid()
+    if euid == uid:
+        return fn()
+    if euid != 0:
+        raise ReloadError(f"running as uid {euid}: run the reload as root or as the gateway's user (uid {uid})")
+    read_fd, write_fd = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - measured through the parent (coverage does not follow a fork by default)
+        code = 0
+        try:
+            os.close(read_fd)
+            os.setgroups([gid])
+            os.setresgid(gid, gid, gid)
+            os.setresuid(uid, uid, uid)
+            try:
+                out = {"result": fn()}
+            except ReloadError as err:
+                out = {"error": str(err), "details": err.details}
+            except Exception as err:  # noqa: BLE001 - reported by the parent
+                out = {"error": f"the reload failed: {type(err).__name__}: {err}", "details": {}}
+            with os.fdopen(write_fd, "w", encoding="utf-8") as handle:
+                handle.write(json.dumps(out))
+        except BaseException:  # noqa: BLE001 - the child never returns into the caller's code
+            code = 70
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    with os.fdopen(read_fd, encoding="utf-8") as handle:
+        data = handle.read()
+    _pid, status = os.waitpid(child, 0)
+    try:
+        out = json.loads(data)
+    except ValueError:
+        raise ReloadError(
+            f"the reload's child could not become uid {uid}/gid {gid} or died (wait status {status}): nothing was "
+            "signalled. Check that the gateway's user exists."
+        ) from None
+    if "error" in out:
+        raise ReloadError(out["error"], **out.get("details") or {})
+    return out["result"]
+
+
+def reload(pidfile, ready_dir, config, *, user, tail=lambda: "", app: str = APP_SPEC, **run_kw) -> dict:
+    """The reload as the gateway's user (call_as); the log's end, for a failure, read by the caller's rights."""
+    uid, gid = service_ids(user)
+
+    def work():
+        reloader = Reloader(pidfile, ready_dir, config, uid=uid, app=app, tail=lambda: _LOG_FROM_PARENT)
+        return reloader.run(**run_kw)
+
+    try:
+        return call_as(uid, gid, work)
+    except ReloadError as err:
+        if err.details.get("log") == _LOG_FROM_PARENT:
+            err.details["log"] = tail()
+        raise
+
+
 def main(argv=None) -> int:
-    """The service's `reload` action: the same reload, from the command line, as the gateway's user or root."""
+    """The service's `reload` action: the same reload, from the command line, as the gateway's user or root
+    (which runs it as --user)."""
     import argparse  # noqa: PLC0415
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pidfile", required=True)
     parser.add_argument("--ready-dir", required=True)
     parser.add_argument("--config", required=True)
+    parser.add_argument("--user", required=True, help="the gateway's service user (name or uid)")
     parser.add_argument("--timeout", type=float, default=180.0)
     parser.add_argument("--log-file")
     parser.add_argument("--unit")
     parser.add_argument("--force", action="store_true")
     args = parser.parse_args(argv)
-    reloader = Reloader(args.pidfile, args.ready_dir, args.config, tail=lambda: log_tail(args.log_file, args.unit))
     try:
-        result = reloader.run(timeout=args.timeout, force=args.force)
+        result = reload(
+            args.pidfile,
+            args.ready_dir,
+            args.config,
+            user=args.user,
+            tail=lambda: log_tail(args.log_file, args.unit),
+            timeout=args.timeout,
+            force=args.force,
+        )
     except ReloadError as err:
         sys.stdout.write(f"reload failed: {err}\n")
         if err.details.get("log"):

@@ -19,8 +19,11 @@ description:
   - If the new worker is not ready within I(timeout) the module fails with the end of the gateway's log and
     signals nothing more; the old worker keeps serving the previous configuration. A later run picks up a
     worker that was still starting.
-  - Runs on the gateway's node as root or as the gateway's user (it signals the master and writes
-    C(<pid>.retired) markers in I(ready_dir)).
+  - Runs on the gateway's node as root or as the gateway's I(user). As root it forks a child that becomes
+    I(user) (groups, gid and uid) before it reads anything: the run folder and everything in it belong to that
+    user, so the reload reads, writes and signals only what that user could. It follows no link there, reads
+    only regular files, and signals only a pid whose process is I(user)'s gunicorn master running the gateway's
+    app (C(/proc/<pid>/status) and C(/proc/<pid>/cmdline)); a pidfile naming anything else is refused.
 version_added: "0.1.0"
 author:
   - sparkops maintainers (!UNKNOWN)
@@ -37,6 +40,10 @@ options:
     description: Where the workers write C(<pid>.ready) (the service's C(SPARKOPS_GATEWAY_READY_DIR)).
     type: path
     default: /run/sparkops-gateway
+  user:
+    description: The gateway's service user (name or uid), which runs gunicorn; never root.
+    type: str
+    default: sparkops-gateway
   timeout:
     description: Seconds to wait for the new worker to be ready (LiteLLM starts in 5-12 s, a minute the first time).
     type: int
@@ -142,6 +149,7 @@ def main() -> None:
             "config": {"type": "path", "required": True},
             "pidfile": {"type": "path", "default": "/run/sparkops-gateway/gunicorn.pid"},
             "ready_dir": {"type": "path", "default": "/run/sparkops-gateway"},
+            "user": {"type": "str", "default": "sparkops-gateway"},
             "timeout": {"type": "int", "default": 180},
             "force": {"type": "bool", "default": False},
             "wait_old_exit": {"type": "bool", "default": False},
@@ -155,14 +163,13 @@ def main() -> None:
     for name in ("timeout", "old_exit_timeout"):
         if p[name] < 1:
             module.fail_json(msg=f"{name}={p[name]}: give a number of seconds of at least 1")
-    reloader = gateway_reload.Reloader(
-        p["pidfile"],
-        p["ready_dir"],
-        p["config"],
-        tail=lambda: gateway_reload.log_tail(p["log_file"], p["unit"]),
-    )
     try:
-        result = reloader.run(
+        result = gateway_reload.reload(
+            p["pidfile"],
+            p["ready_dir"],
+            p["config"],
+            user=p["user"],
+            tail=lambda: gateway_reload.log_tail(p["log_file"], p["unit"]),
             timeout=p["timeout"],
             check_mode=module.check_mode,
             force=p["force"],

@@ -15,7 +15,11 @@ uvicorn/server.py:281-311) and exits. No kinder than gunicorn: a
 second TERM does not hurry it (uvicorn forces only on a second SIGINT, server.py:351-356). The file
 `<ready_dir>/lose-ttou` makes it drop the next TTOU once, as a signal coalesced with another would be.
 
-python fake_gunicorn_master.py PIDFILE READY_DIR CONFIG BOOT_S DRAIN_S
+Run it as gunicorn is run (the role's argv: `.../bin/gunicorn sparkops_gateway_auth:app ...`): through a link
+named `gunicorn`, the app as the first argument, so its /proc/<pid>/cmdline is what the reload checks for
+(gateway_reload.check_master); the helpers start it as a throwaway uid when the tests run as root.
+
+python .../gunicorn APP PIDFILE READY_DIR CONFIG BOOT_S DRAIN_S
 """
 
 from __future__ import annotations
@@ -27,8 +31,8 @@ import sys
 import time
 from pathlib import Path
 
-PIDFILE, READY, CONFIG = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
-BOOT_S, DRAIN_S = float(sys.argv[4]), float(sys.argv[5])
+PIDFILE, READY, CONFIG = sys.argv[2], Path(sys.argv[3]), Path(sys.argv[4])  # argv[1]: the app, as gunicorn's
+BOOT_S, DRAIN_S = float(sys.argv[5]), float(sys.argv[6])
 LIFETIME_S = 120  # bounded: a master a test forgot still ends
 
 

@@ -1,28 +1,67 @@
-"""A stand-in gunicorn master (fake_gunicorn_master.py, real processes) driven for the reload's tests."""
+"""A stand-in gunicorn master (fake_gunicorn_master.py, real processes) driven for the reload's tests.
+
+As in production the master runs as its own unprivileged user and owns the run folder: when the tests run as root,
+a throwaway uid (THROWAWAY_UID, no passwd entry needed) in a folder under /tmp that uid can reach; otherwise the
+current user."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from ansible_collections.sparkops.cluster.plugins.module_utils import gateway_reload as gr
 
 FAKE = Path(__file__).resolve().parent / "fake_gunicorn_master.py"
+THROWAWAY_UID = 64123
+# The fake needs only the standard library; the system's Python is reachable by any uid (a venv under /root is not).
+PYTHON = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
+
+
+def as_root() -> bool:
+    return os.geteuid() == 0
+
+
+def world_dir(prefix="gw-reload-") -> Path:
+    """A folder under /tmp that the throwaway uid can traverse (pytest's tmp_path is 0700 root)."""
+    base = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    base.chmod(0o755)
+    return base
 
 
 class Master:
-    def __init__(self, tmp_path, boot_s=0.3, drain_s=0.5):
-        self.pidfile = tmp_path / "gunicorn.pid"
-        self.ready = tmp_path / "run"
+    def __init__(self, tmp_path, boot_s=0.3, drain_s=0.5, app=gr.APP_SPEC):
+        self.uid = THROWAWAY_UID if as_root() else os.geteuid()
+        self.base = world_dir() if as_root() else Path(tmp_path)
+        self.ready = self.base / "run"
         self.ready.mkdir()
-        self.config = tmp_path / "config.yaml"
+        self.pidfile = self.ready / "gunicorn.pid"
+        self.config = self.base / "config.yaml"
         self.config.write_text("model_list: [a]\n")
+        self.config.chmod(0o644)
+        (self.base / "bin").mkdir()
+        gunicorn = self.base / "bin" / "gunicorn"
+        gunicorn.symlink_to(FAKE)
+        if as_root():
+            os.chown(self.ready, self.uid, self.uid)
+        drop = {"user": self.uid, "group": self.uid, "extra_groups": []} if as_root() else {}
         self.proc = subprocess.Popen(  # noqa: S603 - our own stand-in
-            [sys.executable, str(FAKE), str(self.pidfile), str(self.ready), str(self.config), str(boot_s), str(drain_s)]
+            [
+                PYTHON,
+                str(gunicorn),
+                app,
+                str(self.pidfile),
+                str(self.ready),
+                str(self.config),
+                str(boot_s),
+                str(drain_s),
+            ],  # fmt: skip
+            **drop,
         )
         self.signals = []
         self.wait_for(lambda: self.workers() and self.ready_pids(), "the first worker's ready file")
@@ -46,8 +85,12 @@ class Master:
         os.kill(pid, sig)
 
     def reloader(self, **kw):
-        return gr.Reloader(self.pidfile, self.ready, self.config, kill=self.kill, tail=lambda: "LOG TAIL", **kw)
+        return gr.Reloader(
+            self.pidfile, self.ready, self.config, uid=self.uid, kill=self.kill, tail=lambda: "LOG TAIL", **kw
+        )
 
     def stop(self):
         self.proc.terminate()
         self.proc.wait(timeout=10)
+        if as_root():
+            shutil.rmtree(self.base, ignore_errors=True)
