@@ -20,7 +20,7 @@ description:
     signals nothing more; the old worker keeps serving the previous configuration. A later run picks up a
     worker that was still starting.
   - Runs on the gateway's node as root or as the gateway's I(user). As root it forks a child that becomes
-    I(user) (groups, gid and uid) before it reads anything: the run folder and everything in it belong to that
+    I(user) (groups, gid and uid) before it reads anything, because the run folder and everything in it belong to that
     user, so the reload reads, writes and signals only what that user could. It follows no link there, reads
     only regular files, and signals only a pid whose process is I(user)'s gunicorn master running the gateway's
     app (C(/proc/<pid>/status) and C(/proc/<pid>/cmdline)); a pidfile naming anything else is refused.
