@@ -62,6 +62,19 @@ UNKNOWN_DIGEST = "unknown"
 POLL_S = 0.2
 TTOU_SPACING_S = 0.3  # signals of one kind do not queue: one at a time, each seen by the master first
 SPAWN_SEEN_S = 10.0  # a TTIN that shows no new child within this long is sent again, once
+# With workers still draining, gunicorn spawns nothing for a TTIN until its count exceeds theirs too (see
+# start_worker): the next TTIN goes when this long after the last one no new child shows (its main loop wakes at
+# once on a signal, and at least every second: arbiter.py:353-359).
+SPAWN_STEP_S = 1.0
+PREFLIGHT_TIMEOUT_S = 60.0
+# Run by the master's Python, as the gateway's user, with the master's environment and folder: the app's module
+# imported as gunicorn's worker imports it (gunicorn/util.py:370), then what the wrapper does before LiteLLM.
+PREFLIGHT = (
+    "import importlib, sys\n"
+    "importlib.import_module(sys.argv[1].partition(':')[0])\n"
+    "import sparkops_gateway_auth\n"
+    "print(' '.join(sparkops_gateway_auth.preflight()))\n"
+)
 # A retired worker withdraws its ready file when its shutdown starts (sparkops_gateway_worker.py, within a
 # tick of the master's TERM); one still there after this long got no TERM (a TTOU lost): one more TTOU.
 RETIRE_SEEN_S = 3.0
@@ -202,6 +215,12 @@ def proc_argv(pid: int, proc="/proc") -> list[str]:
     return [a.decode("utf-8", errors="replace") for a in raw.split(b"\0") if a]
 
 
+def proc_environ(pid: int, proc="/proc") -> dict[str, str]:
+    raw = (Path(proc) / str(pid) / "environ").read_bytes()
+    pairs = (item.decode("utf-8", errors="surrogateescape").partition("=") for item in raw.split(b"\0") if item)
+    return {name: value for name, _eq, value in pairs}
+
+
 def check_master(pid: int, uid: int, *, app: str = APP_SPEC, proc="/proc", pidfile="the pidfile") -> None:
     """Refuse (ReloadError) unless `pid` is the gateway user's gunicorn master: every uid of the process (real,
     effective, saved, filesystem) is the user's, and its command line runs gunicorn (`python .../bin/gunicorn`,
@@ -297,9 +316,12 @@ class Reloader:
         clock=time.monotonic,
         sleep=time.sleep,
         tail=lambda: "",
+        preflight: bool = True,
+        run=subprocess.run,
     ):
         self.pidfile, self.ready_dir, self.config, self.proc = pidfile, Path(ready_dir), config, proc
         self.uid, self.app = uid, app
+        self.preflight_on, self.run_cmd = preflight, run
         self.kill, self.clock, self.sleep, self.tail = kill, clock, sleep, tail
         self.ttin_sent = 0
 
@@ -388,15 +410,77 @@ class Reloader:
             result.update(self.wait_gone(master, older, old_exit_timeout))
         return result
 
+    def preflight(self, master: int, result) -> None:
+        """Refuse (nothing signalled) when a new worker would fail while gunicorn loads the app: that worker exits
+        3 before it booted and the master halts with every worker, the serving one too (gunicorn/arbiter.py:524-532,
+        611-621). A new worker is a fork of the master that imports the app, so the check runs the master's own
+        Python (its argv[0]) with its environment and folder, as this process's user (the gateway's): the wrapper's
+        import and its secrets as that worker would read them (sparkops_gateway_auth.preflight)."""
+        argv = proc_argv(master, self.proc)
+        python = argv[0] if argv and os.path.isabs(argv[0]) else None
+        if python is None or not os.path.exists(python):
+            return  # gunicorn's title replaced its argv (setproctitle): no interpreter to run it with
+        try:
+            env = proc_environ(master, self.proc)
+        except OSError as err:
+            raise ReloadError(f"cannot read the master's environment (pid {master}): {err.strerror}") from None
+        try:
+            cwd = os.readlink(Path(self.proc) / str(master) / "cwd")
+        except OSError:
+            cwd = None
+        try:
+            out = self.run_cmd(
+                [python, "-c", PREFLIGHT, self.app],
+                env={**env, "SPARKOPS_GATEWAY_PREFLIGHT": "1"},  # the wrapper without LiteLLM's import
+                cwd=cwd,
+                capture_output=True,
+                text=True,
+                timeout=PREFLIGHT_TIMEOUT_S,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as err:
+            raise ReloadError(f"could not check that a new worker would load the app: {err}") from None
+        if out.returncode != 0:
+            lines = (out.stderr or out.stdout or "").strip().splitlines()
+            raise ReloadError(
+                f"a new worker would fail to load the app ({lines[-1] if lines else f'exit {out.returncode}'}), "
+                "and gunicorn's master stops every worker when one fails to boot: nothing was signalled, the old "
+                f"worker(s) {', '.join(map(str, result['old_pids'])) or 'none'} keep serving. Fix the gateway's "
+                "files (the wrapper, its secret files, the service's environment) and run again.",
+                log="\n".join(lines[-20:]),
+                old_pids=result["old_pids"],
+            )
+
     def start_worker(self, master, workers, live, ready, want, *, force, deadline, result):
         """TTIN (unless a worker an earlier run asked for is still starting: that one is awaited), then wait,
-        bounded, until the youngest worker is one started for this run (or that one) and ready with `want`."""
+        bounded, until the youngest worker is one started for this run (or that one) and ready with `want`.
+
+        gunicorn counts a worker it TERMed until it has reaped it, and TERMs it again on every pass while the count
+        exceeds num_workers (arbiter.py:564-576). After an earlier reload, num_workers is the workers that are not
+        draining, so while `draining` workers still finish their requests one TTIN spawns nothing (len(WORKERS) is
+        not below num_workers): up to draining + 1 TTINs go, one at a time, each only when the last one showed no
+        new child. As soon as the new child exists, one TTOU per TTIN beyond the one needed brings num_workers back
+        to the workers that are not draining, so the master spawns nothing more when the drainers exit; each of
+        those TTOUs TERMs the oldest surplus, which are the drainers (older than every other worker)."""
         before = {pid for pid, _s in workers}
         pending = live[-1] if (not force and live and live[-1][0] not in ready) else None
+        live0, draining = len(live), len(workers) - len(live)
+        budget, resent, balanced = draining + 1, False, False
         sent, sent_at = 0, None
+        if pending is None and self.preflight_on:
+            self.preflight(master, result)
         while True:
-            workers, ready, _retired = self.state(master)
+            workers, ready, retired = self.state(master)
             youngest = workers[-1] if workers else None
+            fresh = [w for w in workers if w[0] not in before]
+            if fresh and sent and not balanced:
+                balanced = True
+                extra = live0 + sent - len([w for w in workers if w[0] not in retired])
+                for index in range(max(extra, 0)):
+                    if index:
+                        self.sleep(TTOU_SPACING_S)
+                    self.signal(master, signal.SIGTTOU)
+                continue
             if (
                 youngest is not None
                 and ready.get(youngest[0]) == want
@@ -405,7 +489,8 @@ class Reloader:
                 return youngest
             if pending is not None and (pending not in workers or pending[0] in ready):
                 pending = None  # it died, or came up with another configuration: start one now
-            fresh = [w for w in workers if w[0] not in before]
+                if self.preflight_on:
+                    self.preflight(master, result)
             if fresh and ready.get(fresh[-1][0]) not in (None, want):
                 raise ReloadError(
                     f"the new worker {fresh[-1][0]} loaded another configuration (sha256 "
@@ -414,11 +499,17 @@ class Reloader:
                     new_pid=fresh[-1][0],
                     old_pids=result["old_pids"],
                 )
-            # One TTIN; once more if the master shows no new child for a while (a signal lost in a burst).
-            if pending is None and not fresh and (sent == 0 or (sent == 1 and self.clock() - sent_at > SPAWN_SEEN_S)):
-                self.signal(master, signal.SIGTTIN)
-                sent, sent_at = sent + 1, self.clock()
-                self.ttin_sent = sent
+            if pending is None and not fresh:
+                since = self.clock() - sent_at if sent_at is not None else None
+                # One TTIN per draining worker more, one at a time; then once more if the master shows no new
+                # child for a while (a signal lost in a burst).
+                step = sent < budget and (sent == 0 or since > SPAWN_STEP_S)
+                lost = sent >= budget and not resent and since > SPAWN_SEEN_S
+                if step or lost:
+                    resent = resent or lost
+                    self.signal(master, signal.SIGTTIN)
+                    sent, sent_at = sent + 1, self.clock()
+                    self.ttin_sent = sent
             if self.clock() >= deadline:
                 booting = fresh[-1] if fresh else pending
                 state = f"worker {booting[0]} started but is not ready" if booting else "the master started no worker"

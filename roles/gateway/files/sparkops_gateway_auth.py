@@ -147,10 +147,15 @@ async def user_api_key_auth(request, api_key: str):
     return UserAPIKeyAuth(api_key=f"sparkops-key:{name}", token=f"sparkops-key:{name}", key_alias=name, key_name=name)
 
 
+# The reload's check before it asks gunicorn for a worker (preflight, below) imports this module without LiteLLM:
+# importing LiteLLM costs 5-20 s of CPU, and its own failures are the venv's, which restarts the service instead.
+PREFLIGHT_ENV = "SPARKOPS_GATEWAY_PREFLIGHT"
 try:
+    if os.environ.get(PREFLIGHT_ENV):
+        raise ImportError(PREFLIGHT_ENV)
     from litellm.integrations.custom_logger import CustomLogger
     from prometheus_client import Counter
-except ImportError:  # imported by the unit tests without litellm: the auth wrapper still loads
+except ImportError:  # imported by the unit tests without litellm, or by the preflight: the auth wrapper loads
     CustomLogger = object
     Counter = None
 
@@ -319,6 +324,18 @@ def load_secret_files(environ=None) -> list[str]:
             raise RuntimeError(f"{name}_FILE={path} is empty")
         environ[name] = value
         loaded.append(name)
+    return loaded
+
+
+def preflight(environ=None) -> list[str]:
+    """What a new worker does before it imports LiteLLM, without importing it: its secrets readable and not empty,
+    the ready folder's settings whole. The reload runs this (with this module's import: an ImportError or a
+    SyntaxError here counts too), as the gateway's user with the master's environment, BEFORE it asks gunicorn
+    for a worker: a worker that fails while gunicorn loads the app exits 3 before it booted and gunicorn's master
+    halts, stopping the old worker too (gunicorn/arbiter.py:524-532, 611-621). Returns the secrets it read."""
+    environ = dict(os.environ if environ is None else environ)
+    loaded = load_secret_files(environ)
+    ready_marker(environ)
     return loaded
 
 
