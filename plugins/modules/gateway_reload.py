@@ -16,6 +16,11 @@ description:
     digest, then sends C(SIGTTOU), and gunicorn retires its OLDEST worker, which stops accepting and finishes its
     requests. There is always a ready worker; gunicorn's C(SIGHUP) would stop the old workers without waiting
     for the new ones (C(docs/gateway.md), "Reloads").
+  - Before it sends C(SIGTTIN) it checks that a new worker would load the app (the wrapper's import and its
+    secret files, run by the master's Python with the master's environment, as I(user)); if not, it fails and
+    signals nothing, since gunicorn's master stops every worker when a new one fails to boot.
+  - With workers of an earlier reload still finishing their requests, it sends one C(SIGTTIN) per such worker
+    more and as many C(SIGTTOU) once the new worker exists (gunicorn counts a worker until it has exited).
   - If the new worker is not ready within I(timeout) the module fails with the end of the gateway's log and
     signals nothing more; the old worker keeps serving the previous configuration. A later run picks up a
     worker that was still starting.
