@@ -16,11 +16,19 @@ description:
     digest, then sends C(SIGTTOU), and gunicorn retires its OLDEST worker, which stops accepting and finishes its
     requests. There is always a ready worker; gunicorn's C(SIGHUP) would stop the old workers without waiting
     for the new ones (C(docs/gateway.md), "Reloads").
+  - Before it sends C(SIGTTIN) it checks that a new worker would load the app (the wrapper's import and its
+    secret files, run by the master's Python with the master's environment, as I(user)); if not, it fails and
+    signals nothing, since gunicorn's master stops every worker when a new one fails to boot.
+  - With workers of an earlier reload still finishing their requests, it sends one C(SIGTTIN) per such worker
+    more and as many C(SIGTTOU) once the new worker exists (gunicorn counts a worker until it has exited).
   - If the new worker is not ready within I(timeout) the module fails with the end of the gateway's log and
     signals nothing more; the old worker keeps serving the previous configuration. A later run picks up a
     worker that was still starting.
-  - Runs on the gateway's node as root or as the gateway's user (it signals the master and writes
-    C(<pid>.retired) markers in I(ready_dir)).
+  - Runs on the gateway's node as root or as the gateway's I(user). As root it forks a child that becomes
+    I(user) (groups, gid and uid) before it reads anything, because the run folder and everything in it belong to that
+    user, so the reload reads, writes and signals only what that user could. It follows no link there, reads
+    only regular files, and signals only a pid whose process is I(user)'s gunicorn master running the gateway's
+    app (C(/proc/<pid>/status) and C(/proc/<pid>/cmdline)); a pidfile naming anything else is refused.
 version_added: "0.1.0"
 author:
   - sparkops maintainers (!UNKNOWN)
@@ -37,6 +45,10 @@ options:
     description: Where the workers write C(<pid>.ready) (the service's C(SPARKOPS_GATEWAY_READY_DIR)).
     type: path
     default: /run/sparkops-gateway
+  user:
+    description: The gateway's service user (name or uid), which runs gunicorn; never root.
+    type: str
+    default: sparkops-gateway
   timeout:
     description: Seconds to wait for the new worker to be ready (LiteLLM starts in 5-12 s, a minute the first time).
     type: int
@@ -142,6 +154,7 @@ def main() -> None:
             "config": {"type": "path", "required": True},
             "pidfile": {"type": "path", "default": "/run/sparkops-gateway/gunicorn.pid"},
             "ready_dir": {"type": "path", "default": "/run/sparkops-gateway"},
+            "user": {"type": "str", "default": "sparkops-gateway"},
             "timeout": {"type": "int", "default": 180},
             "force": {"type": "bool", "default": False},
             "wait_old_exit": {"type": "bool", "default": False},
@@ -155,14 +168,13 @@ def main() -> None:
     for name in ("timeout", "old_exit_timeout"):
         if p[name] < 1:
             module.fail_json(msg=f"{name}={p[name]}: give a number of seconds of at least 1")
-    reloader = gateway_reload.Reloader(
-        p["pidfile"],
-        p["ready_dir"],
-        p["config"],
-        tail=lambda: gateway_reload.log_tail(p["log_file"], p["unit"]),
-    )
     try:
-        result = reloader.run(
+        result = gateway_reload.reload(
+            p["pidfile"],
+            p["ready_dir"],
+            p["config"],
+            user=p["user"],
+            tail=lambda: gateway_reload.log_tail(p["log_file"], p["unit"]),
             timeout=p["timeout"],
             check_mode=module.check_mode,
             force=p["force"],

@@ -105,12 +105,15 @@ def litellm_config(plan: dict, router: dict | None = None, drained=()) -> dict:
             # /metrics behind the key as well (litellm/__init__.py:194 defaults it on; said here so it stays).
             "require_auth_for_metrics_endpoint": True,
             "drop_params": False,
-            "telemetry": False,
+            # No `telemetry` key: 1.108.7 sets any unknown litellm_settings key as an attribute of litellm
+            # (litellm/proxy/proxy_server.py:6737-6745) that nothing reads; its telemetry is read from the
+            # environment (LITELLM_TELEMETRY_DISABLED: roles/gateway/vars/main.yml).
         },
         "general_settings": {
             "custom_auth": f"{AUTH_MODULE}.user_api_key_auth",
             "disable_spend_logs": True,
-            "disable_admin_ui": True,
+            # No `disable_admin_ui` key: 1.108.7 reads only the environment's DISABLE_ADMIN_UI
+            # (litellm/proxy/common_utils/admin_ui_utils.py:7-8), set in roles/gateway/vars/main.yml.
         },
     }
 

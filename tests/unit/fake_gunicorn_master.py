@@ -6,7 +6,12 @@ What it reproduces, from gunicorn/arbiter.py (23.0.0):
 - TTOU: one worker less, ignored at one worker (handle_ttou, :276-284); manage_workers (:564-576) sorts the
   workers by age and TERMs the OLDEST surplus, again on every pass of the main loop while it has not exited
   (the loop calls manage_workers after each sleep, :206-210), as gunicorn does;
-- a worker that died is replaced (manage_workers -> spawn_workers).
+- a worker that died is replaced (manage_workers -> spawn_workers);
+- a worker loads the app first, as gunicorn's does in init_process (workers/base.py load_wsgi -> util.import_app,
+  util.py:362-417): it imports the app's module (the wrapper, from PYTHONPATH) and runs what the wrapper's `app`
+  runs before LiteLLM's import (load_secret_files). If that raises, the worker exits 3, WORKER_BOOT_ERROR, since
+  it never booted (arbiter.py:611-621), and the master, reaping an exit 3 or 4, halts: it stops every worker, the
+  serving one too, removes its pidfile and exits (arbiter.py:524-532, halt :339-351, stop :372-397).
 A worker here: after BOOT_S (LiteLLM's import and startup) it writes `<ready_dir>/<pid>.ready` holding the
 SHA-256 of the config as it reads it then, as the app wrapper does, unless the file `<ready_dir>/hang` exists
 (a worker that never becomes ready); on SIGTERM it withdraws that file (as sparkops_gateway_worker.py does when
@@ -15,20 +20,27 @@ uvicorn/server.py:281-311) and exits. No kinder than gunicorn: a
 second TERM does not hurry it (uvicorn forces only on a second SIGINT, server.py:351-356). The file
 `<ready_dir>/lose-ttou` makes it drop the next TTOU once, as a signal coalesced with another would be.
 
-python fake_gunicorn_master.py PIDFILE READY_DIR CONFIG BOOT_S DRAIN_S
+Run it as gunicorn is run (the role's argv: `.../bin/gunicorn sparkops_gateway_auth:app ...`): through a link
+named `gunicorn`, the app as the first argument, so its /proc/<pid>/cmdline is what the reload checks for
+(gateway_reload.check_master); the helpers start it as a throwaway uid when the tests run as root.
+
+python .../gunicorn APP PIDFILE READY_DIR CONFIG BOOT_S DRAIN_S
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import importlib
 import os
 import signal
 import sys
 import time
 from pathlib import Path
 
-PIDFILE, READY, CONFIG = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
-BOOT_S, DRAIN_S = float(sys.argv[4]), float(sys.argv[5])
+APP = sys.argv[1]
+PIDFILE, READY, CONFIG = sys.argv[2], Path(sys.argv[3]), Path(sys.argv[4])  # argv[1]: the app, as gunicorn's
+BOOT_S, DRAIN_S = float(sys.argv[5]), float(sys.argv[6])
 LIFETIME_S = 120  # bounded: a master a test forgot still ends
 
 
@@ -40,6 +52,12 @@ def worker() -> None:
     me = os.getpid()
     ready = READY / f"{me}.ready"
     end = time.monotonic() + LIFETIME_S
+    try:  # gunicorn's load_wsgi: the app's module, then its `app` (up to where LiteLLM would be imported)
+        module = importlib.import_module(APP.partition(":")[0])
+        getattr(module, "load_secret_files", lambda: None)()
+    except Exception as err:  # noqa: BLE001 - as spawn_worker's `except Exception` (arbiter.py:618-620)
+        sys.stderr.write(f"Exception in worker process: {err!r}\n")
+        os._exit(3)
     time.sleep(BOOT_S)
     if not (READY / "hang").exists():
         digest = hashlib.sha256(CONFIG.read_bytes()).hexdigest()
@@ -65,15 +83,27 @@ def main() -> None:
             worker()
         workers[pid] = state["age"]
 
+    def halt(code):
+        for pid in workers:  # stop(): TERM, then KILL what is left (its graceful timeout cut short here)
+            os.kill(pid, signal.SIGTERM)
+        time.sleep(0.5)
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        Path(PIDFILE).unlink(missing_ok=True)
+        os._exit(code)
+
     def manage():
         while True:
             try:
-                pid, _status = os.waitpid(-1, os.WNOHANG)
+                pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 break
             if not pid:
                 break
             workers.pop(pid, None)
+            if os.WIFEXITED(status) and os.WEXITSTATUS(status) in (3, 4):  # WORKER_BOOT_ERROR, APP_LOAD_ERROR
+                halt(os.WEXITSTATUS(status))
         while len(workers) < state["num"]:
             spawn()
         by_age = sorted(workers.items(), key=lambda w: w[1])

@@ -9,6 +9,7 @@ import importlib.util
 import sys
 
 import pytest
+import yaml
 from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "plugins" / "module_utils"))  # `import gateway_keys`, as installed beside it
@@ -17,7 +18,7 @@ _spec = importlib.util.spec_from_file_location(
 )
 auth = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(auth)
-KEYS = {"sk-good": "alice"}
+KEYS = {"sk-good": "alice", "sk-prom": "sparkops-prometheus"}
 
 
 class FakeStore:
@@ -29,7 +30,7 @@ class FakeStore:
         return KEYS.get(key)
 
 
-def run(scope_type, path, headers):
+def run(scope_type, path, headers, metrics_keys=frozenset({"sparkops-prometheus"})):
     seen, sent = [], []
 
     async def inner(scope, receive, send):
@@ -44,7 +45,7 @@ def run(scope_type, path, headers):
 
     store = FakeStore()
     scope = {"type": scope_type, "path": path, "headers": headers}
-    asyncio.run(auth.RequireKeyEverywhere(inner, store)(scope, receive, send))
+    asyncio.run(auth.RequireKeyEverywhere(inner, store, metrics_keys=metrics_keys)(scope, receive, send))
     return seen, sent, store
 
 
@@ -69,6 +70,85 @@ def test_websocket_without_a_key_is_closed_as_policy_violation():
 def test_an_active_key_passes_and_is_looked_up_by_the_store():
     seen, sent, store = run("http", "/v1/models", [(b"authorization", b"Bearer sk-good")])
     assert seen == ["/v1/models"] and sent[0]["status"] == 200 and store.asked == ["sk-good"]
+
+
+CLIENT = [(b"authorization", b"Bearer sk-good")]
+PROMETHEUS = [(b"authorization", b"Bearer sk-prom")]
+# What a client key reached before (each answered 2xx to a client key on LiteLLM 1.108.7), LiteLLM's other
+# surfaces, and spellings that are not the allowed paths (Starlette routes on the exact path).
+NOT_FOR_CLIENTS = [
+    "/model/info",
+    "/v1/model/info",
+    "/routes",
+    "/settings",
+    "/debug/asyncio-tasks",
+    "/ui",
+    "/ui/",
+    "/health",
+    "/health/liveliness",
+    "/metrics",
+    "/metrics/",
+    "/openapi.json",
+    "/docs",
+    "/key/generate",
+    "/user/info",
+    "/v1/embeddings",
+    "/v1/messages",
+    "/openai/deployments/tiny/chat/completions",
+    "/v1/models/tiny",
+    "/v1/chat/completions/",
+    "//v1/chat/completions",
+    "/V1/chat/completions",
+    "/v1/chat/completions/../../routes",
+    "/",
+    "",
+]
+
+
+@pytest.mark.parametrize("path", sorted(auth.CLIENT_PATHS))
+def test_a_client_key_reaches_the_openai_routes(path):
+    seen, sent, _store = run("http", path, CLIENT)
+    assert seen == [path] and sent[0]["status"] == 200
+
+
+@pytest.mark.parametrize("path", NOT_FOR_CLIENTS)
+def test_a_client_key_gets_404_anywhere_else_and_litellm_never_sees_it(path):
+    seen, sent, store = run("http", path, CLIENT)
+    assert seen == [] and sent[0]["status"] == 404 and store.asked == ["sk-good"]
+    assert (b"www-authenticate", b"Bearer") not in sent[0]["headers"] and b"sk-" not in sent[1]["body"]
+
+
+@pytest.mark.parametrize("path", ["/metrics", "/metrics/"])
+def test_prometheus_key_reads_metrics_and_nothing_else(path):
+    seen, sent, _store = run("http", path, PROMETHEUS)
+    assert seen == [path] and sent[0]["status"] == 200
+    for other in ("/v1/chat/completions", "/v1/models", "/model/info", "/metrics/x"):
+        seen, sent, _store = run("http", other, PROMETHEUS)
+        assert seen == [] and sent[0]["status"] == 404, other
+
+
+def test_an_unknown_key_is_401_on_an_allowed_path_too_and_a_client_websocket_is_closed():
+    seen, sent, _store = run("http", "/v1/chat/completions", [(b"authorization", b"Bearer sk-bad")])
+    assert seen == [] and sent[0]["status"] == 401
+    seen, sent, _store = run("websocket", "/v1/realtime", CLIENT)
+    assert seen == [] and sent == [{"type": "websocket.close", "code": 1008}]
+
+
+def test_the_metrics_keys_come_from_the_environment():
+    assert auth.metrics_keys({auth.METRICS_KEYS_ENV: " sparkops-prometheus, other ,"}) == {
+        "sparkops-prometheus",
+        "other",
+    }
+    assert auth.metrics_keys({}) == frozenset()
+    # Without a metrics key named, /metrics is for nobody (a client key included).
+    seen, sent, _store = run("http", "/metrics", PROMETHEUS, metrics_keys=frozenset())
+    assert seen == [] and sent[0]["status"] == 404
+
+
+def test_the_service_names_prometheus_key_as_the_monitoring_role_makes_it():
+    env = yaml.safe_load((ROOT / "roles/gateway/vars/main.yml").read_text())["gateway_environment"]
+    name = yaml.safe_load((ROOT / "roles/monitoring/defaults/main.yml").read_text())["monitoring_gateway_key_name"]
+    assert env[auth.METRICS_KEYS_ENV] == f"{{{{ monitoring_gateway_key_name | default('{name}') }}}}"
 
 
 def test_lifespan_passes_untouched():

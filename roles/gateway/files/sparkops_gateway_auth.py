@@ -13,6 +13,9 @@ and to three counters of our own on the proxy's /metrics.
 The paths that do not go through user_api_key_auth (FastAPI routes without the dependency: the UI, /health/*
 probes, static files, ...) are closed by RequireKeyEverywhere, an ASGI wrapper the gateway is started through
 (see `app` below): it asks the same store for the key on every HTTP and WebSocket request before LiteLLM sees it.
+With a key it lets through only the OpenAI routes the gateway is for (CLIENT_PATHS) and, for the keys named in
+SPARKOPS_GATEWAY_METRICS_KEYS (Prometheus'), only /metrics; every other path is 404 before LiteLLM sees it. A
+client key reaches none of LiteLLM's admin, debug, health, settings or UI routes, and no other client's usage.
 
 Configuration comes from the environment: SPARKOPS_GATEWAY_DB is a libpq connection string without a password
 (a peer-authenticated Unix socket on the head, or PGPASSFILE for TCP); no key is ever in it. The two secrets
@@ -42,6 +45,28 @@ import gateway_keys  # plugins/module_utils/gateway_keys.py, installed beside th
 import gateway_reload  # plugins/module_utils/gateway_reload.py, beside this file (the master imported it)
 
 DB_ENV = "SPARKOPS_GATEWAY_DB"
+# The names of the keys that may read /metrics (and nothing else): Prometheus' (roles/monitoring). Comma-separated.
+METRICS_KEYS_ENV = "SPARKOPS_GATEWAY_METRICS_KEYS"
+# What a client key may ask: the OpenAI routes LiteLLM serves for the config's models (chat and text completions,
+# the Responses API, the model list), with and without /v1, as LiteLLM 1.108.7 mounts them (litellm/proxy/
+# proxy_server.py:11835-11837 models, 12255-12260 chat, 12428-12429 completions; response_api_endpoints/
+# endpoints.py:238-244 responses). Exact paths, compared with the ASGI scope's path, which is what Starlette
+# routes on (percent-decoded, no query).
+CLIENT_PATHS = frozenset(
+    {
+        "/v1/chat/completions",
+        "/chat/completions",
+        "/v1/completions",
+        "/completions",
+        "/v1/responses",
+        "/responses",
+        "/v1/models",
+        "/models",
+    }
+)
+# LiteLLM's Prometheus app is mounted at /metrics (litellm/integrations/prometheus.py:4849); Starlette answers /metrics
+# with a redirect to /metrics/, which Prometheus' scrape config names (roles/monitoring/templates/prometheus.yml.j2).
+METRICS_PATHS = frozenset({"/metrics", "/metrics/"})
 READY_DIR_ENV = "SPARKOPS_GATEWAY_READY_DIR"
 CONFIG_ENV = "CONFIG_FILE_PATH"  # LiteLLM's (litellm/proxy/proxy_server.py:1442)
 # A worker whose LiteLLM startup failed waits this long, then exits 1 (see ReadyMarker): gunicorn's master
@@ -141,10 +166,15 @@ async def user_api_key_auth(request, api_key: str):
     return UserAPIKeyAuth(api_key=f"sparkops-key:{name}", token=f"sparkops-key:{name}", key_alias=name, key_name=name)
 
 
+# The reload's check before it asks gunicorn for a worker (preflight, below) imports this module without LiteLLM:
+# importing LiteLLM costs 5-20 s of CPU, and its own failures are the venv's, which restarts the service instead.
+PREFLIGHT_ENV = "SPARKOPS_GATEWAY_PREFLIGHT"
 try:
+    if os.environ.get(PREFLIGHT_ENV):
+        raise ImportError(PREFLIGHT_ENV)
     from litellm.integrations.custom_logger import CustomLogger
     from prometheus_client import Counter
-except ImportError:  # imported by the unit tests without litellm: the auth wrapper still loads
+except ImportError:  # imported by the unit tests without litellm, or by the preflight: the auth wrapper loads
     CustomLogger = object
     Counter = None
 
@@ -177,16 +207,29 @@ class UsageCallback(CustomLogger):
 usage_callback = UsageCallback()
 
 
+def metrics_keys(environ=None) -> frozenset:
+    environ = os.environ if environ is None else environ
+    return frozenset(n.strip() for n in environ.get(METRICS_KEYS_ENV, "").split(",") if n.strip())
+
+
 class RequireKeyEverywhere:
-    """ASGI wrapper: every HTTP and WebSocket request needs an active key, before LiteLLM routes it.
+    """ASGI wrapper: every HTTP and WebSocket request needs an active key, before LiteLLM routes it, and then a
+    path that key may ask for.
 
     LiteLLM's custom_auth runs only where a route depends on user_api_key_auth; this closes the others
-    (unknown paths too) with the same key store, answering 401 without touching the inner app."""
+    (unknown paths too) with the same key store, answering 401 without touching the inner app. A known key gets
+    CLIENT_PATHS only, a metrics key (`metrics_keys`, Prometheus') METRICS_PATHS only: anything else is 404,
+    as if the route did not exist, so LiteLLM's admin and debug surface is not there for a client key."""
 
-    def __init__(self, inner, key_store=None, ready=None):
+    def __init__(self, inner, key_store=None, ready=None, metrics_keys=None):
         self.inner = inner
         self._store = key_store
         self._ready = ready
+        self._metrics_keys = metrics_keys
+
+    def allowed(self, name: str, path: str) -> bool:
+        keys = self._metrics_keys if self._metrics_keys is not None else metrics_keys()
+        return path in (METRICS_PATHS if name in keys else CLIENT_PATHS)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "lifespan" and self._ready is not None:
@@ -197,20 +240,24 @@ class RequireKeyEverywhere:
             key_store = self._store or store()
             name = await asyncio.to_thread(key_store.name_for, token) if token else None
             if name is None:
-                if scope["type"] == "websocket":
-                    await send({"type": "websocket.close", "code": 1008})
-                    return
-                body = json.dumps({"error": {"message": "invalid or revoked API key", "code": 401}}).encode()
-                await send(
-                    {
-                        "type": "http.response.start",
-                        "status": 401,
-                        "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")],
-                    }
-                )
-                await send({"type": "http.response.body", "body": body})
+                await self._refuse(scope, send, 401, "invalid or revoked API key")
+                return
+            if not self.allowed(name, scope.get("path") or ""):
+                await self._refuse(scope, send, 404, "not found")
                 return
         await self.inner(scope, receive, send)
+
+    @staticmethod
+    async def _refuse(scope, send, status: int, message: str) -> None:
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        body = json.dumps({"error": {"message": message, "code": status}}).encode()
+        headers = [(b"content-type", b"application/json")]
+        if status == 401:
+            headers.append((b"www-authenticate", b"Bearer"))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
 
 
 class ReadyMarker:
@@ -296,6 +343,18 @@ def load_secret_files(environ=None) -> list[str]:
             raise RuntimeError(f"{name}_FILE={path} is empty")
         environ[name] = value
         loaded.append(name)
+    return loaded
+
+
+def preflight(environ=None) -> list[str]:
+    """What a new worker does before it imports LiteLLM, without importing it: its secrets readable and not empty,
+    the ready folder's settings whole. The reload runs this (with this module's import: an ImportError or a
+    SyntaxError here counts too), as the gateway's user with the master's environment, BEFORE it asks gunicorn
+    for a worker: a worker that fails while gunicorn loads the app exits 3 before it booted and gunicorn's master
+    halts, stopping the old worker too (gunicorn/arbiter.py:524-532, 611-621). Returns the secrets it read."""
+    environ = dict(os.environ if environ is None else environ)
+    loaded = load_secret_files(environ)
+    ready_marker(environ)
     return loaded
 
 

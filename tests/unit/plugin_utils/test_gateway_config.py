@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
+import yaml
 from ansible_collections.sparkops.cluster.plugins.plugin_utils import gateway
 from test_serving_plan import plan_of_only
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_todays_plan_gives_one_entry_at_the_deployments_endpoint():
@@ -203,3 +207,18 @@ def test_the_filter_passes_drained_and_turns_refusals_into_ansible_errors():
     ]
     with pytest.raises(AnsibleFilterError, match="no replica"):
         render(plan, ["second-0"])
+
+
+def test_no_setting_litellm_ignores_and_the_environment_sets_what_it_reads():
+    """LiteLLM 1.108.7 takes the admin UI's switch and the telemetry veto from the environment only
+    (litellm/proxy/common_utils/admin_ui_utils.py:7-8; litellm/proxy/telemetry/settings.py:12, 34-40): keys in
+    the config did nothing (general_settings.disable_admin_ui is read nowhere; litellm_settings.telemetry only
+    sets an unused attribute, proxy_server.py:6737-6745)."""
+    cfg = gateway.litellm_config(plan_of_only())
+    assert "telemetry" not in cfg["litellm_settings"]
+    assert "disable_admin_ui" not in cfg["general_settings"]
+    env = yaml.safe_load((ROOT / "roles/gateway/vars/main.yml").read_text())["gateway_environment"]
+    # The exact spelling each reader accepts: str_to_bool takes "true"/"false" (secret_managers/main.py:133-141),
+    # ui_discovery_endpoints.py:27 compares the lowered value with "true", pydantic's bool takes "true".
+    assert env["DISABLE_ADMIN_UI"] == "true"
+    assert env["LITELLM_TELEMETRY_DISABLED"] == "true"

@@ -10,6 +10,7 @@ replicas killed requests still succeed; per-key requests and tokens are on /metr
 
 from __future__ import annotations
 
+import ast
 import http.client
 import importlib.util
 import json
@@ -163,6 +164,40 @@ def _plan(doubles) -> dict:
     }
 
 
+# The service's environment as the role writes it, where it is not a path of the head's (roles/gateway/vars/main.yml
+# gateway_environment): the admin UI's and telemetry's switches, and Prometheus' key name for /metrics.
+_ROLE_ENV = yaml.safe_load((ROOT / "roles" / "gateway" / "vars" / "main.yml").read_text())["gateway_environment"]
+ROLE_ENV = {k: _ROLE_ENV[k] for k in ("DISABLE_ADMIN_UI", "LITELLM_TELEMETRY_DISABLED")}
+ROLE_ENV["SPARKOPS_GATEWAY_METRICS_KEYS"] = PROMETHEUS = "sparkops-prometheus"
+# The app's own route list, read in a process of its own (the proxy answers /openapi.json to no key now): every
+# operation of its OpenAPI plus the routes it does not document (mounts, the UI, its static files).
+ROUTES = r"""
+import json, os
+from litellm.proxy.proxy_server import app
+paths = {p: sorted(ops) for p, ops in app.openapi()["paths"].items()}
+for route in app.routes:
+    path = getattr(route, "path", None)
+    if path and path not in paths:
+        paths[path] = sorted(m.lower() for m in (getattr(route, "methods", None) or {"GET"}))
+print(json.dumps(paths))
+"""
+
+
+@pytest.fixture(scope="module")
+def app_routes(tmp_path_factory):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LITELLM", "DATABASE_URL", "OPENAI"))}
+    env.update(LITELLM_LOCAL_MODEL_COST_MAP="True", LITELLM_MASTER_KEY="sk-" + os.urandom(16).hex(), **ROLE_ENV)
+    out = subprocess.run(
+        [sys.executable, "-c", ROUTES], env=env, capture_output=True, text=True, timeout=240, check=True
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _operations(paths: dict) -> list[tuple[str, str]]:
+    tried = [(m.upper(), p.replace("{", "x").replace("}", "")) for p, ops in paths.items() for m in ops]
+    return [(m, p) for m, p in tried if m in {"GET", "POST", "PUT", "PATCH", "DELETE"}]
+
+
 @pytest.fixture(scope="module")
 def gw(pg, doubles, tmp_path_factory):
     folder = tmp_path_factory.mktemp("gw")
@@ -181,6 +216,7 @@ def gw(pg, doubles, tmp_path_factory):
         PYTHONPATH=f"{GW_FILES}{os.pathsep}{ROOT / 'plugins' / 'module_utils'}",
         PYTHONUNBUFFERED="1",
     )
+    env.update(ROLE_ENV)
     argv = [sys.executable, "-m", "uvicorn", "sparkops_gateway_auth:app", "--host", "127.0.0.1", "--port", str(port)]
     log = folder / "gateway.log"
     proc = _start(argv, env, log)
@@ -198,6 +234,12 @@ def _key(db, name: str) -> str:
     key = gateway_keys.create(db, name)
     assert key is not None
     return key
+
+
+def _metrics_key(db) -> str:
+    """Prometheus' key (one per run of the module: made again after a revoke)."""
+    gateway_keys.revoke(db, PROMETHEUS)
+    return _key(db, PROMETHEUS)
 
 
 def _client(port: int, key: str):
@@ -232,23 +274,52 @@ def test_models_lists_both_served_models(gw, db):
     assert sorted(m.id for m in _client(port, key).models.list()) == ["tiny", "tiny-b"]
 
 
-def test_without_a_key_every_path_of_the_app_is_refused(gw, db):
-    """Every route the app has (its own OpenAPI, read with a key) plus the hidden and unknown ones: 401."""
+def _client_paths() -> set:
+    """sparkops_gateway_auth.CLIENT_PATHS, read from its source (importing it here would import LiteLLM)."""
+    tree = ast.parse((GW_FILES / "sparkops_gateway_auth.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "CLIENT_PATHS":
+            return set(ast.literal_eval(node.value.args[0]))
+    raise AssertionError("CLIENT_PATHS not found")
+
+
+HIDDEN = ["/", "/metrics", "/metrics/", "/ui", "/ui/", "/docs", "/redoc", "/health/liveliness", "/nope"]
+
+
+def test_without_a_key_every_path_of_the_app_is_refused(gw, db, app_routes):
+    """Every route the app has (its own OpenAPI and route table) plus the hidden and unknown ones: 401."""
     port, _proc = gw
     key = gateway_keys.create(db, "prober") or pytest.fail("key not made")
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    conn.request("GET", "/openapi.json", headers={"Authorization": f"Bearer {key}"})
-    paths = json.loads(conn.getresponse().read())["paths"]
-    conn.close()
-    hidden = ["/", "/metrics", "/metrics/", "/ui", "/ui/", "/docs", "/redoc", "/health/liveliness", "/nope"]
-    tried = [(m.upper(), p.replace("{", "x").replace("}", "")) for p, ops in paths.items() for m in ops]
-    tried = [(m, p) for m, p in tried if m in {"GET", "POST", "PUT", "PATCH", "DELETE"}]
-    tried += [("GET", p) for p in hidden]
+    tried = _operations(app_routes) + [("GET", p) for p in HIDDEN]
     assert len(tried) > 500  # the proxy's many routes (966 operations in litellm 1.108.7)
     for bad_key in (None, "sk-sparkops-not-a-key", gateway_keys.digest(key)):
         answered = {(m, p): _status(port, m, p, bad_key) for m, p in tried[:: 1 if bad_key is None else 25]}
         assert {k: v for k, v in answered.items() if v != 401} == {}
     FIGURES["paths_refused"] = len(tried)
+
+
+def test_a_client_key_reaches_the_openai_routes_only(gw, db, app_routes):
+    """The route sweep with an active client key: every operation of the app, and the hidden paths, answer 404
+    except the OpenAI routes the gateway is for (before, 100 of 966 answered 2xx: /model/info, /routes,
+    /settings, /debug/asyncio-tasks, /ui/, /health, /metrics, ...). /metrics is Prometheus' key's alone."""
+    port, _proc = gw
+    key = _key(db, "sweeper")
+    prometheus = _metrics_key(db)
+    allowed = _client_paths()
+    assert allowed <= set(app_routes)  # each allowed path is one of the app's real routes
+    assert {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models"} <= allowed
+    tried = _operations(app_routes) + [("GET", p) for p in HIDDEN]
+    answered = {(m, p): _status(port, m, p, key) for m, p in tried}
+    leaked = {k: v for k, v in answered.items() if v != 404 and k[1] not in allowed}
+    assert leaked == {}
+    served = {k: v for k, v in answered.items() if k[1] in allowed}
+    assert served and all(v not in (401, 404) for v in served.values()), served
+    FIGURES["paths_404_to_a_client"] = sum(v == 404 for v in answered.values())
+    # /metrics: Prometheus' key only, and that key nothing else.
+    assert _status(port, "GET", "/metrics/", key) == 404
+    assert _status(port, "GET", "/metrics/", prometheus) == 200
+    for m, p in [("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("GET", "/model/info"), ("GET", "/ui/")]:
+        assert _status(port, m, p, prometheus) == 404, p
 
 
 def test_a_revoked_key_is_refused_within_seconds_without_a_restart(gw, db):
@@ -286,8 +357,9 @@ def test_per_key_usage_is_on_metrics_behind_the_key_and_in_the_store(gw, db):
     for _ in range(3):
         client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "a b c"}], max_tokens=4)
     assert _status(port, "GET", "/metrics/") == 401
+    assert _status(port, "GET", "/metrics/", key) == 404  # a client key sees no other client's usage
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    conn.request("GET", "/metrics/", headers={"Authorization": f"Bearer {key}"})
+    conn.request("GET", "/metrics/", headers={"Authorization": f"Bearer {_metrics_key(db)}"})
     text = conn.getresponse().read().decode()
     conn.close()
     assert 'sparkops_gateway_requests_total{key="carol"} 3.0' in text
@@ -321,7 +393,7 @@ def test_with_one_replica_killed_requests_still_succeed(gw, db, doubles):
         assert chat.usage.completion_tokens == 2
     FIGURES["failover_worst_s"] = round(max(times), 2)
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    conn.request("GET", "/metrics/", headers={"Authorization": "Bearer " + _key(db, "eve")})
+    conn.request("GET", "/metrics/", headers={"Authorization": "Bearer " + _metrics_key(db)})
     text = conn.getresponse().read().decode()
     conn.close()
     # LiteLLM cooled the dead replica down: later requests are not even tried there.

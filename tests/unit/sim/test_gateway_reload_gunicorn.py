@@ -114,7 +114,12 @@ def test_clients_streaming_through_config_changes_see_no_failure(tmp_path):
         for version in (1, 2, 3):
             config.write_text(f"version {version}\n")
             reloader = gr.Reloader(
-                run / "gunicorn.pid", run, config, tail=lambda: gr.log_tail(tmp_path / "gunicorn.log")
+                run / "gunicorn.pid",
+                run,
+                config,
+                uid=os.geteuid(),
+                app="standin_app:app",
+                tail=lambda: gr.log_tail(tmp_path / "gunicorn.log"),
             )
             results.append(reloader.run(timeout=60, wait_old_exit=True, old_exit_timeout=60))
             time.sleep(2.5)
@@ -128,7 +133,12 @@ def test_clients_streaming_through_config_changes_see_no_failure(tmp_path):
             assert res["changed"] and res["old_exited"] and len(res["old_pids"]) == 1
             assert 1.5 <= res["switch_s"] < 30  # it waited for the new worker's startup
         assert [pid for pid, _s in gr.children(master.pid)] == [results[-1]["new_pid"]]
-        assert gr.Reloader(run / "gunicorn.pid", run, config).run(timeout=10)["changed"] is False
+        assert (
+            gr.Reloader(run / "gunicorn.pid", run, config, uid=os.geteuid(), app="standin_app:app").run(timeout=10)[
+                "changed"
+            ]
+            is False
+        )
     finally:
         stop.set()
         master.send_signal(signal.SIGTERM)

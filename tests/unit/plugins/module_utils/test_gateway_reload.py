@@ -5,6 +5,7 @@ whose workers write the ready file the app wrapper writes."""
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 import sys
 import time
@@ -120,16 +121,16 @@ def test_no_pidfile_or_a_dead_master_says_to_start_the_gateway(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text("x")
     with pytest.raises(gr.ReloadError, match="not running under gunicorn"):
-        gr.Reloader(tmp_path / "none.pid", tmp_path, config).run(timeout=1)
+        gr.Reloader(tmp_path / "none.pid", tmp_path, config, uid=os.geteuid()).run(timeout=1)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])  # noqa: S603
     dead.wait()
     (tmp_path / "g.pid").write_text(f"{dead.pid}\n")
     with pytest.raises(gr.ReloadError, match="is not running") as err:
-        gr.Reloader(tmp_path / "g.pid", tmp_path, config, tail=lambda: "why").run(timeout=1)
+        gr.Reloader(tmp_path / "g.pid", tmp_path, config, uid=os.geteuid(), tail=lambda: "why").run(timeout=1)
     assert err.value.details["log"] == "why"
     (tmp_path / "g.pid").write_text("garbage")
     with pytest.raises(gr.ReloadError, match="not a pid"):
-        gr.Reloader(tmp_path / "g.pid", tmp_path, config).run(timeout=1)
+        gr.Reloader(tmp_path / "g.pid", tmp_path, config, uid=os.geteuid()).run(timeout=1)
 
 
 def test_proc_stat_reads_a_command_name_with_spaces_and_parentheses(tmp_path):

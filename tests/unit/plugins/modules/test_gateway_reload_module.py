@@ -3,9 +3,12 @@ The reload's cases in depth: tests/unit/plugins/module_utils/test_gateway_reload
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import pytest
 from ansible_collections.sparkops.cluster.plugins.modules import gateway_reload as mod
-from gateway_reload_helpers import Master
+from gateway_reload_helpers import THROWAWAY_UID, Master, as_root, world_dir
 from module_runner import run_module
 
 
@@ -17,7 +20,7 @@ def master(tmp_path):
 
 
 def args(m, **kw):
-    return {"config": str(m.config), "pidfile": str(m.pidfile), "ready_dir": str(m.ready), **kw}
+    return {"config": str(m.config), "pidfile": str(m.pidfile), "ready_dir": str(m.ready), "user": str(m.uid), **kw}
 
 
 def test_check_mode_then_a_real_switch_then_nothing(master):
@@ -42,10 +45,22 @@ def test_a_worker_never_ready_fails_with_the_log_and_keeps_the_old_one(master, t
     assert old in master.workers() and (master.ready / f"{old}.ready").exists()
 
 
-def test_bad_timeouts_and_a_missing_pidfile_are_refused(tmp_path):
-    config = tmp_path / "c.yaml"
-    config.write_text("x")
-    r = run_module(mod, {"config": str(config), "pidfile": str(tmp_path / "none"), "timeout": 0})
-    assert r["failed"] and "timeout=0" in r["msg"]
-    r = run_module(mod, {"config": str(config), "pidfile": str(tmp_path / "none"), "ready_dir": str(tmp_path)})
-    assert r["failed"] and "start it" in r["msg"].lower()
+def test_bad_timeouts_a_missing_pidfile_and_a_root_or_unknown_user_are_refused(tmp_path):
+    base = world_dir() if as_root() else tmp_path
+    try:
+        config = base / "c.yaml"
+        config.write_text("x")
+        config.chmod(0o644)
+        user = str(THROWAWAY_UID if as_root() else os.geteuid())
+        common = {"config": str(config), "pidfile": str(base / "none"), "ready_dir": str(base), "user": user}
+        r = run_module(mod, {**common, "timeout": 0})
+        assert r["failed"] and "timeout=0" in r["msg"]
+        r = run_module(mod, common)
+        assert r["failed"] and "start it" in r["msg"].lower()
+        r = run_module(mod, {**common, "user": "root"})
+        assert r["failed"] and "user is root" in r["msg"]
+        r = run_module(mod, {**common, "user": "no-such-user-here"})
+        assert r["failed"] and "does not exist" in r["msg"]
+    finally:
+        if as_root():
+            shutil.rmtree(base)
