@@ -124,28 +124,6 @@ def test_the_forwarding_script_changes_nothing_in_check_mode(tmp_path):
     assert calls and all(c[1] in ("-C", "-n") for c in calls)
 
 
-# ----------------------------------------------------------------------------- Ray's firewall
-@pytest.mark.parametrize("hostile", HOSTILE)
-def test_the_ray_firewall_passes_netdevs_as_one_argument(tmp_path, hostile):
-    mark = tmp_path / "pwned"
-    dev = hostile.format(mark=mark)
-    ports = {
-        "ray_cluster_gcs_port": 6379, "ray_cluster_dashboard_port": 8265, "ray_cluster_client_port": 10001,
-        "ray_cluster_node_manager_port": 6381, "ray_cluster_runtime_env_agent_port": 6385,
-        "ray_cluster_dashboard_agent_listen_port": 52365, "ray_cluster_min_worker_port": 20000,
-        "ray_cluster_max_worker_port": 20999,
-    }  # fmt: skip
-    script = render_task(ROOT / "roles/ray_cluster/tasks/firewall.yml",
-                         "Keep Ray's ports to loopback and the fast links (iptables chain SPARKOPS-RAY)",
-                         sparkops_node={"netdevs": ["enp1s0f1np1", dev]},
-                         ansible_check_mode=False, **ports)  # fmt: skip
-    calls = run_with_recorder(tmp_path, script)
-    assert not mark.exists()
-    returns = [c for c in calls if c[1] == "-I" and c[2] == "SPARKOPS-RAY"]
-    assert [c[c.index("-i") + 1] for c in returns] == ["lo", "enp1s0f1np1", dev]
-    assert [c[c.index("--comment") + 1] for c in returns][-1] == f"sparkops: Ray from {dev}"
-
-
 # --------------------------------------------------------------------- the upgrade's watchdog pause
 @pytest.mark.parametrize("hostile", HOSTILE)
 def test_the_upgrade_pauses_the_watchdog_by_its_quoted_name(tmp_path, hostile):

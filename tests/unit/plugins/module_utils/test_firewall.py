@@ -76,7 +76,7 @@ def test_ipv6_chain_passes_loopback_and_icmpv6_and_drops_the_fast_links_without_
     ]
     assert r["jumps"] == [r["jump"]] and r["jump"][5] == "6379,6381:6382"
     v4 = fw.chain_rules("SPARKOPS-RAY", ["6379"], ["eth1"], ["10.1.0.0/16", "fd00:5::/64"], "Ray", family=4)
-    assert "fd00:5::/64" not in str(v4) and ["-s", "10.1.0.0/16"] == v4["chain"][2][:2]
+    assert "fd00:5::/64" not in str(v4) and v4["chain"][2][:2] == ["-s", "10.1.0.0/16"]
     with_link = fw.chain_rules("SPARKOPS-RAY", ["6379"], ["eth1"], [], "Ray", family=6, interfaces6=["eth1"])
     assert with_link["chain"][2][:2] == ["-i", "eth1"]
 
@@ -244,7 +244,13 @@ def test_the_module_against_the_real_iptables_in_a_private_network_namespace():
         pytest.skip("iptables does not work in a new network namespace here")
     res = subprocess.run(
         [
-            "unshare", "-n", sys.executable, "-c", REAL_IPTABLES, str(COLLECTIONS), str(ROOT / "tests" / "unit"),
+            "unshare",
+            "-n",
+            sys.executable,
+            "-c",
+            REAL_IPTABLES,
+            str(COLLECTIONS),
+            str(ROOT / "tests" / "unit"),
             str(ROOT / "roles" / "firewall_boot" / "files" / "sparkops-firewall-restore"),
         ],  # fmt: skip
         # the child imports the collection as this process does (ansible-test units puts it elsewhere)
@@ -255,3 +261,30 @@ def test_the_module_against_the_real_iptables_in_a_private_network_namespace():
         check=False,
     )
     assert res.returncode == 0 and res.stdout.strip().endswith("OK"), res.stdout + res.stderr
+
+
+@pytest.mark.parametrize(
+    ("tasks", "chain"),
+    [
+        ("roles/ray_cluster/tasks/firewall.yml", "SPARKOPS-RAY"),
+        ("roles/vllm_serve/tasks/firewall.yml", "SPARKOPS-API"),
+        ("roles/vllm_serve/tasks/firewall.yml", "SPARKOPS-MP"),
+        ("roles/gateway/tasks/firewall.yml", "SPARKOPS-GATEWAY"),
+        ("roles/monitoring/tasks/main.yml", "SPARKOPS-MONITORING"),
+    ],
+)
+def test_every_input_chain_goes_through_the_module_for_both_families_and_a_rules_file(tasks, chain):
+    """No shell builds an INPUT chain: the module keeps IPv4 and IPv6 (its default families) and writes the rules
+    file the boot restore loads; no task narrows it to one family or turns the file off."""
+    import yaml  # noqa: PLC0415
+    from conftest import ROOT  # noqa: PLC0415
+
+    found = [
+        t["sparkops.cluster.iptables_chain"]
+        for t in yaml.safe_load((ROOT / tasks).read_text())
+        if (t.get("sparkops.cluster.iptables_chain") or {}).get("chain") == chain
+    ]
+    assert len(found) == 1, f"{tasks} has no iptables_chain task for {chain}"
+    assert "families" not in found[0] and "rules_dir" not in found[0]
+    if chain == "SPARKOPS-MP":  # the ranks' ephemeral ports: everything to the fast-link addresses
+        assert found[0]["destinations"] == "{{ sparkops_node.ips }}"
