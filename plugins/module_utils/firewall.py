@@ -192,19 +192,42 @@ RULES_DIR = "/etc/sparkops/firewall"
 FAMILY_SUFFIX = {4: "v4", 6: "v6"}
 
 
+def _header(chain: str, family: int, writer: str) -> str:
+    tool = "iptables" if family == 4 else "ip6tables"  # noqa: PLR2004
+    return (
+        f"# {chain} ({'IPv4' if family == 4 else 'IPv6'}): written by {writer}, restored at boot by "  # noqa: PLR2004
+        f"sparkops-firewall ({tool}-restore --noflush). Edits are overwritten by the next run."
+    )
+
+
 def rules_file(chain: str, family: int, rules: list[list[str]], jumps: list[list[str]]) -> str:
     """The chain and its INPUT jumps as a rules file (iptables-save's format, one table, one commit), which
     the boot restore (sparkops-firewall) feeds to iptables-restore / ip6tables-restore --noflush after
-    deleting the jumps to the chain already in INPUT: the other chains and rules stay."""
-    tool = "iptables" if family == 4 else "ip6tables"  # noqa: PLR2004
-    lines = [
-        f"# {chain} ({'IPv4' if family == 4 else 'IPv6'}): written by sparkops.cluster.iptables_chain, restored at "  # noqa: PLR2004
-        f"boot by sparkops-firewall ({tool}-restore --noflush). Edits are overwritten by the next run.",
-        "*filter",
-        f":{chain} - [0:0]",
-    ]
+    deleting the jumps to the chain already in INPUT and FORWARD: the other chains and rules stay."""
+    lines = [_header(chain, family, "sparkops.cluster.iptables_chain"), "*filter", f":{chain} - [0:0]"]
     lines += [" ".join(["-A", chain, *(_quote(a) for a in rule)]) for rule in rules]
     lines += [" ".join(["-I", "INPUT", "1", *(_quote(a) for a in j)]) for j in reversed(jumps)]
+    lines.append("COMMIT")
+    return "\n".join(lines) + "\n"
+
+
+def rules_file_from(chain: str, family: int, entries: list[dict], writer: str) -> str:
+    """A rules file from rules given as {"where": ["-I"|"-A", CHAIN, (position)], "rule": [...]} (the cluster
+    model's forward_rules), in their order: replaying them after `:CHAIN` (which flushes it) rebuilds what the
+    same `iptables <where> <rule>` calls built. Only `chain` and the built-in INPUT/FORWARD may be named."""
+    lines = [_header(chain, family, writer), "*filter", f":{chain} - [0:0]"]
+    for e in entries:
+        where, rule = [str(w) for w in e["where"]], [str(a) for a in e["rule"]]
+        ok = (
+            len(where) in (2, 3)
+            and where[0] in ("-I", "-A")
+            and where[1] in (chain, "INPUT", "FORWARD")
+            and (len(where) == 2 or where[2].isdigit())  # noqa: PLR2004
+            and all(a.isprintable() and '"' not in a for a in rule)
+        )
+        if not ok:
+            raise ValueError(f"rule {where} {rule} is not one this file may hold")
+        lines.append(" ".join([*where, *(_quote(a) for a in rule)]))
     lines.append("COMMIT")
     return "\n".join(lines) + "\n"
 

@@ -19,9 +19,9 @@ description:
     with Python's ipaddress before anything is run; a bad value fails the task and changes nothing.
   - The chain exists for IPv4 (iptables) and IPv6 (ip6tables), see I(families). The IPv6 chain passes loopback,
     ICMPv6 (neighbour discovery and path MTU keep working), the I(interfaces6) and the IPv6 networks of I(sources),
-    and drops the rest: services on the any address (Ray's gRPC servers) also answer IPv6.
+    and drops the rest, as services on the any address (Ray's gRPC servers) also answer IPv6.
   - With I(destinations) (this node's fast-link addresses), INPUT also sends everything addressed there, every
-    protocol and port (ephemeral ones included), to the chain: only loopback and the fast links reach them.
+    protocol and port (ephemeral ones included), to the chain, so only loopback and the fast links reach them.
   - Each family's chain and INPUT jumps are also written to a rules file in I(rules_dir) (iptables-save's format,
     written only when its content changes), which the boot restore (C(sparkops-firewall)) loads before Docker starts.
 version_added: "0.1.0"

@@ -48,7 +48,7 @@ RECORDER = """#!/usr/bin/env python3
 import json, os, sys
 with open(os.environ["ARGV_LOG"], "a") as f:
     f.write(json.dumps([os.path.basename(sys.argv[0])] + sys.argv[1:]) + "\\n")
-if os.path.basename(sys.argv[0]) == "iptables" and sys.argv[1] in ("-C", "-n"):
+if os.path.basename(sys.argv[0]) in ("iptables", "ip6tables") and sys.argv[1] in ("-C", "-n"):
     sys.exit(1)
 if sys.argv[1:2] == ["inspect"]:
     print("true")
@@ -84,7 +84,7 @@ def render_task(path: Path, name: str, **values) -> str:
 def run_with_recorder(tmp_path: Path, script: str, shell: str = "/bin/bash", env: dict | None = None) -> list:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
-    for tool in ("iptables", "docker"):
+    for tool in ("iptables", "ip6tables", "docker"):
         (bin_dir / tool).write_text(RECORDER)
         (bin_dir / tool).chmod(0o755)
     log = tmp_path / "argv.jsonl"
@@ -110,9 +110,10 @@ def test_the_forwarding_script_passes_every_rule_as_argv(tmp_path, hostile):
                          sparkops_node=node, ansible_check_mode=False)  # fmt: skip
     calls = run_with_recorder(tmp_path, script)
     assert not mark.exists()
-    added = [c[1:] for c in calls if c[0] == "iptables" and c[1] in ("-I", "-A")]
-    assert added == [r["where"] + r["rule"] for r in node["forward_rules"]]
-    assert ["iptables", "-N", FORWARD_CHAIN] in calls
+    for tool in ("iptables", "ip6tables"):  # the same rules for IPv6: they name interfaces only
+        added = [c[1:] for c in calls if c[0] == tool and c[1] in ("-I", "-A")]
+        assert added == [r["where"] + r["rule"] for r in node["forward_rules"]]
+        assert [tool, "-N", FORWARD_CHAIN] in calls
 
 
 def test_the_forwarding_script_changes_nothing_in_check_mode(tmp_path):
@@ -172,4 +173,6 @@ def test_a_real_model_renders_the_same_rules_it_holds(tmp_path):
                          "Forward only between the fast links on a ring node (iptables chain SPARKOPS-FWD)",
                          sparkops_node=node, ansible_check_mode=False)  # fmt: skip
     calls = run_with_recorder(tmp_path, script)
-    assert [c[1:] for c in calls if c[1] in ("-I", "-A")] == [r["where"] + r["rule"] for r in node["forward_rules"]]
+    for tool in ("iptables", "ip6tables"):
+        got = [c[1:] for c in calls if c[0] == tool and c[1] in ("-I", "-A")]
+        assert got == [r["where"] + r["rule"] for r in node["forward_rules"]]

@@ -208,11 +208,25 @@ mp = {"chain": "SPARKOPS-MP", "ports": ["29501"], "destinations": ["192.168.100.
 assert run_module(iptables_chain, mp)["changed"] and run_module(iptables_chain, mp)["changed"] is False
 assert "-A INPUT -d 192.168.100.10/32 " in rules() and "-A INPUT -d fd00:1::10/128 " in rules("ip6tables")
 
+# the ring's forwarding chain, built as roles/roce_network does (iptables <where> <rule>, in the model's order),
+# and its rules file as the role writes it (filter firewall_rules_file)
+from ansible_collections.sparkops.cluster.plugins.plugin_utils.cluster import _forward_rules
+from ansible_collections.sparkops.cluster.plugins.module_utils.firewall import rules_file_from
+fwd = _forward_rules(["eth1", "eth2"])
+for fam, tool in ((4, "iptables"), (6, "ip6tables")):
+    subprocess.run([tool, "-w", "-N", "SPARKOPS-FWD"], check=True)
+    for r in fwd:
+        subprocess.run([tool, "-w", *r["where"], *r["rule"]], check=True)
+    with open(os.path.join(rules_dir, f"SPARKOPS-FWD.v{fam}"), "w") as fh:
+        fh.write(rules_file_from("SPARKOPS-FWD", fam, fwd, "test"))
+
 # a reboot: every rule gone; the boot restore brings back exactly what the module wrote, twice is once
 before = {t: sorted(l for l in rules(t).splitlines() if "SPARKOPS" in l) for t in ("iptables", "ip6tables")}
+assert any(l.startswith("-A FORWARD -o eth2 ") for l in before["ip6tables"]), before
 for t in ("iptables", "ip6tables"):
     subprocess.run([t, "-w", "-F", "INPUT"], check=True)
-    for c in ("SPARKOPS-API", "SPARKOPS-MP"):
+    subprocess.run([t, "-w", "-F", "FORWARD"], check=True)
+    for c in ("SPARKOPS-API", "SPARKOPS-MP", "SPARKOPS-FWD"):
         subprocess.run([t, "-w", "-F", c], check=True)
         subprocess.run([t, "-w", "-X", c], check=True)
     subprocess.run([t, "-w", "-A", "INPUT", "-p", "tcp", "--dport", "22", "-j", "ACCEPT"], check=True)
@@ -288,3 +302,23 @@ def test_every_input_chain_goes_through_the_module_for_both_families_and_a_rules
     assert "families" not in found[0] and "rules_dir" not in found[0]
     if chain == "SPARKOPS-MP":  # the ranks' ephemeral ports: everything to the fast-link addresses
         assert found[0]["destinations"] == "{{ sparkops_node.ips }}"
+
+
+def test_a_rules_file_from_the_models_rules_holds_only_its_chain_and_the_built_in_hooks():
+    from ansible_collections.sparkops.cluster.plugins.filter.firewall import firewall_rules_file  # noqa: PLC0415
+    from ansible_collections.sparkops.cluster.plugins.plugin_utils.cluster import _forward_rules  # noqa: PLC0415
+
+    text = firewall_rules_file(_forward_rules(["eth1", "eth2"]), "SPARKOPS-FWD", 6, "roles/roce_network")
+    lines = text.splitlines()
+    assert lines[0].startswith("# SPARKOPS-FWD (IPv6): written by roles/roce_network")
+    assert lines[1:3] == ["*filter", ":SPARKOPS-FWD - [0:0]"] and lines[-1] == "COMMIT"
+    assert (
+        '-I SPARKOPS-FWD 1 -i eth1 -o eth2 -m comment --comment "sparkops: ring forwarding eth1 to eth2" -j ACCEPT'
+        in lines
+    )
+    assert lines[-2] == '-I FORWARD 1 -o eth2 -m comment --comment "sparkops: forwarding to eth2" -j SPARKOPS-FWD'
+    for where in (["-A", "OUTPUT"], ["-I", "OTHER", "1"], ["-F", "SPARKOPS-FWD"], ["-I", "FORWARD", "x"]):
+        with pytest.raises(Exception, match="not one this file may hold"):
+            firewall_rules_file([{"where": where, "rule": ["-j", "ACCEPT"]}], "SPARKOPS-FWD")
+    with pytest.raises(Exception, match="not one this file may hold"):
+        firewall_rules_file([{"where": ["-A", "SPARKOPS-FWD"], "rule": ["-j", "DROP\nCOMMIT"]}], "SPARKOPS-FWD")
