@@ -235,13 +235,17 @@ def rules_file_from(chain: str, family: int, entries: list[dict], writer: str) -
 # --------------------------------------------------------------------------- reading a node (doctor)
 def parse_save(text: str) -> dict:
     """The filter table of `iptables-save` / `ip6tables-save` output: {"chains": [user chains],
-    "input_jumps": {chain: count}, "drops": {chain: whether its last rule is -j DROP}}.
+    "hooks": {chain: jumps to it from INPUT or FORWARD}, "drops": {chain: whether its last rule is -j DROP},
+    "ports": {chain: the TCP port specs INPUT sends to it (`6379`, `6381:6385`)}}.
 
-    The format (iptables/iptables-save.c and xshared.c of netfilter's iptables 1.8): `*table`, a
-    `:CHAIN POLICY [packets:bytes]` line per chain, `-A CHAIN ...` per rule, `COMMIT`; comments with `#`.
+    The format (iptables-save(8); iptables/iptables-save.c of netfilter's iptables 1.8): `*table`, a
+    `:CHAIN POLICY [packets:bytes]` line per chain (`-` for a user chain), `-A CHAIN <rule>` per rule,
+    `COMMIT`; `#` starts a comment line. A multiport match is `-m multiport --dports a,b:c`, a single port
+    `-m tcp --dport a`.
     """
     chains: list[str] = []
-    jumps: dict[str, int] = {}
+    hooks: dict[str, int] = {}
+    ports: dict[str, list[str]] = {}
     last: dict[str, str] = {}
     table = None
     for raw in text.splitlines():
@@ -251,18 +255,26 @@ def parse_save(text: str) -> dict:
             continue
         if table != "filter" or not line or line.startswith("#"):
             continue
+        words = line.split()
         if line.startswith(":"):
             name = line[1:].split()[0] if line[1:].split() else ""
             if name and name not in ("INPUT", "FORWARD", "OUTPUT"):
                 chains.append(name)
-        elif line.startswith("-A "):
-            words = line.split()
-            chain = words[1] if len(words) > 1 else ""
-            last[chain] = line
-            if chain == "INPUT" and words[-2:-1] == ["-j"]:
-                jumps[words[-1]] = jumps.get(words[-1], 0) + 1
+        elif words[0] == "-A" and len(words) > 1:
+            last[words[1]] = line
+            if words[1] in ("INPUT", "FORWARD") and words[-2:-1] == ["-j"]:
+                target = words[-1]
+                hooks[target] = hooks.get(target, 0) + 1
+                for flag in ("--dports", "--dport"):
+                    if (
+                        words[1] == "INPUT"
+                        and "-p" in words
+                        and words[words.index("-p") + 1] == "tcp"
+                        and flag in words
+                    ):
+                        ports.setdefault(target, []).extend(words[words.index(flag) + 1].split(","))
     drops = {c: last.get(c, "").split()[-2:] == ["-j", "DROP"] for c in chains}
-    return {"chains": chains, "input_jumps": jumps, "drops": drops}
+    return {"chains": chains, "hooks": hooks, "drops": drops, "ports": ports}
 
 
 _SS_ADDR = re.compile(r"^(?P<addr>\*|\[[0-9A-Fa-f:.]+\]|[0-9.]+)(?:%(?P<dev>[^:\s]+))?:(?P<port>\d+|\*)$")
