@@ -285,10 +285,11 @@ def parse_ss_listening(text: str) -> list[dict]:
     """`ss -Hltnp` (listening TCP sockets, numeric, with processes, no header), one dict a socket:
     {address, interface, port, wildcard, v6only, process}.
 
-    ss (iproute2 6.1.0 misc/ss.c:1705-1734 inet_addr_print, :1477-1487 sock_addr_print) writes the local address as `a.b.c.d:port`, `[v6]:port`, or
-    `*:port` for an IPv6 socket on the any address that also takes IPv4 (not IPV6_V6ONLY); `[::]:port` is
-    an IPv6-only any socket; `addr%dev:port` one bound to a device (SO_BINDTODEVICE). Columns: State,
-    Recv-Q, Send-Q, Local Address:Port, Peer Address:Port, then the process (`users:(("name",pid=N,fd=M))`).
+    ss (iproute2 6.1.0 misc/ss.c:1705-1734 inet_addr_print, :1477-1487 sock_addr_print) writes the local
+    address as `a.b.c.d:port`, `[v6]:port`, or `*:port` for an IPv6 socket on the any address that also
+    takes IPv4 (not IPV6_V6ONLY); `[::]:port` is an IPv6-only any socket; `addr%dev:port` one bound to a
+    device (SO_BINDTODEVICE). Columns: State, Recv-Q, Send-Q, Local Address:Port, Peer Address:Port, then
+    the process (`users:(("name",pid=N,fd=M))`).
     Names are the processes' own (comm): text from the node, kept printable and short.
     """
     out = []
