@@ -74,6 +74,10 @@ options:
         description: Bind mounts as C(source:destination); the container must have exactly these.
         type: list
         elements: str
+      cap_add:
+        description: Capabilities added (C(HostConfig.CapAdd), without C(CAP_)); the container must have exactly these.
+        type: list
+        elements: str
       labels:
         description: Labels the container must carry with these values (others may exist).
         type: dict
@@ -225,6 +229,10 @@ def container_differences(info: dict, want: dict, image_id: str | None) -> list[
         )
         if have != sorted(want["binds"]):
             diffs.append(f"bind mounts: {have} (wanted {sorted(want['binds'])})")
+    if want.get("cap_add") is not None:
+        have_caps = sorted(str(c).upper().removeprefix("CAP_") for c in host.get("CapAdd") or [])
+        if have_caps != sorted(str(c).upper().removeprefix("CAP_") for c in want["cap_add"]):
+            diffs.append(f"added capabilities: {have_caps} (wanted {sorted(want['cap_add'])})")
     labels = config.get("Labels") or {}
     for key, value in (want.get("labels") or {}).items():
         if labels.get(key) != str(value):
@@ -295,6 +303,7 @@ def main() -> None:
                     "network_mode": {"type": "str"},
                     "pid_mode": {"type": "str"},
                     "binds": {"type": "list", "elements": "str"},
+                    "cap_add": {"type": "list", "elements": "str"},
                     "labels": {"type": "dict"},
                 },
             },

@@ -13,6 +13,9 @@ description:
     of its function (sysfs), the GPU clocks and their event reasons (C(nvidia-smi -q -d CLOCK,PERFORMANCE)),
     the state of the serving containers (with Docker's restart count and their last log lines), the memory
     floor marker and, on the head, the watchdog's state and its recent events.
+  - The firewall (C(iptables-save) and C(ip6tables-save), filter table) against the SPARKOPS rules files in
+    I(firewall_rules_dir) (which chains the node must have, per family), and the listening TCP sockets
+    (C(ss -Hltnp)).
   - Anything that is not there (no GPU, no RDMA device, no watchdog) is reported empty, not as a failure;
     the verdicts are made on the controller (plugins/plugin_utils/day2_checks.py).
   - Read-only.
@@ -55,6 +58,10 @@ options:
     description: nvidia-smi to run for the clocks.
     type: str
     default: nvidia-smi
+  firewall_rules_dir:
+    description: Where M(sparkops.cluster.iptables_chain) writes the rules files (C(<chain>.v4), C(<chain>.v6)).
+    type: path
+    default: /etc/sparkops/firewall
 """
 
 EXAMPLES = r"""
@@ -115,6 +122,23 @@ watchdog_events:
   returned: always
   type: list
   elements: dict
+firewall:
+  description:
+    - C(expected), the chains the rules files name (C(chain), C(family) C(ipv4) or C(ipv6)); C(ipv4) and C(ipv6),
+      each the filter table read (C(chains), C(hooks), C(drops), C(ports)) or C(error).
+  returned: always
+  type: dict
+listening:
+  description:
+    - The listening TCP sockets (C(address), C(interface), C(port), C(wildcard), C(v6only), C(process)), or C(null)
+      when C(ss) could not be run (C(listening_error) says why).
+  returned: always
+  type: list
+  elements: dict
+listening_error:
+  description: Why the listening sockets could not be read; empty when they were.
+  returned: always
+  type: str
 """
 
 import json
@@ -123,6 +147,11 @@ import platform
 import shutil
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.sparkops.cluster.plugins.module_utils.firewall import (
+    FAMILY_SUFFIX,
+    parse_save,
+    parse_ss_listening,
+)
 from ansible_collections.sparkops.cluster.plugins.module_utils.hw_links import (
     parse_nvidia_smi_clocks,
     parse_sysfs_link,
@@ -253,6 +282,33 @@ def events(path: str | None, tail: int) -> list[dict]:
     return out
 
 
+def firewall(module: AnsibleModule, rules_dir: str) -> dict:
+    suffixes = {v: ("ipv4" if k == 4 else "ipv6") for k, v in FAMILY_SUFFIX.items()}  # noqa: PLR2004
+    expected = []
+    if os.path.isdir(rules_dir):
+        for name in sorted(os.listdir(rules_dir)):
+            chain, _dot, suffix = name.rpartition(".")
+            if chain.startswith("SPARKOPS-") and suffix in suffixes:
+                expected.append({"chain": chain, "family": suffixes[suffix]})
+    out = {"expected": expected}
+    for family, tool in (("ipv4", "iptables-save"), ("ipv6", "ip6tables-save")):
+        exe = module.get_bin_path(tool)
+        if not exe:
+            out[family] = {"error": f"{tool} is not installed"}
+            continue
+        rc, text, err = module.run_command([exe, "-t", "filter"])
+        out[family] = parse_save(text) if rc == 0 else {"error": f"{tool} -t filter: {err.strip()[:200] or rc}"}
+    return out
+
+
+def listening(module: AnsibleModule) -> tuple[list[dict] | None, str]:
+    exe = module.get_bin_path("ss")
+    if not exe:
+        return None, "ss (iproute2) is not installed"
+    rc, text, err = module.run_command([exe, "-Hltnp"])
+    return (parse_ss_listening(text), "") if rc == 0 else (None, f"ss -Hltnp: {err.strip()[:200] or rc}")
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
@@ -265,14 +321,19 @@ def main() -> None:
             "log_lines": {"type": "int", "default": 5},
             "infiniband_sysfs": {"type": "path", "default": "/sys/class/infiniband"},
             "nvidia_smi_path": {"type": "str", "default": "nvidia-smi"},
+            "firewall_rules_dir": {"type": "path", "default": "/etc/sparkops/firewall"},
         },
         supports_check_mode=True,
     )
     p = module.params
     if p["events_tail"] < 0 or p["log_lines"] < 0:
         module.fail_json(msg="events_tail and log_lines must be 0 or more")
+    sockets, sockets_error = listening(module)
     module.exit_json(
         changed=False,
+        firewall=firewall(module, p["firewall_rules_dir"]),
+        listening=sockets,
+        listening_error=sockets_error,
         kernel=platform.release(),
         available_bytes=available_bytes(),
         disk_free_bytes=disk_free(p["weights_path"]),

@@ -611,6 +611,99 @@ def check_allowed_rules(lines: list[str]) -> dict:
     )
 
 
+FAMILY_NAME = {"ipv4": "IPv4", "ipv6": "IPv6"}
+
+
+def check_firewall(node: str, fw: dict | None) -> dict:
+    """Every SPARKOPS chain the node's rules files name (iptables_chain and roce_network write them), per family:
+    the chain exists, something (INPUT, or FORWARD for the ring's chain) jumps to it, and it ends in DROP.
+    A missing one is CRITICAL: the ports it guards answer the management LAN (or IPv6) until it is back."""
+    fw = fw or {}
+    expected = fw.get("expected") or []
+    if not expected:
+        return verdict(
+            "firewall",
+            node,
+            NA,
+            "no SPARKOPS rules files on this node (site.yml writes one per chain and family)",
+            "run site.yml if this node serves anything",
+        )
+    problems = []
+    for e in expected:
+        chain, family = e.get("chain"), e.get("family")
+        read = fw.get(family) or {"error": "not read"}
+        name = f"{chain} ({FAMILY_NAME.get(family, family)})"
+        if read.get("error"):
+            problems.append(f"{name}: the firewall could not be read ({read['error']})")
+        elif chain not in read.get("chains", []):
+            problems.append(f"{name} is missing")
+        elif not (read.get("hooks") or {}).get(chain):
+            problems.append(f"{name}: nothing jumps to it from INPUT or FORWARD")
+        elif not (read.get("drops") or {}).get(chain):
+            problems.append(f"{name} does not end in DROP")
+    chains = sorted({e.get("chain") for e in expected})
+    if problems:
+        return verdict(
+            "firewall",
+            node,
+            CRITICAL,
+            "; ".join(problems),
+            "restore them now (`systemctl start sparkops-firewall`, or `/etc/init.d/sparkops-firewall start` without "
+            "systemd) or run site.yml again; until then the ports they guard answer the management LAN",
+        )
+    return verdict(
+        "firewall", node, PASS, f"{', '.join(chains)} in place for IPv4 and IPv6, each with its jump, DROP last"
+    )
+
+
+def _port_in(port: int, specs) -> bool:
+    for spec in specs or []:
+        low, _sep, high = str(spec).partition(":")
+        if low.isdigit() and (high or low).isdigit() and int(low) <= port <= int(high or low):
+            return True
+    return False
+
+
+def check_listening(node: str, sockets: list[dict] | None, fw: dict | None, allowed, error: str = "") -> dict:
+    """Every TCP socket on the any address (`*`: IPv4 and IPv6; `0.0.0.0`: IPv4; `[::]`: IPv6 only) must be
+    one the plan expects: a port a SPARKOPS chain guards in each family the socket answers, or one of
+    `allowed` (sshd's 22 and what the settings add). Any other is CRITICAL: it answers every network."""
+    if sockets is None:
+        return verdict(
+            "listening sockets", node, WARN, f"could not list them: {error or 'not read'}", "install iproute2"
+        )
+    fw = fw or {}
+    guarded = {
+        fam: [p for chain, ports in ((fw.get(fam) or {}).get("ports") or {}).items() if chain.startswith("SPARKOPS-")
+              for p in ports]
+        for fam in ("ipv4", "ipv6")
+    }  # fmt: skip
+    families = {"*": ("ipv4", "ipv6"), "0.0.0.0": ("ipv4",), "[::]": ("ipv6",)}  # noqa: S104 - ss's any addresses
+    bad, ok = [], 0
+    for sock in sockets:
+        if not sock.get("wildcard"):
+            continue
+        port = int(sock["port"])
+        open_in = [f for f in families.get(sock["address"], ("ipv4", "ipv6")) if not _port_in(port, guarded[f])]
+        if not open_in or _port_in(port, allowed):
+            ok += 1
+            continue
+        who = f" ({sock['process']})" if sock.get("process") else ""
+        bad.append(f"{sock['address']}:{port}{who} unguarded for {'/'.join(FAMILY_NAME[f] for f in open_in)}")
+    if bad:
+        return verdict(
+            "listening sockets",
+            node,
+            CRITICAL,
+            f"on the any address, no SPARKOPS chain guards and the plan does not expect: {'; '.join(sorted(set(bad)))}",
+            "bind the service to a fast-link address or loopback, or stop it; a port the plan runs belongs in its "
+            "chain (a port you run on purpose goes into sparkops_doctor_listen_allowed)",
+        )
+    return verdict(
+        "listening sockets", node, PASS, f"{ok} sockets on the any address, each guarded by a chain or expected"
+    )
+
+
 def build_verdicts(inputs: dict) -> list[dict]:
     """Every check from what doctor.yml gathered (keys documented in playbooks/doctor.yml)."""
     s = inputs["settings"]
@@ -640,6 +733,17 @@ def build_verdicts(inputs: dict) -> list[dict]:
         out.append(check_disk(node, f.get("disk_free_bytes"), float(s["disk_headroom_gib"]), s["weights_path"]))
         out.append(check_gids(node, f.get("rdma") or {}))
         out.extend(check_containers(node, f.get("containers", [])))
+        if "firewall" in f:  # node_doctor_facts reads it (older results have none)
+            out.append(check_firewall(node, f.get("firewall")))
+            out.append(
+                check_listening(
+                    node,
+                    f.get("listening"),
+                    f.get("firewall"),
+                    s.get("listen_allowed", ["22"]),
+                    f.get("listening_error", ""),
+                )
+            )
     out.append(check_cables(inputs.get("cables"), hw, float(s["cable_threshold_gbps"])))
     if inputs.get("discovery"):
         reads = {n: (f or {}).get("discover") for n, f in inputs["nodes"].items()}

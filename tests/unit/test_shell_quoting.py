@@ -48,7 +48,7 @@ RECORDER = """#!/usr/bin/env python3
 import json, os, sys
 with open(os.environ["ARGV_LOG"], "a") as f:
     f.write(json.dumps([os.path.basename(sys.argv[0])] + sys.argv[1:]) + "\\n")
-if os.path.basename(sys.argv[0]) == "iptables" and sys.argv[1] in ("-C", "-n"):
+if os.path.basename(sys.argv[0]) in ("iptables", "ip6tables") and sys.argv[1] in ("-C", "-n"):
     sys.exit(1)
 if sys.argv[1:2] == ["inspect"]:
     print("true")
@@ -84,7 +84,7 @@ def render_task(path: Path, name: str, **values) -> str:
 def run_with_recorder(tmp_path: Path, script: str, shell: str = "/bin/bash", env: dict | None = None) -> list:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
-    for tool in ("iptables", "docker"):
+    for tool in ("iptables", "ip6tables", "docker"):
         (bin_dir / tool).write_text(RECORDER)
         (bin_dir / tool).chmod(0o755)
     log = tmp_path / "argv.jsonl"
@@ -110,9 +110,10 @@ def test_the_forwarding_script_passes_every_rule_as_argv(tmp_path, hostile):
                          sparkops_node=node, ansible_check_mode=False)  # fmt: skip
     calls = run_with_recorder(tmp_path, script)
     assert not mark.exists()
-    added = [c[1:] for c in calls if c[0] == "iptables" and c[1] in ("-I", "-A")]
-    assert added == [r["where"] + r["rule"] for r in node["forward_rules"]]
-    assert ["iptables", "-N", FORWARD_CHAIN] in calls
+    for tool in ("iptables", "ip6tables"):  # the same rules for IPv6: they name interfaces only
+        added = [c[1:] for c in calls if c[0] == tool and c[1] in ("-I", "-A")]
+        assert added == [r["where"] + r["rule"] for r in node["forward_rules"]]
+        assert [tool, "-N", FORWARD_CHAIN] in calls
 
 
 def test_the_forwarding_script_changes_nothing_in_check_mode(tmp_path):
@@ -122,45 +123,6 @@ def test_the_forwarding_script_changes_nothing_in_check_mode(tmp_path):
                          sparkops_node=node, ansible_check_mode=True)  # fmt: skip
     calls = run_with_recorder(tmp_path, script, env={"CHECK_ONLY": "True"})
     assert calls and all(c[1] in ("-C", "-n") for c in calls)
-
-
-# ----------------------------------------------------------------------------- Ray's firewall
-@pytest.mark.parametrize("hostile", HOSTILE)
-def test_the_ray_firewall_passes_netdevs_as_one_argument(tmp_path, hostile):
-    mark = tmp_path / "pwned"
-    dev = hostile.format(mark=mark)
-    ports = {
-        "ray_cluster_gcs_port": 6379, "ray_cluster_dashboard_port": 8265, "ray_cluster_client_port": 10001,
-        "ray_cluster_node_manager_port": 6381, "ray_cluster_runtime_env_agent_port": 6385,
-        "ray_cluster_dashboard_agent_listen_port": 52365, "ray_cluster_min_worker_port": 20000,
-        "ray_cluster_max_worker_port": 20999, "ray_cluster_metric_ports": [44217, 44227],
-    }  # fmt: skip
-    script = render_task(ROOT / "roles/ray_cluster/tasks/firewall.yml",
-                         "Keep Ray's ports to loopback and the fast links (iptables chain SPARKOPS-RAY)",
-                         sparkops_node={"netdevs": ["enp1s0f1np1", dev]},
-                         ansible_check_mode=False, **ports)  # fmt: skip
-    calls = run_with_recorder(tmp_path, script)
-    assert not mark.exists()
-    returns = [c for c in calls if c[1] == "-I" and c[2] == "SPARKOPS-RAY"]
-    assert [c[c.index("-i") + 1] for c in returns] == ["lo", "enp1s0f1np1", dev]
-    assert [c[c.index("--comment") + 1] for c in returns][-1] == f"sparkops: Ray from {dev}"
-
-
-def test_the_ray_chain_covers_ray_s_metrics_ports_too(tmp_path):
-    # Ray 2.52.1's autoscaler and dashboard metrics servers listen on 0.0.0.0:44217 and :44227 (no flag binds
-    # them): the INPUT rule sends them to SPARKOPS-RAY with every other Ray port.
-    ray_vars = yaml.safe_load((ROOT / "roles/ray_cluster/vars/main.yml").read_text())
-    defaults = yaml.safe_load((ROOT / "roles/sparkops_defaults/defaults/main/ray.yml").read_text())
-    script = render_task(ROOT / "roles/ray_cluster/tasks/firewall.yml",
-                         "Keep Ray's ports to loopback and the fast links (iptables chain SPARKOPS-RAY)",
-                         sparkops_node={"netdevs": ["enp1s0f1np1"]}, ansible_check_mode=False,
-                         ray_cluster_metric_ports=ray_vars["ray_cluster_metric_ports"],
-                         **{k: v for k, v in defaults.items() if k.endswith("_port")})  # fmt: skip
-    calls = run_with_recorder(tmp_path, script)
-    (jump,) = [c for c in calls if c[1:3] == ["-I", "INPUT"]]
-    ports = jump[jump.index("--dports") + 1].split(",")
-    assert ports == ["6379", "8265", "10001", "6381:6385", "52365", "20000:20999", "44217", "44227"]
-    assert len(ports) + sum(":" in p for p in ports) <= 15  # iptables' multiport takes 15 ports, a range counts 2
 
 
 # --------------------------------------------------------------------- the upgrade's watchdog pause
@@ -211,4 +173,6 @@ def test_a_real_model_renders_the_same_rules_it_holds(tmp_path):
                          "Forward only between the fast links on a ring node (iptables chain SPARKOPS-FWD)",
                          sparkops_node=node, ansible_check_mode=False)  # fmt: skip
     calls = run_with_recorder(tmp_path, script)
-    assert [c[1:] for c in calls if c[1] in ("-I", "-A")] == [r["where"] + r["rule"] for r in node["forward_rules"]]
+    for tool in ("iptables", "ip6tables"):
+        got = [c[1:] for c in calls if c[0] == tool and c[1] in ("-I", "-A")]
+        assert got == [r["where"] + r["rule"] for r in node["forward_rules"]]

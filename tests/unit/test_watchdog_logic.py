@@ -247,3 +247,90 @@ def test_a_single_node_replica_restart_is_its_vllm_alone_and_never_touches_ray(m
     assert dog._restart_steps() == (True, "")
     assert steps == ["docker stop -t 5 sparkops-vllm", "docker start sparkops-vllm"]
     assert not wd.runs_ray(dog.cfg) and wd.worker_container(dog.cfg) == "sparkops-vllm"
+
+
+def test_the_groups_chains_follow_its_executor():
+    assert wd.group_chains({"executor": "ray"}) == {
+        "head": ["SPARKOPS-API", "SPARKOPS-RAY"],
+        "workers": ["SPARKOPS-RAY"],
+    }
+    assert wd.group_chains({"executor": "mp"}) == {"head": ["SPARKOPS-API", "SPARKOPS-MP"], "workers": ["SPARKOPS-MP"]}
+    assert wd.group_chains({"executor": "single"}) == {"head": ["SPARKOPS-API"], "workers": []}
+    with pytest.raises(ValueError, match="not a SPARKOPS chain"):
+        wd.firewall_check_script(["SPARKOPS-API; reboot"])
+
+
+FAKE_IPTABLES = """#!/bin/sh
+# iptables/ip6tables stand-in: the chains named in $HAVE_<tool> exist, and INPUT jumps to each
+tool=$(basename "$0")
+have=$(eval echo \\"\\${HAVE_$tool}\\")
+case "$*" in
+  "-w -S INPUT") for c in $have; do echo "-A INPUT -p tcp -m multiport --dports 1 -j $c"; done ;;
+  "-w -n -L "*) for c in $have; do [ "$c" = "$4" ] && exit 0; done; exit 1 ;;
+esac
+"""
+
+
+def test_the_firewall_check_names_each_missing_chain_and_family(tmp_path):
+    """The check script as the head runs it (sh -c), against stand-ins of iptables and ip6tables."""
+    for tool in ("iptables", "ip6tables"):
+        (tmp_path / tool).write_text(FAKE_IPTABLES)
+        (tmp_path / tool).chmod(0o755)
+    script = wd.firewall_check_script(["SPARKOPS-API", "SPARKOPS-RAY"])
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "HAVE_iptables": "SPARKOPS-API SPARKOPS-RAY", "HAVE_ip6tables": ""}
+    res = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True, timeout=30, check=False)
+    assert wd.parse_firewall_check("head", res) == [
+        "head: ip6tables chain SPARKOPS-API is missing",
+        "head: ip6tables chain SPARKOPS-API has no jump from INPUT",
+        "head: ip6tables chain SPARKOPS-RAY is missing",
+        "head: ip6tables chain SPARKOPS-RAY has no jump from INPUT",
+    ]
+    env["HAVE_ip6tables"] = env["HAVE_iptables"]
+    res = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True, timeout=30, check=False)
+    assert wd.parse_firewall_check("head", res) == []
+    # an SSH that failed (255, nothing printed) is reported, never taken for "all in place"
+    lost = subprocess.CompletedProcess([], 255, "", "ssh: connect to host 10.0.0.2 port 22: No route to host")
+    assert wd.parse_firewall_check("w1", lost)[0].startswith("w1: could not read its firewall")
+
+
+def test_a_group_whose_chain_is_missing_is_not_started_and_the_event_says_which(monkeypatch, tmp_path):
+    """After a reboot without the boot restore (or an iptables -F): the watchdog starts nothing, says which
+    chain on which node once (event firewall_missing), and stays blocked until the chains are back."""
+    dog = wd.Watchdog.__new__(wd.Watchdog)
+    dog.cfg = {
+        "node": "head",
+        "executor": "ray",
+        "vllm_container": "sparkops-vllm",
+        "ray_container": "sparkops-ray",
+        "workers": [{"name": "w1", "address": "10.0.0.2"}],
+        "restart_backoff_s": 0,
+        "ssh_timeout_s": 5,
+        "state_file": str(tmp_path / "state.json"),
+        "interval_s": 1,
+        "hang_timeout_s": 4,
+        "failures_before_restart": 2,
+        "max_restarts_per_hour": 3,
+    }
+    dog.state = {"restart_epochs": [], "consecutive_failures": 0, "own_start_epoch": 0}
+    dog.state_path = str(tmp_path / "state.json")
+    dog.events = wd.Events(str(tmp_path / "events.jsonl"), "head")
+    ran = []
+    monkeypatch.setattr(
+        wd, "sh", lambda argv, timeout: ran.append(argv) or subprocess.CompletedProcess(argv, 0, "", "")
+    )
+    worker_out = {"stdout": "ip6tables:SPARKOPS-RAY:chain ip6tables:SPARKOPS-RAY:jump\n"}
+    dog.ssh = lambda address, script, timeout: subprocess.CompletedProcess([], 0, worker_out["stdout"], "")
+    monkeypatch.setattr(dog, "_restart_steps", lambda: pytest.fail("started a group without its firewall"))
+    dog.restart_group("hang")
+    dog.restart_group("hang")
+    events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events] == ["firewall_missing"]  # once, not every round
+    assert events[0]["missing"] == ["w1: ip6tables chain SPARKOPS-RAY is missing",
+                                    "w1: ip6tables chain SPARKOPS-RAY has no jump from INPUT"]  # fmt: skip
+    assert dog.state["status"] == "blocked" and dog.state["restart_epochs"] == []
+    assert all(argv[:2] == ["sh", "-c"] and "docker" not in " ".join(argv) for argv in ran)
+    # the chains are back: the restart goes ahead
+    worker_out["stdout"] = ""
+    monkeypatch.setattr(dog, "_restart_steps", lambda: (True, ""))
+    dog.restart_group("hang")
+    assert dog.state["status"] == "watching" and "firewall_missing" not in dog.state

@@ -12,7 +12,10 @@ library only. Two jobs:
   in a row it restarts the whole serving group in order (vLLM stopped, Ray
   head, Ray workers, membership, the model's files dropped from every node's
   page cache, vLLM, a completion), at most
-  ``max_restarts_per_hour`` times in any hour, then gives up and says so. A
+  ``max_restarts_per_hour`` times in any hour, then gives up and says so. It starts
+  nothing while a node of the group lacks one of the group's SPARKOPS firewall
+  chains (IPv4 or IPv6) or INPUT's jump to it: it says which (``firewall_missing``)
+  and waits, blocked, until the chains are back (site.yml or the boot restore). A
   worker whose node does not answer is not restarted at all (a restart cannot
   bring a node back): the state says which node.
 * ``floor`` (every node): every ``memory_check_s`` it reads the memory the
@@ -32,6 +35,7 @@ import argparse
 import http.client
 import json
 import os
+import re
 import shlex
 import socket
 import subprocess
@@ -195,6 +199,54 @@ def worker_container(cfg: dict) -> str:
     """What runs the serving group's part on a worker: the Ray container (Ray's executor), or the
     rank's own vLLM container (vLLM's multi-node executor, `executor: mp`)."""
     return cfg["ray_container"] if runs_ray(cfg) else cfg["vllm_container"]
+
+
+CHAIN_NAME = re.compile(r"^SPARKOPS-[A-Z0-9_-]{1,19}$")
+
+
+def group_chains(cfg: dict) -> dict:
+    """The SPARKOPS chains each node of the watched group needs before anything of it starts: the API's on
+    the head, and Ray's (Ray's executor) or the ranks' (vLLM's mp executor) on every node of the group.
+    `firewall_chains` in the config ({"head": [...], "workers": [...]}) replaces the default."""
+    if cfg.get("firewall_chains") is not None:
+        return {
+            "head": list(cfg["firewall_chains"].get("head", [])),
+            "workers": list(cfg["firewall_chains"].get("workers", [])),
+        }
+    executor = cfg.get("executor", "ray")
+    group = {"ray": ["SPARKOPS-RAY"], "mp": ["SPARKOPS-MP"]}.get(executor, [])
+    return {"head": ["SPARKOPS-API", *group], "workers": group}
+
+
+def firewall_check_script(chains: list[str]) -> str:
+    """A shell line (run on the head with sh -c, on a worker over SSH) that prints `TOOL:CHAIN:chain` for each
+    chain missing and `TOOL:CHAIN:jump` for each chain INPUT does not jump to, for iptables and ip6tables;
+    nothing when all are in place. Chain names are checked (letters, digits, - and _): no shell in them."""
+    bad = [c for c in chains if not CHAIN_NAME.match(str(c))]
+    if bad:
+        raise ValueError(f"not a SPARKOPS chain name: {bad}")
+    parts = [
+        f"{{ {tool} -w -n -L {c} >/dev/null 2>&1 || echo {tool}:{c}:chain; }}; "
+        f"{{ {tool} -w -S INPUT 2>/dev/null | grep -q -- ' -j {c}$' || echo {tool}:{c}:jump; }}"
+        for tool in ("iptables", "ip6tables")
+        for c in chains
+    ]
+    return "; ".join(parts) if parts else "true"
+
+
+def parse_firewall_check(node: str, res: subprocess.CompletedProcess) -> list[str]:
+    """What firewall_check_script printed, as sentences; a node that could not be asked is one too."""
+    if res.returncode not in (0, 1) and not res.stdout.strip():
+        return [f"{node}: could not read its firewall ({(res.stderr or '').strip()[:120] or res.returncode})"]
+    out = []
+    for line in res.stdout.split():
+        tool, _, rest = line.partition(":")
+        chain, _, what = rest.partition(":")
+        if tool in ("iptables", "ip6tables") and CHAIN_NAME.match(chain) and what in ("chain", "jump"):
+            out.append(
+                f"{node}: {tool} chain {chain} " + ("is missing" if what == "chain" else "has no jump from INPUT")
+            )
+    return out
 
 
 def worker_restart_script(cfg: dict) -> str:
@@ -504,7 +556,7 @@ class Watchdog:
             self.restart_group(reason)
             status = self.state["status"]
         if status != last_status:
-            if status == "blocked":
+            if status == "blocked" and not self.state.get("firewall_missing"):  # that one said so itself
                 self.events.emit(
                     "blocked", f"{reason}; restarting the group cannot help, not restarting", reason=reason
                 )
@@ -521,8 +573,38 @@ class Watchdog:
         return last_status
 
     # ---- the ordered group restart
+    def missing_firewall(self) -> list[str]:
+        """Every SPARKOPS chain (or INPUT jump) the group needs and a node of it lacks, in sentences."""
+        if not self.cfg.get("firewall_check", True):
+            return []
+        chains = group_chains(self.cfg)
+        timeout = float(self.cfg.get("ssh_timeout_s", 10))
+        missing = parse_firewall_check(
+            self.cfg["node"], sh(["sh", "-c", firewall_check_script(chains["head"])], timeout)
+        )
+        if chains["workers"]:
+            script = firewall_check_script(chains["workers"])
+            for w in self.cfg["workers"]:
+                missing += parse_firewall_check(w["name"], self.ssh(w["address"], script, timeout))
+        return missing
+
     def restart_group(self, reason: str) -> None:
         c = self.cfg
+        # Started without its chains, a group answers the management LAN: refuse, say what is missing, once.
+        missing = self.missing_firewall()
+        if missing:
+            if missing != self.state.get("firewall_missing"):
+                self.events.emit(
+                    "firewall_missing",
+                    f"not restarting the serving group ({reason}): {'; '.join(missing)}. Run site.yml again, or "
+                    "the boot restore (systemctl start sparkops-firewall)",
+                    missing=missing,
+                    reason=reason,
+                )
+            self.state["firewall_missing"] = missing
+            self.state["status"] = "blocked"
+            return
+        self.state.pop("firewall_missing", None)
         n = len(self.state["restart_epochs"]) + 1
         # Back-off between restarts in the same hour: base, 2x, 4x ...
         if n > 1:

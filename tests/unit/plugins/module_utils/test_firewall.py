@@ -42,9 +42,13 @@ def test_no_client_networks_by_default_means_fast_links_only_and_duplicates_go()
         ("interfaces", ["a" * 16], "not a valid Linux interface name"),
         ("interfaces", ["eth0\nx"], "not a valid Linux interface name"),
         ("interfaces", ["eth:0"], "not a valid Linux interface name"),
-        ("sources", ["192.168.1.0/33"], "not an IPv4 network"),
-        ("sources", ["lan"], "not an IPv4 network"),
-        ("sources", ["fd00::/64"], "is IPv6"),
+        ("sources", ["192.168.1.0/33"], "not an IPv4 or IPv6 network"),
+        ("sources", ["lan"], "not an IPv4 or IPv6 network"),
+        ("sources", ["::/0"], "every address"),
+        ("destinations", ["192.168.100.0/24"], "must be one address"),
+        ("destinations", ["x; reboot"], "not an IPv4 or IPv6 network"),
+        ("interfaces6", ["eth0 -j ACCEPT"], "not a valid Linux interface name"),
+        ("family", 5, "must be ipv4 or ipv6"),
         ("sources", ["0.0.0.0/0"], "every address"),
         ("ports", ["80; id"], "not a TCP port"),
         ("ports", ["0"], "not a TCP port"),
@@ -58,6 +62,62 @@ def test_bad_values_are_refused_with_what_is_wrong(field, value, says):
     args[field] = value
     with pytest.raises(ValueError, match=says):
         fw.chain_rules(**args)
+
+
+def test_ipv6_chain_passes_loopback_and_icmpv6_and_drops_the_fast_links_without_an_ipv6_address():
+    """The plan gives the fast links no IPv6 address: IPv6 to the guarded ports passes loopback only (and
+    ICMPv6, so neighbour discovery and path MTU work); IPv4 client networks stay out of the IPv6 chain."""
+    r = fw.chain_rules("SPARKOPS-RAY", ["6379", "6381:6382"], ["eth1"], ["10.1.0.0/16", "fd00:5::/64"], "Ray", family=6)
+    assert [shlex.join(rule) for rule in r["chain"]] == [
+        "-i lo -m comment --comment 'sparkops: Ray from lo' -j RETURN",
+        "-p ipv6-icmp -m comment --comment 'sparkops: ICMPv6 (neighbour discovery, path MTU)' -j RETURN",
+        "-s fd00:5::/64 -m comment --comment 'sparkops: Ray from client network fd00:5::/64' -j RETURN",
+        "-m comment --comment 'sparkops: Ray: fast links and client networks only' -j DROP",
+    ]
+    assert r["jumps"] == [r["jump"]] and r["jump"][5] == "6379,6381:6382"
+    v4 = fw.chain_rules("SPARKOPS-RAY", ["6379"], ["eth1"], ["10.1.0.0/16", "fd00:5::/64"], "Ray", family=4)
+    assert "fd00:5::/64" not in str(v4) and v4["chain"][2][:2] == ["-s", "10.1.0.0/16"]
+    with_link = fw.chain_rules("SPARKOPS-RAY", ["6379"], ["eth1"], [], "Ray", family=6, interfaces6=["eth1"])
+    assert with_link["chain"][2][:2] == ["-i", "eth1"]
+
+
+def test_destinations_send_every_protocol_and_port_for_that_address_to_the_chain():
+    """vLLM's mp ranks listen on ephemeral ports (ZMQ XPUB, gloo, NCCL's bootstrap) at the fast-link address:
+    INPUT sends everything addressed there to the chain, each family its own addresses."""
+    kw = {"destinations": ["192.168.100.10", "fd00:1::10"]}
+    v4 = fw.chain_rules("SPARKOPS-MP", ["29501"], ["enp1s0f1np1"], [], "vLLM ranks", family=4, **kw)
+    assert [shlex.join(j) for j in v4["jumps"]] == [
+        "-p tcp -m multiport --dports 29501 -m comment --comment 'sparkops: vLLM ranks ports' -j SPARKOPS-MP",
+        "-d 192.168.100.10/32 -m comment --comment 'sparkops: vLLM ranks: to 192.168.100.10/32' -j SPARKOPS-MP",
+    ]
+    v6 = fw.chain_rules("SPARKOPS-MP", [], ["enp1s0f1np1"], [], "vLLM ranks", family=6, **kw)
+    assert [j[:2] for j in v6["jumps"]] == [["-d", "fd00:1::10/128"]] and v6["jump"] is None
+    assert v4["chain"][1][:2] == ["-i", "enp1s0f1np1"] and v4["chain"][-1][-1] == "DROP"
+
+
+def test_rules_file_is_iptables_save_format_with_the_chain_and_inputs_jumps_first():
+    r = fw.chain_rules("SPARKOPS-MP", ["29501"], ["eth1"], [], "ranks", destinations=["10.0.0.1"])
+    lines = fw.rules_file("SPARKOPS-MP", 4, r["chain"], r["jumps"]).splitlines()
+    assert lines[0].startswith("# SPARKOPS-MP (IPv4)") and lines[1:3] == ["*filter", ":SPARKOPS-MP - [0:0]"]
+    assert lines[3] == '-A SPARKOPS-MP -i lo -m comment --comment "sparkops: ranks from lo" -j RETURN'
+    # -I INPUT 1 in reverse: the ports' jump ends up first, as the module puts it
+    assert lines[-3].startswith("-I INPUT 1 -d 10.0.0.1/32 ") and lines[-2].startswith("-I INPUT 1 -p tcp ")
+    assert lines[-1] == "COMMIT"
+    # what the module compares to decide whether to write: the same input gives the same text
+    assert fw.rules_file("SPARKOPS-MP", 4, r["chain"], r["jumps"]) == "\n".join(lines) + "\n"
+
+
+def test_jumps_input_deletes_the_old_jumps_and_inserts_the_new_in_one_commit():
+    have = ['-A INPUT -p tcp -m multiport --dports 8000 -m comment --comment "sparkops: API ports" -j SPARKOPS-API']
+    listing = "-P INPUT ACCEPT\n" + have[0] + "\n-A INPUT -j SPARKOPS-APIX\n-A INPUT -p tcp --dport 22 -j ACCEPT\n"
+    assert fw.input_jumps(listing, "SPARKOPS-API") == have
+    new = fw.chain_rules("SPARKOPS-API", ["8001"], [], [], "API")["jumps"]
+    assert fw.jumps_input("SPARKOPS-API", have, new).splitlines() == [
+        "*filter",
+        '-D INPUT -p tcp -m multiport --dports 8000 -m comment --comment "sparkops: API ports" -j SPARKOPS-API',
+        '-I INPUT 1 -p tcp -m multiport --dports 8001 -m comment --comment "sparkops: API ports" -j SPARKOPS-API',
+        "COMMIT",
+    ]
 
 
 def test_chain_name_and_comment_are_checked():
@@ -101,18 +161,21 @@ def test_the_module_refuses_a_bad_interface_before_running_anything(monkeypatch)
 
 
 REAL_IPTABLES = r"""
-import subprocess, sys
+import os, subprocess, sys, tempfile
 sys.path[:0] = sys.argv[1:3]
+restore_script = sys.argv[3]
 from ansible_collections.sparkops.cluster.plugins.modules import iptables_chain
 from module_runner import run_module
 
-def rules():
-    return subprocess.run(["iptables", "-w", "-S"], capture_output=True, text=True, check=True).stdout
+def rules(tool="iptables"):
+    return subprocess.run([tool, "-w", "-S"], capture_output=True, text=True, check=True).stdout
 
+rules_dir = tempfile.mkdtemp()
 args = {"chain": "SPARKOPS-API", "ports": ["8000"], "interfaces": ["eth1"], "sources": ["192.168.10.0/24"],
-        "comment": "OpenAI API"}
+        "comment": "OpenAI API", "rules_dir": rules_dir}
 r = run_module(iptables_chain, args, check_mode=True)
-assert r["changed"] and "SPARKOPS" not in rules(), r
+assert r["changed"] and "SPARKOPS" not in rules() and "SPARKOPS" not in rules("ip6tables"), r
+assert os.listdir(rules_dir) == [], "check mode wrote a rules file"
 r = run_module(iptables_chain, args)
 assert r["changed"] and not r.get("failed"), r
 assert run_module(iptables_chain, args)["changed"] is False
@@ -121,13 +184,60 @@ assert got[1].startswith("-A INPUT -p tcp -m multiport --dports 8000 "), got
 assert [l.split(" -m comment")[0] for l in got[2:]] == [
     "-A SPARKOPS-API -i lo", "-A SPARKOPS-API -i eth1", "-A SPARKOPS-API -s 192.168.10.0/24", "-A SPARKOPS-API"], got
 assert got[-1].endswith("-j DROP"), got
+# IPv6: the same ports go to a chain that passes loopback and ICMPv6 only (no IPv6 address is planned)
+got6 = [l for l in rules("ip6tables").splitlines() if "SPARKOPS" in l]
+assert got6[1].startswith("-A INPUT -p tcp -m multiport --dports 8000 "), got6
+assert [l.split(" -m comment")[0] for l in got6[2:]] == [
+    "-A SPARKOPS-API -i lo", "-A SPARKOPS-API -p ipv6-icmp", "-A SPARKOPS-API"], got6
+assert sorted(os.listdir(rules_dir)) == ["SPARKOPS-API.v4", "SPARKOPS-API.v6"]
 # a lost DROP (someone's iptables -D) comes back; a network taken off the list goes
 subprocess.run(["iptables", "-w", "-D", "SPARKOPS-API", "-m", "comment", "--comment",
                 "sparkops: OpenAI API: fast links and client networks only", "-j", "DROP"], check=True)
 assert run_module(iptables_chain, dict(args, sources=[]))["changed"]
 got = [l for l in rules().splitlines() if l.startswith("-A SPARKOPS-API")]
 assert len(got) == 3 and got[-1].endswith("-j DROP") and "192.168" not in "".join(got), got
+assert "192.168" not in open(os.path.join(rules_dir, "SPARKOPS-API.v4")).read()
 assert run_module(iptables_chain, dict(args, sources=[]))["changed"] is False
+# a changed port list replaces INPUT's jump (no stale jump left behind)
+assert run_module(iptables_chain, dict(args, sources=[], ports=["8001"]))["changed"]
+jumps = [l for l in rules().splitlines() if l.startswith("-A INPUT") and l.endswith("-j SPARKOPS-API")]
+assert len(jumps) == 1 and "--dports 8001 " in jumps[0], jumps
+# destinations: everything addressed to the fast-link address, any port and protocol
+mp = {"chain": "SPARKOPS-MP", "ports": ["29501"], "destinations": ["192.168.100.10", "fd00:1::10"],
+      "interfaces": ["eth1"], "interfaces6": ["eth1"], "comment": "vLLM ranks", "rules_dir": rules_dir}
+assert run_module(iptables_chain, mp)["changed"] and run_module(iptables_chain, mp)["changed"] is False
+assert "-A INPUT -d 192.168.100.10/32 " in rules() and "-A INPUT -d fd00:1::10/128 " in rules("ip6tables")
+
+# the ring's forwarding chain, built as roles/roce_network does (iptables <where> <rule>, in the model's order),
+# and its rules file as the role writes it (filter firewall_rules_file)
+from ansible_collections.sparkops.cluster.plugins.plugin_utils.cluster import _forward_rules
+from ansible_collections.sparkops.cluster.plugins.module_utils.firewall import rules_file_from
+fwd = _forward_rules(["eth1", "eth2"])
+for fam, tool in ((4, "iptables"), (6, "ip6tables")):
+    subprocess.run([tool, "-w", "-N", "SPARKOPS-FWD"], check=True)
+    for r in fwd:
+        subprocess.run([tool, "-w", *r["where"], *r["rule"]], check=True)
+    with open(os.path.join(rules_dir, f"SPARKOPS-FWD.v{fam}"), "w") as fh:
+        fh.write(rules_file_from("SPARKOPS-FWD", fam, fwd, "test"))
+
+# a reboot: every rule gone; the boot restore brings back exactly what the module wrote, twice is once
+before = {t: sorted(l for l in rules(t).splitlines() if "SPARKOPS" in l) for t in ("iptables", "ip6tables")}
+assert any(l.startswith("-A FORWARD -o eth2 ") for l in before["ip6tables"]), before
+for t in ("iptables", "ip6tables"):
+    subprocess.run([t, "-w", "-F", "INPUT"], check=True)
+    subprocess.run([t, "-w", "-F", "FORWARD"], check=True)
+    for c in ("SPARKOPS-API", "SPARKOPS-MP", "SPARKOPS-FWD"):
+        subprocess.run([t, "-w", "-F", c], check=True)
+        subprocess.run([t, "-w", "-X", c], check=True)
+    subprocess.run([t, "-w", "-A", "INPUT", "-p", "tcp", "--dport", "22", "-j", "ACCEPT"], check=True)
+for _ in range(2):
+    res = subprocess.run(["sh", restore_script, rules_dir], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+    for t in ("iptables", "ip6tables"):
+        assert sorted(l for l in rules(t).splitlines() if "SPARKOPS" in l) == before[t], (t, rules(t), before[t])
+        assert "--dport 22 -j ACCEPT" in rules(t), "the restore removed a rule that is not ours"
+assert run_module(iptables_chain, dict(args, sources=[], ports=["8001"]))["changed"] is False
+assert run_module(iptables_chain, mp)["changed"] is False
 print("OK")
 """
 
@@ -147,7 +257,16 @@ def test_the_module_against_the_real_iptables_in_a_private_network_namespace():
     if subprocess.run(["unshare", "-n", "iptables", "-w", "-S"], capture_output=True, check=False).returncode:
         pytest.skip("iptables does not work in a new network namespace here")
     res = subprocess.run(
-        ["unshare", "-n", sys.executable, "-c", REAL_IPTABLES, str(COLLECTIONS), str(ROOT / "tests" / "unit")],
+        [
+            "unshare",
+            "-n",
+            sys.executable,
+            "-c",
+            REAL_IPTABLES,
+            str(COLLECTIONS),
+            str(ROOT / "tests" / "unit"),
+            str(ROOT / "roles" / "firewall_boot" / "files" / "sparkops-firewall-restore"),
+        ],  # fmt: skip
         # the child imports the collection as this process does (ansible-test units puts it elsewhere)
         env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
         capture_output=True,
@@ -156,3 +275,50 @@ def test_the_module_against_the_real_iptables_in_a_private_network_namespace():
         check=False,
     )
     assert res.returncode == 0 and res.stdout.strip().endswith("OK"), res.stdout + res.stderr
+
+
+@pytest.mark.parametrize(
+    ("tasks", "chain"),
+    [
+        ("roles/ray_cluster/tasks/firewall.yml", "SPARKOPS-RAY"),
+        ("roles/vllm_serve/tasks/firewall.yml", "SPARKOPS-API"),
+        ("roles/vllm_serve/tasks/firewall.yml", "SPARKOPS-MP"),
+        ("roles/gateway/tasks/firewall.yml", "SPARKOPS-GATEWAY"),
+        ("roles/monitoring/tasks/main.yml", "SPARKOPS-MONITORING"),
+    ],
+)
+def test_every_input_chain_goes_through_the_module_for_both_families_and_a_rules_file(tasks, chain):
+    """No shell builds an INPUT chain: the module keeps IPv4 and IPv6 (its default families) and writes the rules
+    file the boot restore loads; no task narrows it to one family or turns the file off."""
+    import yaml  # noqa: PLC0415
+    from conftest import ROOT  # noqa: PLC0415
+
+    found = [
+        t["sparkops.cluster.iptables_chain"]
+        for t in yaml.safe_load((ROOT / tasks).read_text())
+        if (t.get("sparkops.cluster.iptables_chain") or {}).get("chain") == chain
+    ]
+    assert len(found) == 1, f"{tasks} has no iptables_chain task for {chain}"
+    assert "families" not in found[0] and "rules_dir" not in found[0]
+    if chain == "SPARKOPS-MP":  # the ranks' ephemeral ports: everything to the fast-link addresses
+        assert found[0]["destinations"] == "{{ sparkops_node.ips }}"
+
+
+def test_a_rules_file_from_the_models_rules_holds_only_its_chain_and_the_built_in_hooks():
+    from ansible_collections.sparkops.cluster.plugins.filter.firewall import firewall_rules_file  # noqa: PLC0415
+    from ansible_collections.sparkops.cluster.plugins.plugin_utils.cluster import _forward_rules  # noqa: PLC0415
+
+    text = firewall_rules_file(_forward_rules(["eth1", "eth2"]), "SPARKOPS-FWD", 6, "roles/roce_network")
+    lines = text.splitlines()
+    assert lines[0].startswith("# SPARKOPS-FWD (IPv6): written by roles/roce_network")
+    assert lines[1:3] == ["*filter", ":SPARKOPS-FWD - [0:0]"] and lines[-1] == "COMMIT"
+    assert (
+        '-I SPARKOPS-FWD 1 -i eth1 -o eth2 -m comment --comment "sparkops: ring forwarding eth1 to eth2" -j ACCEPT'
+        in lines
+    )
+    assert lines[-2] == '-I FORWARD 1 -o eth2 -m comment --comment "sparkops: forwarding to eth2" -j SPARKOPS-FWD'
+    for where in (["-A", "OUTPUT"], ["-I", "OTHER", "1"], ["-F", "SPARKOPS-FWD"], ["-I", "FORWARD", "x"]):
+        with pytest.raises(Exception, match="not one this file may hold"):
+            firewall_rules_file([{"where": where, "rule": ["-j", "ACCEPT"]}], "SPARKOPS-FWD")
+    with pytest.raises(Exception, match="not one this file may hold"):
+        firewall_rules_file([{"where": ["-A", "SPARKOPS-FWD"], "rule": ["-j", "DROP\nCOMMIT"]}], "SPARKOPS-FWD")

@@ -151,3 +151,14 @@ def test_recorded_json_files_are_read_and_a_broken_one_says_why(tmp_path):
     }
     assert files[str(broken)]["data"] is None and files[str(broken)]["error"].startswith(str(broken))
     assert files[str(tmp_path / "none.json")] == {"data": None, "error": None}
+
+
+def test_a_watchdog_without_net_admin_differs_so_the_role_recreates_it():
+    """The watchdog reads the host's firewall (iptables -S) before a group restart: the role adds NET_ADMIN
+    (vars/main.yml cap_add). The recorded container (docker 20.10.24) has HostConfig.CapAdd null."""
+    assert INSPECT["HostConfig"]["CapAdd"] is None
+    diffs = daemon_state.container_differences(INSPECT, dict(WANTED, cap_add=["NET_ADMIN"]), IMAGE_ID)
+    assert len(diffs) == 1 and diffs[0].startswith("added capabilities"), diffs
+    info = copy.deepcopy(INSPECT)
+    info["HostConfig"]["CapAdd"] = ["CAP_NET_ADMIN"]  # newer engines store the CAP_ prefix
+    assert daemon_state.container_differences(info, dict(WANTED, cap_add=["NET_ADMIN"]), IMAGE_ID) == []
