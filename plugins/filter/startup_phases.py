@@ -118,6 +118,7 @@ def startup_phases(
     ray_log: str = "",
     first_token_at: str | None = None,
     test_double: bool = False,
+    *,
     rank_logs=None,
 ) -> dict:
     """Phases of the last start: {phases: [{phase, at, since_start_s, source, note}], compile_cache}.

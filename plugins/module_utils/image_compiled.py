@@ -42,7 +42,7 @@ try:
     out["torch"] = str(torch.__version__)
 except Exception as exc:
     out["errors"]["torch"] = err(exc)
-for i, name in enumerate(%(extensions)r):
+for i, name in enumerate(@EXTENSIONS@):
     try:
         present = importlib.util.find_spec(name) is not None
     except Exception as exc:
@@ -76,8 +76,8 @@ try:
                 out["flashinfer_failed"].append([os.path.relpath(path, aot), err(exc)])
 except Exception as exc:
     out["errors"]["flashinfer"] = err(exc)
-print(%(marker)r + json.dumps(out, sort_keys=True))
-""" % {"extensions": VLLM_EXTENSIONS, "marker": MARKER}
+print(@MARKER@ + json.dumps(out, sort_keys=True))
+""".replace("@EXTENSIONS@", repr(VLLM_EXTENSIONS)).replace("@MARKER@", repr(MARKER))
 
 
 def parse_output(stdout: str) -> dict:
@@ -114,7 +114,12 @@ def problems(found: dict) -> list[str]:
             f"{len(failed)} of FlashInfer's compiled modules in {found.get('flashinfer_aot_dir')} do not load: "
             f"{first}{more}"
         )
-    if found.get("flashinfer_jit_cache") and not found.get("flashinfer_loaded") and not failed and "flashinfer" not in errors:
+    if (
+        found.get("flashinfer_jit_cache")
+        and not found.get("flashinfer_loaded")
+        and not failed
+        and "flashinfer" not in errors
+    ):
         out.append(
             f"flashinfer-jit-cache is installed but {found.get('flashinfer_aot_dir')} holds no compiled module to load"
         )

@@ -265,9 +265,14 @@ def cutlass_problem(found: dict, pin: str | None = None) -> str | None:
     have = found.get("flashinfer_cutlass")
     if want is None or have is None or str(have) == want:
         return None
-    where = "sparkops_image_pins.flashinfer_cutlass" if pin not in (None, "") else f"FlashInfer {found.get('flashinfer')}'s own"
+    where = (
+        "sparkops_image_pins.flashinfer_cutlass"
+        if pin not in (None, "")
+        else f"FlashInfer {found.get('flashinfer')}'s own"
+    )
     return (
-        f"flashinfer_cutlass: the image's FlashInfer {found.get('flashinfer')} ships CUTLASS {have}, not {want} ({where}). "
+        f"flashinfer_cutlass: the image's FlashInfer {found.get('flashinfer')} ships CUTLASS {have}, "
+        f"not {want} ({where}). "
         "eugr's first build (FlashInfer not yet in its build cache) checks the FlashInfer tag out without updating "
         "its submodules, so it compiles against the CUTLASS of FlashInfer's main (Dockerfile@fc08740:97-103); a "
         "second build takes the cache-hit path, which updates them (:110)"

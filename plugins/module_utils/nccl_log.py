@@ -231,7 +231,7 @@ def transport_verdict(parsed: dict, expected_hcas=None) -> dict:
             continue
         if ep["transport"] in LOCAL_TRANSPORTS:
             kinds = ", ".join(
-                f"{LOCAL_TRANSPORTS[k]} (via {'/'.join(sorted(x for x in ep['channel_local'] if x.startswith(k + '/')))})"
+                f"{LOCAL_TRANSPORTS[k]} (via {', '.join(x for x in ep['channel_local'] if x.startswith(k + '/'))})"
                 for k in sorted(LOCAL_TRANSPORTS)
                 if ep["channel_transports"].get(k)
             )

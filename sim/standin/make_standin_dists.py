@@ -71,6 +71,8 @@ dist(
     {
         "flashinfer/__init__.py": f"__version__ = {flashinfer_v!r}\n",
         "flashinfer/jit/__init__.py": "",
-        "flashinfer/jit/env.py": "import pathlib\n\nFLASHINFER_AOT_DIR = pathlib.Path(__file__).parents[1] / 'data' / 'aot'\n",
+        "flashinfer/jit/env.py": (
+            "import pathlib\n\nFLASHINFER_AOT_DIR = pathlib.Path(__file__).parents[1] / 'data' / 'aot'\n"
+        ),
     },
 )

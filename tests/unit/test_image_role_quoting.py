@@ -93,7 +93,9 @@ def test_a_new_build_loads_its_compiled_code_and_a_refused_build_is_removed():
     modules = [next(k for k in task if k.startswith("sparkops.cluster.")) for task in check["block"] if "name" in task
                and any(k.startswith("sparkops.cluster.") for k in task)]  # fmt: skip
     assert modules == ["sparkops.cluster.image_versions", "sparkops.cluster.image_compiled"]
-    compiled = next(t for t in check["block"] if "sparkops.cluster.image_compiled" in t)["sparkops.cluster.image_compiled"]
+    compiled = next(t for t in check["block"] if "sparkops.cluster.image_compiled" in t)[
+        "sparkops.cluster.image_compiled"
+    ]
     assert compiled["gpus"] == "{{ sparkops_hardware == 'dgx_spark' }}"
     removed = [t["ansible.builtin.command"]["argv"] for t in check["rescue"] if "ansible.builtin.command" in t]
     assert removed == [["docker", "image", "rm", "{{ sparkops_image }}"]]

@@ -128,7 +128,10 @@ def test_a_watchdog_that_stopped_restarting_is_a_gauge_until_serving_is_back(tf,
     assert samples(tf.watchdog_lines(log))["sparkops_watchdog_stopped_restarting"] == 0
     write({"epoch": 200, "event": "gave_up", "next_retry_epoch": 800.0})
     got = samples(tf.watchdog_lines(log))
-    assert got["sparkops_watchdog_stopped_restarting"] == 1 and got["sparkops_watchdog_next_retry_timestamp_seconds"] == 800
+    assert (
+        got["sparkops_watchdog_stopped_restarting"] == 1
+        and got["sparkops_watchdog_next_retry_timestamp_seconds"] == 800
+    )
     write(
         {"epoch": 200, "event": "gave_up", "next_retry_epoch": 800.0},
         {"epoch": 800, "event": "retry_after_budget"},
@@ -137,7 +140,12 @@ def test_a_watchdog_that_stopped_restarting_is_a_gauge_until_serving_is_back(tf,
         {"epoch": 901, "event": "retry_scheduled", "next_retry_epoch": 2101.0},
     )
     got = samples(tf.watchdog_lines(log))
-    assert got["sparkops_watchdog_stopped_restarting"] == 1 and got["sparkops_watchdog_next_retry_timestamp_seconds"] == 2101
+    assert (
+        got["sparkops_watchdog_stopped_restarting"] == 1
+        and got["sparkops_watchdog_next_retry_timestamp_seconds"] == 2101
+    )
     write({"epoch": 200, "event": "gave_up", "next_retry_epoch": 800.0}, {"epoch": 300, "event": "recovered"})
     got = samples(tf.watchdog_lines(log))
-    assert got["sparkops_watchdog_stopped_restarting"] == 0 and got["sparkops_watchdog_next_retry_timestamp_seconds"] == 0
+    assert (
+        got["sparkops_watchdog_stopped_restarting"] == 0 and got["sparkops_watchdog_next_retry_timestamp_seconds"] == 0
+    )

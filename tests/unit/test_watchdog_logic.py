@@ -264,7 +264,10 @@ def test_given_up_tries_again_when_its_back_off_runs_out():
           "retries_after_budget": 1, "next_retry_epoch": 500.0}  # fmt: skip
     assert wd.decide(obs("hang"), st, RETRY_CFG, 499)["action"] == "none"
     due = wd.decide(obs("hang"), st, RETRY_CFG, 500)
-    assert due["action"] == "retry" and due["reason"] == "try 2 after the restart budget was spent: hang: no token within 4 s"
+    assert (
+        due["action"] == "retry"
+        and due["reason"] == "try 2 after the restart budget was spent: hang: no token within 4 s"
+    )
     # a state from before tries existed starts its back-off now instead of never
     old = {"status": "gave_up", "reason": "vLLM exited", "restart_epochs": []}
     held = wd.decide(obs("failed"), old, RETRY_CFG, 1000)
@@ -313,7 +316,10 @@ def test_a_spent_budget_is_not_down_for_the_rest_of_the_hour(tmp_path, monkeypat
     assert dog.round(last) == "gave_up" and len(dog.restarts) == 2
     clock[0] = 1120
     last = dog.round(last)
-    assert last == "gave_up" and dog.restarts[-1] == ("try 1 after the restart budget was spent: " + state["gave_up_reason"], False)
+    assert last == "gave_up" and dog.restarts[-1] == (
+        "try 1 after the restart budget was spent: " + state["gave_up_reason"],
+        False,
+    )
     state = json.loads((tmp_path / "state.json").read_text())
     assert state["retries_after_budget"] == 1 and state["next_retry_epoch"] == 1120 + 200  # twice as long
     assert dog.names()[-2:] == ["retry_after_budget", "retry_scheduled"]

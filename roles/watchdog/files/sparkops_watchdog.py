@@ -420,8 +420,14 @@ class Watchdog:
         self.state["updated"] = utc_now()
         self.state["config"] = {
             k: self.cfg[k]
-            for k in ("interval_s", "hang_timeout_s", "failures_before_restart", "max_restarts_per_hour",
-                      "retry_after_budget_s", "retry_after_budget_max_s")  # fmt: skip
+            for k in (
+                "interval_s",
+                "hang_timeout_s",
+                "failures_before_restart",
+                "max_restarts_per_hour",
+                "retry_after_budget_s",
+                "retry_after_budget_max_s",
+            )  # fmt: skip
             if k in self.cfg
         }
         write_json_atomic(self.state_path, self.state)

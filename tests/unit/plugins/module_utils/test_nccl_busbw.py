@@ -110,7 +110,8 @@ def test_the_bandwidth_gate_refuses_a_table_measured_inside_one_host(kind):
 def test_channels_over_a_network_beside_local_ones_are_judged_by_the_network():
     log = "\n".join(
         [
-            "a:1:1 [0] NCCL INFO NET/IB : Using [0]rocep1s0f1:1/RoCE [1]roceP2p1s0f1:1/RoCE [RO]; OOB enp1s0f1np1:10.0.0.1<0>",
+            "a:1:1 [0] NCCL INFO NET/IB : Using [0]rocep1s0f1:1/RoCE [1]roceP2p1s0f1:1/RoCE [RO]; "
+            "OOB enp1s0f1np1:10.0.0.1<0>",
             "a:1:1 [0] NCCL INFO Using network IB",
             "a:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM",
             "a:1:1 [0] NCCL INFO Channel 00/0 : 1[1] -> 2[0] [send] via NET/IB/0",

@@ -18,7 +18,9 @@ def fake_docker(tmp_path, c_ok=True):
     (root / "torch").mkdir(exist_ok=True)
     (root / "torch" / "__init__.py").write_text("__version__ = '2.12.0'\n")
     (root / "vllm" / "__init__.py").write_text("")
-    (root / "vllm" / "_C.py").write_text("import torch\n" + ("" if c_ok else "raise ImportError('undefined symbol: x')\n"))
+    (root / "vllm" / "_C.py").write_text(
+        "import torch\n" + ("" if c_ok else "raise ImportError('undefined symbol: x')\n")
+    )
     (root / "flashinfer" / "jit").mkdir(parents=True, exist_ok=True)
     (root / "flashinfer" / "__init__.py").write_text("")
     (root / "flashinfer" / "jit" / "__init__.py").write_text("")

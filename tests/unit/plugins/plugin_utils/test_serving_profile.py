@@ -1097,7 +1097,9 @@ def test_shipped_hybrid_profiles_leave_prefix_caching_off_as_vllm_does(profiles)
         p = profiles[name]
         assert p["model_family"] in ("qwen3.5", "qwen3.6", "nemotron-h"), name
         assert p["enable_prefix_caching"] is False, name
-        assert "--no-enable-prefix-caching" in vllm_serve_args(p, "0.0.0.0", 8000, allow_rules=[{"rule": r, "reason": "test"} for r in RULES]), name
+        assert "--no-enable-prefix-caching" in vllm_serve_args(
+            p, "0.0.0.0", 8000, allow_rules=[{"rule": r, "reason": "test"} for r in RULES]
+        ), name
     for name, p in profiles.items():
         if name not in HYBRID_PROFILES:
             assert p["model_family"].lower() not in ("qwen3.5", "qwen3.6", "qwen3-next", "nemotron-h"), name
