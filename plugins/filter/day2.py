@@ -5,6 +5,7 @@
     {{ verdicts | sparkops.cluster.doctor_overall }}                        -> PASS | WARN | CRITICAL
     {{ verdicts | sparkops.cluster.doctor_markdown(cluster, generated) }}   -> Markdown report
     {{ sparkops_cluster | sparkops.cluster.doctor_keyless_urls }}           -> URLs probed without the key
+    {{ watchdog_state | sparkops.cluster.watchdog_status_line }}            -> the status playbook's watchdog line
 
 The logic lives in plugins/plugin_utils/day2_checks.py (controller only, unit-tested).
 """
@@ -61,6 +62,18 @@ def doctor_keyless_urls(cluster):
         raise AnsibleFilterError(f"doctor_keyless_urls: not a cluster model with its serving plan: {exc!r}") from exc
 
 
+def watchdog_status_line(state):
+    """The watchdog's state in one line for the status playbook (day2_checks.watchdog_stopped says why it stopped)."""
+    if not isinstance(state, dict) or not state:
+        return "no watchdog state on the head (not installed, or never started)"
+    state = _plain(state)
+    stopped = day2_checks.watchdog_stopped(state)
+    if stopped:
+        return "STOPPED RESTARTING - " + stopped[len("the watchdog stopped restarting: ") :]
+    line = f"{state.get('status', '?')}: {state.get('reason', '')}".rstrip(": ")
+    return line + (f" (last probe {state['last_probe_at']})" if state.get("last_probe_at") else "")
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -70,4 +83,5 @@ class FilterModule:
             "doctor_markdown": doctor_markdown,
             "doctor_line": doctor_line,
             "doctor_keyless_urls": doctor_keyless_urls,
+            "watchdog_status_line": watchdog_status_line,
         }

@@ -19,6 +19,7 @@ from ansible_collections.sparkops.cluster.plugins.module_utils.nccl_busbw import
     busbw_verdict,
     parse_busbw,
 )
+from ansible_collections.sparkops.cluster.plugins.module_utils.nccl_log import parse_nccl_transport
 
 
 def image_cuda_check(image_env, driver_version, driver_cuda_version=None, image=""):
@@ -74,7 +75,9 @@ def container_rdma_gaps(inspect):
 def nccl_busbw_verdict(text, threshold_gbs=DEFAULT_THRESHOLD_GBS, min_bytes=DEFAULT_MIN_BYTES):
     """{verdict: PASS|FAIL, peak_busbw_gbs, message, world_size, rows} for the probe's (or nccl-tests') output."""
     parsed = parse_busbw(str(text or ""))
-    verdict = busbw_verdict(parsed, float(threshold_gbs), int(min_bytes))
+    # The probe's output carries NCCL's INFO lines: what the channels really used.
+    transports = parse_nccl_transport(str(text or "")).get("transports")
+    verdict = busbw_verdict(parsed, float(threshold_gbs), int(min_bytes), transports)
     return {**verdict, "world_size": parsed.get("world_size"), "rows": len(parsed.get("rows") or [])}
 
 

@@ -19,6 +19,9 @@ lines (read from the release's source; see docs/cold-start.md for file and line)
 Ray's "Ray runtime started." (ray 2.52.1 scripts/scripts.py) marks Ray ready on the head.
 With tensor parallelism every rank logs its own line; the LAST one is when all ranks are done (the
 vLLM container runs with RAY_DEDUP_LOGS=0, or Ray's driver would hold the second rank's line back).
+Under vLLM's own multi-node executor (mp) a rank on another node runs `vllm serve --headless` in that
+node's container and logs there, not through the head (no Ray driver gathers worker output): those
+containers' logs come as rank_logs, and their lines count like the head's.
 Whether torch.compile reused its cache: hit when a start loads it, "Directly load the compiled
 graph(s)" (compilation/backends.py:286; AOT off, and AOT on with torch 2.10/2.11 where the AOT
 artifact's graphs are loaded again, caching.py:367-388) or "Directly load AOT compilation from path"
@@ -91,18 +94,41 @@ def _find(lines, markers, which):
     return hits[0] if which == "first" else hits[-1]
 
 
+def _rank_logs(rank_logs) -> list[tuple[str, str]]:
+    """(host, log) for each other rank: {host, log} dicts, or the loop results of `docker logs` over the
+    deployment's members ({item: {host}, stdout, stderr}). A rank whose log could not be read is left out."""
+    out = []
+    for entry in rank_logs or []:
+        if not isinstance(entry, dict):
+            raise ValueError(f"rank_logs entries must be mappings, not {type(entry).__name__}")
+        if "log" in entry:
+            host, log = entry.get("host"), entry.get("log")
+        else:
+            if entry.get("rc") not in (0, None) or entry.get("skipped"):
+                continue
+            host = (entry.get("item") or {}).get("host")
+            log = f"{entry.get('stdout') or ''}\n{entry.get('stderr') or ''}"
+        out.append((str(host or "another node"), str(log or "")))
+    return out
+
+
 def startup_phases(
     vllm_log: str,
     vllm_started_at: str,
     ray_log: str = "",
     first_token_at: str | None = None,
     test_double: bool = False,
+    *,
+    rank_logs=None,
 ) -> dict:
     """Phases of the last start: {phases: [{phase, at, since_start_s, source, note}], compile_cache}.
 
     vllm_log / ray_log: `docker logs --timestamps` of the vLLM and the head's Ray container.
     vllm_started_at: `docker inspect` .State.StartedAt of the vLLM container.
     first_token_at: when the first streamed token of the smoke completion arrived (RFC 3339).
+    rank_logs: the other ranks' vLLM container logs under vLLM's own multi-node executor (see _rank_logs);
+    their lines of this start (at or after the head's StartedAt: a headless rank waits for the head's
+    rendezvous before it loads anything) count like the head's, so "last" is the last rank's.
     A phase not found says why: "not applicable (test double)" or "not seen in the logs".
     """
     start = parse_ts(vllm_started_at)
@@ -111,12 +137,17 @@ def startup_phases(
     # stdout and stderr come from docker separately: order by time (stable for equal times).
     # `docker logs` of a restarted container holds every earlier run too: only the lines this
     # start wrote (at or after StartedAt) describe it.
-    lines = sorted(((ts, m) for ts, m in _timed_lines(vllm_log) if ts >= start), key=lambda tl: tl[0])
+    tagged = [(ts, m, "vLLM container log") for ts, m in _timed_lines(vllm_log) if ts >= start]
+    for host, log in _rank_logs(rank_logs):
+        tagged += [(ts, m, f"vLLM container log on {host}") for ts, m in _timed_lines(log) if ts >= start]
+    tagged.sort(key=lambda tl: tl[0])
+    lines = [(ts, m) for ts, m, _src in tagged]
     found: dict[str, tuple[datetime, str, str]] = {"container_start": (start, "docker inspect StartedAt", "")}
     for phase, markers, which in VLLM_MARKERS:
-        hit = _find(lines, markers, which)
-        if hit:
-            found[phase] = (hit[0], "vLLM container log", hit[1].strip()[:160])
+        hits = [(ts, m, src) for ts, m, src in tagged if any(mk in m for mk in markers)]
+        if hits:
+            ts, msg, src = hits[0] if which == "first" else hits[-1]
+            found[phase] = (ts, src, msg.strip()[:160])
     # Ray may come up before the vLLM container (a negative offset is normal); the Ray start this
     # vLLM start used is the last one before its API was ready (a later one belongs to a later start).
     ray_until = found["api_ready"][0] if "api_ready" in found else None

@@ -29,7 +29,24 @@ COMPONENTS = ("vllm", "torch", "cuda", "flashinfer", "ray", "nccl")
 #   last source of the vLLM commit (a full hash).
 EXTRAS = ("vllm_commit", "flashinfer_commit", "flashinfer_cutlass")
 # What sparkops_image_pins may name, and what the lock file may record.
-PIN_KEYS = (*COMPONENTS, "vllm_commit")
+PIN_KEYS = (*COMPONENTS, "vllm_commit", "flashinfer_cutlass")
+
+# The CUTLASS each FlashInfer release ships, as the probe below reads it ("<version>+sha256:<16 hex>"): a
+# build of that FlashInfer with any other CUTLASS is refused, and the lock never records one. Without
+# this, eugr's FIRST build is the one locked, and it is the wrong one: on a cache miss eugr's
+# Dockerfile@fc08740:97-103 clones FlashInfer `--recursive` at main (submodules at MAIN's commits) and
+# checks the tag out without `git submodule update`; only the cache-hit branch (:110) updates them, and
+# build-and-copy.sh@fc08740:505-506, :544-545 busts that step's cache on every build with --flashinfer-ref,
+# so the SECOND build (the repository now in the repo-cache mount) is the correct one.
+# 0.6.6: tag v0.6.6 is commit 70b142b75b46 (flashinfer/_build_meta.py of the flashinfer-python 0.6.6 wheel on
+# PyPI); its 3rdparty/cutlass gitlink is NVIDIA/cutlass f3fde58372d3 (CUTLASS 4.2.1). This digest is that
+# commit's include/ tree, computed with the probe's own walk, and equals the PyPI wheel's
+# flashinfer/data/cutlass/include. FlashInfer's main on eugr's build day (a1166dc0, 2026-04-10) carries
+# cutlass da5e086dab31 (4.4.2, since #2798 on 2026-03-19): "4.4.2+sha256:0c021aa4c41ed6dd", what a first
+# build of fc08740 with --flashinfer-ref v0.6.6 ships.
+FLASHINFER_OWN_CUTLASS = {
+    "0.6.6": "4.2.1+sha256:2666672a2db624fd",
+}
 LOCK_KEYS = (*COMPONENTS, *EXTRAS)
 
 PROBE = r"""
@@ -230,6 +247,38 @@ def vllm_problem(found: dict, pin_version: str | None, pin_commit: str | None) -
     )
 
 
+def expected_cutlass(found: dict, pin: str | None = None) -> str | None:
+    """The CUTLASS the image's FlashInfer must ship: the pin when set, else that release's own (None: unknown)."""
+    if pin not in (None, ""):
+        return str(pin).strip()
+    version = found.get("flashinfer")
+    return FLASHINFER_OWN_CUTLASS.get(str(version).strip().partition("+")[0]) if version else None
+
+
+def cutlass_problem(found: dict, pin: str | None = None) -> str | None:
+    """Why the CUTLASS headers FlashInfer ships are not its own (None when they are, or nothing is known).
+
+    An image whose FlashInfer ships no headers at all (None) is not judged here: nothing of it can be
+    JIT-compiled against the wrong CUTLASS (the compiled-module check judges what it carries).
+    """
+    want = expected_cutlass(found, pin)
+    have = found.get("flashinfer_cutlass")
+    if want is None or have is None or str(have) == want:
+        return None
+    where = (
+        "sparkops_image_pins.flashinfer_cutlass"
+        if pin not in (None, "")
+        else f"FlashInfer {found.get('flashinfer')}'s own"
+    )
+    return (
+        f"flashinfer_cutlass: the image's FlashInfer {found.get('flashinfer')} ships CUTLASS {have}, "
+        f"not {want} ({where}). "
+        "eugr's first build (FlashInfer not yet in its build cache) checks the FlashInfer tag out without updating "
+        "its submodules, so it compiles against the CUTLASS of FlashInfer's main (Dockerfile@fc08740:97-103); a "
+        "second build takes the cache-hit path, which updates them (:110)"
+    )
+
+
 def lock_record(found: dict) -> dict:
     """What the lock file records from a probe: the exact strings of LOCK_KEYS, the vLLM commit as judged."""
     record = {key: found.get(key) for key in LOCK_KEYS}
@@ -256,6 +305,12 @@ def compare_versions(found: dict, pins: dict, locked: dict | None = None) -> lis
             problem = vllm_problem(found, pin, pins.get("vllm_commit"))
         elif comp == "vllm_commit":
             problem = None  # judged with vllm above
+        elif comp == "flashinfer_cutlass":
+            problem = cutlass_problem(found, pin)
+            if problem is None and have is not None and have == expected_cutlass(found, pin):
+                # FlashInfer's own CUTLASS: a lock that recorded another one recorded a first build's
+                # wrong headers, and it must not refuse the correct build.
+                continue
         elif pin not in (None, "") and not version_matches(pin, have):
             problem = (
                 f"{comp}: the image carries {have if have is not None else 'none'}, the pin "

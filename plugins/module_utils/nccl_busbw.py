@@ -69,14 +69,34 @@ def _fail(message: str, peak: float | None = None) -> dict:
     return {"verdict": "FAIL", "peak_busbw_gbs": peak, "message": message}
 
 
-def busbw_verdict(parsed: dict, threshold_gbs: float = DEFAULT_THRESHOLD_GBS, min_bytes: int = DEFAULT_MIN_BYTES):
+# Channel transports that stay inside one host (nccl_log.LOCAL_TRANSPORTS' keys; this file stays stdlib-only).
+_LOCAL = {"P2P": "GPU peer-to-peer (NVLink or PCIe)", "SHM": "shared memory"}
+
+
+def busbw_verdict(
+    parsed: dict,
+    threshold_gbs: float = DEFAULT_THRESHOLD_GBS,
+    min_bytes: int = DEFAULT_MIN_BYTES,
+    transports: list | None = None,
+):
     """PASS when the best bus bandwidth at ``min_bytes`` and up reaches the threshold; FAIL otherwise, saying why.
 
     The best, not the average: nccl-tests' "Avg bus bandwidth" averages every size, small ones included, and
-    says more about the size range than about the link."""
+    says more about the size range than about the link. ``transports``: what the output's own NCCL INFO lines
+    say the channels used (nccl_log.parse_nccl_transport); when every one stayed inside one host (P2P, SHM) the
+    table measured that host, not the fabric, and is refused whatever its speed (two H100s of one host: 241 GB/s
+    over P2P, 24.9 GB/s over SHM, tests/fixtures/nccl/busbw_probe_h100x2_one_host_*.txt)."""
     rows = parsed.get("rows") or []
     if not rows:
         return _fail("no bandwidth rows in the output: the probe did not run")
+    if transports and set(transports) <= set(_LOCAL):
+        used = " and ".join(f"{_LOCAL[t]} ({t})" for t in sorted(set(transports)))
+        peak = max((r["busbw_gbs"] for r in rows if r["busbw_gbs"] is not None), default=None)
+        return _fail(
+            f"every NCCL channel ran over {used} inside one host: the table measured that host, not the fabric; "
+            "run one rank per Spark",
+            peak,
+        )
     if parsed.get("world_size") == 1:
         return _fail(
             "world size 1: nothing crossed a link (bus bandwidth is 0 by definition); run it across nodes", 0.0

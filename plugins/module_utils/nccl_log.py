@@ -9,6 +9,10 @@ Lines read (fixtures in tests/fixtures/nccl/, sources in its README.md):
 - "NET/Socket : Using [0]enP7s7:192.168.0.111<0>" -> TCP sockets; "NET/IB : No device found." precedes it;
 - "Using network IB" / "Using network Socket" / "Using network IBext_v8" (a plugin);
 - "Channel 00/0 : 0[0] -> 1[0] [send] via NET/IB/0" (the number is the NET device index);
+- "Channel 00/0 : 1[1] -> 0[0] via P2P/CUMEM" and "Channel 00 : 0[0] -> 1[1] via SHM/direct/direct": ranks on
+  ONE host, over GPU peer-to-peer (NVLink or PCIe) or shared memory; no network carried them (recorded with
+  NCCL 2.28.9 on two H100s of one host: tests/fixtures/nccl/busbw_probe_h100x2_one_host_*.txt). Such a log
+  still says "Using network Socket" (the network NCCL would use between hosts), with no channel over it;
 - "NCCL_IB_GID_INDEX set by environment to 3.", "NCCL_IB_HCA set to rocep1s0f1", "NCCL version 2.28.9+cuda13.0";
 - plugin lines: "NET/Plugin: Could not find: libnccl-net.so", "Plugin Path : ...", "Initialized NET plugin IB".
 """
@@ -25,11 +29,19 @@ _SOCK_RE = re.compile(r"\[\d+\]([^\s:\[\]]+):([^\s<]+)<\d+>")
 _OOB_RE = re.compile(r"OOB\s+([^\s:]+):([^\s<]+)")
 _NETWORK_RE = re.compile(r"^Using network (?P<name>.+?)\s*$")
 _VIA_RE = re.compile(r"via NET/(?P<net>.+?)/(?P<dev>\d+)(?:/|\s|$)")
+_VIA_LOCAL_RE = re.compile(r"via (?P<kind>P2P|SHM)/(?P<rest>\S+)")
 _GID_RE = re.compile(r"NCCL_IB_GID_INDEX set (?:by environment )?to (-?\d+)")
 _HCA_ENV_RE = re.compile(r"NCCL_IB_HCA set (?:by environment )?to (\S+)")
 _VERSION_RE = re.compile(r"NCCL version (\S+)")
 _RANK_RE = re.compile(r"\brank (\d+) n[Rr]anks (\d+)")
 _PLUGIN_MARKERS = ("NET/Plugin", "Plugin Path", "P2P plugin", "NET plugin", "net plugin")
+
+# Channel transports that stay inside one host (no network): what each is.
+LOCAL_TRANSPORTS = {"P2P": "GPU peer-to-peer (NVLink or PCIe)", "SHM": "shared memory"}
+LOCAL_HINT = (
+    "the ranks ran on one host, so nothing crossed the fabric: run one rank per Spark (the probe's "
+    "MASTER_ADDR on the head's fast-link address, RANK per node) to measure the link"
+)
 
 SOCKET_HINT = (
     "NCCL fell back to TCP sockets, RDMA is not in use: inside a container it needs the RDMA devices "
@@ -66,6 +78,7 @@ def _endpoint(host: str | None, pid: str | None) -> dict:
         "ib_no_device": False,
         "channel_transports": {},
         "channel_net_devs": [],
+        "channel_local": [],
     }
 
 
@@ -126,6 +139,11 @@ def parse_nccl_transport(log_text: str) -> dict:
         nm = _NETWORK_RE.match(msg)
         if nm:
             ep["network"] = nm.group("name")
+        local = _VIA_LOCAL_RE.search(msg)
+        if local:
+            kind = local.group("kind")
+            ep["channel_transports"][kind] = ep["channel_transports"].get(kind, 0) + 1
+            _add(ep["channel_local"], f"{kind}/{local.group('rest')}")
         via = _VIA_RE.search(msg)
         if via:
             cls = transport_class(via.group("net"))
@@ -142,15 +160,21 @@ def parse_nccl_transport(log_text: str) -> dict:
             _add(ep["ranks"], int(rm.group(1)))
     for ep in endpoints.values():
         using = ep.pop("_using", [])
-        if ep["network"]:
+        counts = ep["channel_transports"]
+        net_channels = {k: v for k, v in counts.items() if k not in LOCAL_TRANSPORTS}
+        if counts and not net_channels:
+            # Every channel inside one host: "Using network ..." names a network no channel used.
+            ep["transport"] = max(sorted(counts), key=lambda t: counts[t])
+        elif ep["network"]:
             ep["transport"] = transport_class(ep["network"])
-        elif ep["channel_transports"]:
-            ep["transport"] = max(sorted(ep["channel_transports"]), key=lambda t: ep["channel_transports"][t])
+        elif net_channels:
+            ep["transport"] = max(sorted(net_channels), key=lambda t: net_channels[t])
         elif "Socket" in using and not ep["hcas"]:
             ep["transport"] = "Socket"
         elif using:
             ep["transport"] = using[-1]
         ep["channel_net_devs"].sort()
+        ep["channel_local"].sort()
         ep["ranks"].sort()
     # Drop endpoints that carry nothing about the transport (e.g. a host seen only in unrelated lines).
     # (HCAs and socket interfaces come with a "Using" line, which always sets a transport.)
@@ -204,6 +228,14 @@ def transport_verdict(parsed: dict, expected_hcas=None) -> dict:
         if ep["transport"] == "Socket":
             ifs = ", ".join(ep["socket_ifs"]) or "a TCP interface"
             problems.append(f"{where}: NET/Socket over {ifs}; {SOCKET_HINT}")
+            continue
+        if ep["transport"] in LOCAL_TRANSPORTS:
+            kinds = ", ".join(
+                f"{LOCAL_TRANSPORTS[k]} (via {', '.join(x for x in ep['channel_local'] if x.startswith(k + '/'))})"
+                for k in sorted(LOCAL_TRANSPORTS)
+                if ep["channel_transports"].get(k)
+            )
+            problems.append(f"{where}: every channel ran over {kinds}, none over a network; {LOCAL_HINT}")
             continue
         if ep["transport"] not in ("IB", None):
             problems.append(f"{where}: transport {ep['transport']}, not IB verbs")

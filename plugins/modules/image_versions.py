@@ -40,6 +40,8 @@ options:
     description:
       - Component (vllm, torch, cuda, flashinfer, ray, nccl) to pinned version; null or empty means not pinned.
       - C(vllm_commit) is the vLLM commit (7-40 hex) the build must contain.
+      - C(flashinfer_cutlass) is the CUTLASS FlashInfer must ship (C(<version>+sha256:<16 hex>)), compared exactly;
+        unset, a FlashInfer release whose own CUTLASS is known (0.6.6) must ship that one, whatever I(locked) says.
     type: dict
     default: {}
   locked:

@@ -537,6 +537,27 @@ def check_exposure(probe: dict, serve_host: str, mgmt_address: str) -> dict:
     return verdict("API exposure", "cluster", PASS, ev + (" (as configured)" if reach else ""))
 
 
+def watchdog_stopped(state: dict | None) -> str | None:
+    """Why the watchdog stopped restarting and when it tries next (None while it has not stopped).
+
+    The state is roles/watchdog's watchdog-state.json: status "gave_up" once the hour's restarts are spent,
+    with gave_up_reason, restarts_in_hour, retries_after_budget and next_retry_at (sparkops_watchdog.py).
+    """
+    if not isinstance(state, dict) or state.get("status") != "gave_up":
+        return None
+    why = state.get("gave_up_reason") or state.get("reason") or "unknown"
+    limit = ((state.get("config") or {}).get("max_restarts_per_hour")) or "?"
+    done = state.get("restarts_in_hour")
+    line = f"the watchdog stopped restarting: {why}"
+    line += f" (restarted {done} times in the last hour, max_restarts_per_hour={limit})" if done is not None else ""
+    tries = int(state.get("retries_after_budget") or 0)
+    if state.get("next_retry_at"):
+        line += f"; next try at {state['next_retry_at']}" + (f" ({tries} tries since)" if tries else "")
+    else:
+        line += "; no further try scheduled: it waits for a completion to answer"
+    return line
+
+
 def check_watchdog(state: dict | None, events: list[dict], running: bool, now_epoch: float) -> dict:
     if not state:
         return verdict(
@@ -564,6 +585,16 @@ def check_watchdog(state: dict | None, events: list[dict], running: bool, now_ep
             "docker logs sparkops-watchdog on the head; `ansible-playbook site.yml`",
         )
     st = state.get("status")
+    stopped = watchdog_stopped(state)
+    if stopped:
+        return verdict(
+            "watchdog",
+            "cluster",
+            CRITICAL,
+            stopped + "; " + ev,
+            "fix what the reason names (a crash at start, a node that loses its Ray worker, the memory floor), "
+            "then `ansible-playbook site.yml`; the watchdog watches again on the first good completion",
+        )
     if st in ("gave_up", "blocked"):
         return verdict(
             "watchdog",

@@ -78,7 +78,26 @@ RULES: dict[str, str] = {
         "a shipped profile marked not_recommended: it runs, but the reason in the profile says why you should "
         "not; pick a recommended profile"
     ),
+    "hybrid-prefix-caching": (
+        "no prefix caching on a hybrid (Gated DeltaNet or Mamba) model: vLLM 0.19.0 leaves it off for them by "
+        "default because it is experimental, and turned on it caches the recurrent state in its experimental "
+        "mamba 'align' mode (Qwen3.5/3.6); set enable_prefix_caching: false"
+    ),
 }
+
+# Model families whose architectures vLLM 0.19.0 marks hybrid (attention beside Gated DeltaNet or Mamba
+# layers): Qwen3_5ForConditionalGeneration and its MoE subclass (model_executor/models/qwen3_5.py:574, :801,
+# IsHybrid; Qwen3.6 ships the same architectures: its model card's layout is 10 x (3 x Gated DeltaNet + 1 x
+# Gated Attention), each followed by MoE for the 35B-A3B), Qwen3NextForCausalLM (qwen3_next.py) and
+# NemotronHForCausalLM (nemotron_h.py). For them vLLM 0.19.0 turns prefix caching OFF by default
+# (config/model.py:1785-1790 "Hybrid models do not support prefix caching since the feature is still
+# experimental", applied by engine/arg_utils.py:2143-2144). Turned on, config/vllm.py:1612-1613 runs
+# HybridAttentionMambaModelConfig (models/config.py:156-188), which runs MambaModelConfig
+# (models/config.py:436-466): mamba_cache_mode becomes "all" only for models with
+# SupportsMambaPrefixCaching (interfaces.py:947-971; NemotronH has it, the Qwen3.5 classes do not), else
+# "align", which needs chunked prefill (:456-459), and vLLM logs that prefix caching for Mamba layers
+# "is experimental".
+HYBRID_FAMILIES = ("qwen3.5", "qwen3.6", "qwen3-next", "nemotron-h")
 
 _INT = "int"
 _NUM = "number"
@@ -166,6 +185,7 @@ _CUTLASS_RULE = "hard rule no-cutlass-fp4 ('no CUTLASS FP4 kernels on SM121')"
 _MXFP4_RULE = "hard rule mxfp4-only-gpt-oss ('quantization mxfp4 only for gpt-oss')"
 _FP8_ATTN_RULE = "hard rule fp8-no-flashinfer-attention ('FlashInfer attention with FP8 weights crashes on SM121')"
 _NOT_RECOMMENDED_RULE = "rule not-recommended"
+_HYBRID_PC_RULE = "rule hybrid-prefix-caching ('prefix caching on a hybrid model is experimental in vLLM 0.19.0')"
 _ALLOW_HINT = (
     " (to go past it on a build you have validated: sparkops_allow_rules: "
     "[{{rule: {rule}, reason: '<why, who validated, on which image>'}}])"
@@ -508,6 +528,18 @@ def _rule_violations(p: dict) -> list[tuple[str | None, str]]:
                     "TRITON_ATTN",
                 )
             )
+
+    if p["enable_prefix_caching"] and p["model_family"].lower() in HYBRID_FAMILIES:
+        out.append(
+            (
+                "hybrid-prefix-caching",
+                f"enable_prefix_caching is true on model_family {p['model_family']!r}, a hybrid of attention and "
+                "Gated DeltaNet/Mamba layers, refused by the "
+                f"{_HYBRID_PC_RULE}: vLLM leaves it off for such models by default, and on it caches their "
+                "recurrent state in an experimental mode ('align' for Qwen3.5/3.6); set enable_prefix_caching: "
+                "false, or allow the rule with the reason you validated it",
+            )
+        )
 
     if p["not_recommended"]:
         out.append(

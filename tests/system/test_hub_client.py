@@ -273,6 +273,37 @@ def test_hf_transfer_is_never_forced_on_a_client_without_it(hub, hub_client, tmp
     assert rc == 0 and res["hf_transfer"] is False, (res, proc.stderr[-1500:])
 
 
+# A stand-in for the hf_transfer package: 0.36.2 imports it inside http_get only when its constant
+# HF_HUB_ENABLE_HF_TRANSFER is true (file_download.py:390-405); that constant is read once, when
+# huggingface_hub is imported (constants.py:219). The stand-in records its import (the client took the
+# hf_transfer branch) and keeps hf_transfer's call signature (file_download.py:470-478); the shards here
+# (24 MiB) are under the 5-chunk threshold (:467), so the client streams them itself either way.
+HF_TRANSFER_STANDIN = """
+import os
+with open(os.environ["SPARKOPS_TEST_HF_TRANSFER_LOG"], "a") as _log:
+    _log.write("imported\\n")
+
+def download(url, filename, max_files, chunk_size, headers=None, parallel_failures=0, max_retries=0, callback=None):
+    raise NotImplementedError("the test's hf_transfer stand-in does not download")
+"""
+
+
+def test_hf_transfer_reported_on_is_the_one_the_client_uses(hub, hub_client, tmp_path):
+    stub = tmp_path / "stub"
+    (stub / "hf_transfer").mkdir(parents=True)
+    (stub / "hf_transfer" / "__init__.py").write_text(HF_TRANSFER_STANDIN)
+    log = tmp_path / "hf-transfer.log"
+    env = client_env(hub, hub_client, tmp_path, SPARKOPS_TEST_HF_TRANSFER_LOG=str(log))
+    env["PYTHONPATH"] = f"{hub_client[1]}{os.pathsep}{stub}"
+    argv = [sys.executable, str(SCRIPT), "--model", MODEL, "--revision", "main", "--cache-dir", str(tmp_path / "hub")]
+    rc, res, proc = _result(subprocess.run(argv, env=env, capture_output=True, text=True, timeout=180, check=False))
+    assert rc == 0, (res, proc.stderr[-1500:])
+    used = log.exists() and "imported" in log.read_text()
+    # The result says what really ran: 0.36 takes the hf_transfer branch, 1.x has none.
+    assert res["hf_transfer"] is used, (res, used)
+    assert used is hub_client[0].startswith("0."), (hub_client[0], res)
+
+
 def test_the_token_reaches_the_client_by_file_and_never_a_process_listing(hub, hub_client, tmp_path):
     # issue 23: the role put the token in the remote shell's environment (command line, ps, -vvv) and in
     # `docker run -e HF_TOKEN`. Now: a 0600 file, HF_TOKEN_PATH names it. Sampled while the download runs.

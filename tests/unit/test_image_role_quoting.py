@@ -83,3 +83,21 @@ def test_the_image_name_check_refuses_spaces_quotes_and_newlines():
     assert re.match(pattern, "registry.local/team/vllm-node:abc")
     for bad in ("vllm-node:a b", "vllm-node:x'y", 'vllm-node:x"y', "vllm-node:x\nRUN id", "Vllm:x", "vllm-node"):
         assert not re.match(pattern, bad), bad  # Jinja's `match` test is re.match
+
+
+def test_a_new_build_loads_its_compiled_code_and_a_refused_build_is_removed():
+    """issue 43: after a build, vLLM's and FlashInfer's compiled code is loaded against the image's torch, and an
+    image the checks refuse is removed, so the next run builds again instead of finding and refusing it."""
+    build = yaml.safe_load((ROLE / "tasks" / "build.yml").read_text())
+    check = next(t for t in build if "rescue" in t and any("image_versions" in str(b) for b in t["block"]))
+    modules = [next(k for k in task if k.startswith("sparkops.cluster.")) for task in check["block"] if "name" in task
+               and any(k.startswith("sparkops.cluster.") for k in task)]  # fmt: skip
+    assert modules == ["sparkops.cluster.image_versions", "sparkops.cluster.image_compiled"]
+    compiled = next(t for t in check["block"] if "sparkops.cluster.image_compiled" in t)[
+        "sparkops.cluster.image_compiled"
+    ]
+    assert compiled["gpus"] == "{{ sparkops_hardware == 'dgx_spark' }}"
+    removed = [t["ansible.builtin.command"]["argv"] for t in check["rescue"] if "ansible.builtin.command" in t]
+    assert removed == [["docker", "image", "rm", "{{ sparkops_image }}"]]
+    assert any("ansible.builtin.fail" in t for t in check["rescue"])
+    assert "spark_vllm_image_built.rc != 0" in check["when"]

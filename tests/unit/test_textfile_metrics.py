@@ -114,3 +114,38 @@ def test_a_missing_textfile_folder_is_refused(tf, tmp_path, capsys):
     )  # fmt: skip
     assert rc == 2
     assert "install the node exporter" in capsys.readouterr().err
+
+
+def test_a_watchdog_that_stopped_restarting_is_a_gauge_until_serving_is_back(tf, tmp_path):
+    """issue 43: the WatchdogStoppedRestarting alert reads this gauge; the events are what sparkops_watchdog.py's
+    give_up / retry_after_budget write."""
+    log = tmp_path / "watchdog.jsonl"
+
+    def write(*recs):
+        log.write_text("\n".join(json.dumps({"node": "h", "ts": "x", "message": "m", **r}) for r in recs) + "\n")
+
+    write({"epoch": 100, "event": "restart_begun"}, {"epoch": 110, "event": "restart_ended", "ok": False})
+    assert samples(tf.watchdog_lines(log))["sparkops_watchdog_stopped_restarting"] == 0
+    write({"epoch": 200, "event": "gave_up", "next_retry_epoch": 800.0})
+    got = samples(tf.watchdog_lines(log))
+    assert (
+        got["sparkops_watchdog_stopped_restarting"] == 1
+        and got["sparkops_watchdog_next_retry_timestamp_seconds"] == 800
+    )
+    write(
+        {"epoch": 200, "event": "gave_up", "next_retry_epoch": 800.0},
+        {"epoch": 800, "event": "retry_after_budget"},
+        {"epoch": 801, "event": "restart_begun"},
+        {"epoch": 900, "event": "restart_ended", "ok": False},
+        {"epoch": 901, "event": "retry_scheduled", "next_retry_epoch": 2101.0},
+    )
+    got = samples(tf.watchdog_lines(log))
+    assert (
+        got["sparkops_watchdog_stopped_restarting"] == 1
+        and got["sparkops_watchdog_next_retry_timestamp_seconds"] == 2101
+    )
+    write({"epoch": 200, "event": "gave_up", "next_retry_epoch": 800.0}, {"epoch": 300, "event": "recovered"})
+    got = samples(tf.watchdog_lines(log))
+    assert (
+        got["sparkops_watchdog_stopped_restarting"] == 0 and got["sparkops_watchdog_next_retry_timestamp_seconds"] == 0
+    )

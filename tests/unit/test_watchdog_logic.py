@@ -334,3 +334,99 @@ def test_a_group_whose_chain_is_missing_is_not_started_and_the_event_says_which(
     monkeypatch.setattr(dog, "_restart_steps", lambda: (True, ""))
     dog.restart_group("hang")
     assert dog.state["status"] == "watching" and "firewall_missing" not in dog.state
+
+
+# --- a spent restart budget: stop, say why, try again after a growing back-off (issue 43)
+RETRY_CFG = {**CFG, "retry_after_budget_s": 100, "retry_after_budget_max_s": 350}
+
+
+def test_retry_delay_doubles_up_to_its_cap():
+    assert [wd.retry_delay(k, RETRY_CFG) for k in range(5)] == [100, 200, 350, 350, 350]
+    assert wd.retry_delay(0, {}) == 600  # the role's defaults: 600 s, at most 3600 s
+    assert wd.retry_delay(9, {}) == 3600
+
+
+def test_given_up_tries_again_when_its_back_off_runs_out():
+    st = {"status": "gave_up", "gave_up_reason": "hang: no token within 4 s", "restart_epochs": [10.0, 20.0],
+          "retries_after_budget": 1, "next_retry_epoch": 500.0}  # fmt: skip
+    assert wd.decide(obs("hang"), st, RETRY_CFG, 499)["action"] == "none"
+    due = wd.decide(obs("hang"), st, RETRY_CFG, 500)
+    assert (
+        due["action"] == "retry"
+        and due["reason"] == "try 2 after the restart budget was spent: hang: no token within 4 s"
+    )
+    # a state from before tries existed starts its back-off now instead of never
+    old = {"status": "gave_up", "reason": "vLLM exited", "restart_epochs": []}
+    held = wd.decide(obs("failed"), old, RETRY_CFG, 1000)
+    assert held["action"] == "none" and held["state"]["next_retry_epoch"] == 1100
+
+
+class FakeDog(wd.Watchdog):
+    """The watch loop's round() with observation and the group restart replaced (no HTTP, no Docker)."""
+
+    def __init__(self, tmp_path, restarts_work=False):
+        self.cfg = {**RETRY_CFG, "interval_s": 1, "state_file": str(tmp_path / "state.json"), "node": "head"}
+        self.state_path = self.cfg["state_file"]
+        self.events = wd.Events(str(tmp_path / "events.jsonl"), "head")
+        self.state = {"restart_epochs": [], "consecutive_failures": 0, "own_start_epoch": 0}
+        self.probe, self.restarts_work, self.restarts = "hang", restarts_work, []
+        self.tmp = tmp_path
+
+    def observe(self):
+        return {"probe": self.probe, "probe_detail": "", "probe_s": 4.0, "workers": {}, "floor_tripped": [],
+                "in_grace": False}  # fmt: skip
+
+    def restart_group(self, reason, backoff=True):
+        self.restarts.append((reason, backoff))
+        self.state["restart_epochs"].append(wd.time.time())
+        self.state["status"] = "watching" if self.restarts_work else "degraded"
+
+    def names(self):
+        return [json.loads(x)["event"] for x in (self.tmp / "events.jsonl").read_text().splitlines()]
+
+
+def test_a_spent_budget_is_not_down_for_the_rest_of_the_hour(tmp_path, monkeypatch):
+    clock = [1000.0]
+    monkeypatch.setattr(wd.time, "time", lambda: clock[0])
+    dog, last = FakeDog(tmp_path), None
+    for _ in range(3):  # two restarts (the budget), then the third failure gives up
+        last = dog.round(last)
+        clock[0] += 10
+    assert last == "gave_up" and len(dog.restarts) == 2
+    state = json.loads((tmp_path / "state.json").read_text())
+    assert state["gave_up_reason"].startswith("hang") and state["restarts_in_hour"] == 2
+    assert state["next_retry_epoch"] == 1020 + 100 and state["next_retry_at"] == "1970-01-01T00:18:40Z"
+    gave_up = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()][-1]
+    assert gave_up["event"] == "gave_up" and "not restarting again until 1970-01-01T00:18:40Z" in gave_up["message"]
+    # Before the back-off runs out nothing happens; then one try, outside the budget and without the in-hour wait.
+    clock[0] = 1119
+    assert dog.round(last) == "gave_up" and len(dog.restarts) == 2
+    clock[0] = 1120
+    last = dog.round(last)
+    assert last == "gave_up" and dog.restarts[-1] == (
+        "try 1 after the restart budget was spent: " + state["gave_up_reason"],
+        False,
+    )
+    state = json.loads((tmp_path / "state.json").read_text())
+    assert state["retries_after_budget"] == 1 and state["next_retry_epoch"] == 1120 + 200  # twice as long
+    assert dog.names()[-2:] == ["retry_after_budget", "retry_scheduled"]
+    # The next try brings serving back: watching, the given-up fields gone, "recovered" said.
+    dog.restarts_work = True
+    clock[0] = 1320
+    last = dog.round(last)
+    assert last == "watching" and len(dog.restarts) == 4
+    state = json.loads((tmp_path / "state.json").read_text())
+    assert state["status"] == "watching" and not set(wd.GAVE_UP_FIELDS) & set(state)
+    assert "recovered" in dog.names()
+
+
+def test_a_completion_that_answers_while_given_up_ends_it(tmp_path, monkeypatch):
+    clock = [1000.0]
+    monkeypatch.setattr(wd.time, "time", lambda: clock[0])
+    dog, last = FakeDog(tmp_path), None
+    for _ in range(3):
+        last = dog.round(last)
+    assert last == "gave_up"
+    dog.probe = "ok"
+    assert dog.round(last) == "watching"
+    assert not set(wd.GAVE_UP_FIELDS) & set(json.loads((tmp_path / "state.json").read_text()))

@@ -17,6 +17,9 @@ GPU (from nvidia-smi; DCGM is not used: it does not report a GB10 properly, see 
 Watchdog (from the watchdog's JSON-lines log; one object a line, a restart is "event": "restart_begun"):
   sparkops_watchdog_restarts_total     restarts recorded in the log
   sparkops_watchdog_last_restart_timestamp_seconds
+  sparkops_watchdog_stopped_restarting 1 while the watchdog has spent its restart budget and serving is not
+                                       back ("gave_up" logged, no "recovered" nor successful restart since)
+  sparkops_watchdog_next_retry_timestamp_seconds  when it tries again (0 when it has not stopped)
 Thresholds the alert rules compare with (one source of truth: the role's variables):
   sparkops_weights_disk_avail_bytes, sparkops_weights_disk_size_bytes, sparkops_weights_disk_min_free_bytes
   sparkops_memory_floor_bytes
@@ -106,6 +109,7 @@ def gpu_lines(csv_text: str | None) -> list[str]:
 
 def watchdog_lines(log_path: Path) -> list[str]:
     restarts, last = 0, 0.0
+    stopped, next_retry = 0, 0.0
     try:
         text = log_path.read_text(errors="replace")
     except FileNotFoundError:
@@ -117,11 +121,22 @@ def watchdog_lines(log_path: Path) -> list[str]:
             continue
         # The watchdog (roles/watchdog) logs {"epoch": <Unix s>, "event": "restart_begun", ...}
         # once per restart of the serving group.
-        if isinstance(rec, dict) and rec.get("event") == "restart_begun":
+        if not isinstance(rec, dict):
+            continue
+        event = rec.get("event")
+        if event == "restart_begun":
             restarts += 1
             epoch = rec.get("epoch")
             if isinstance(epoch, (int, float)):
                 last = max(last, float(epoch))
+        # The watchdog logs "gave_up" when the hour's restarts are spent and "retry_scheduled" after a try
+        # that failed (both with next_retry_epoch); "recovered" or a restart that ended ok means serving is back.
+        elif event in ("gave_up", "retry_scheduled"):
+            stopped = 1
+            when = rec.get("next_retry_epoch")
+            next_retry = float(when) if isinstance(when, (int, float)) else next_retry
+        elif event == "recovered" or (event == "restart_ended" and rec.get("ok") is True):
+            stopped, next_retry = 0, 0.0
     return [
         "# HELP sparkops_watchdog_restarts_total Restarts the sparkops watchdog recorded.",
         "# TYPE sparkops_watchdog_restarts_total counter",
@@ -129,6 +144,13 @@ def watchdog_lines(log_path: Path) -> list[str]:
         "# HELP sparkops_watchdog_last_restart_timestamp_seconds When the watchdog last restarted something.",
         "# TYPE sparkops_watchdog_last_restart_timestamp_seconds gauge",
         f"sparkops_watchdog_last_restart_timestamp_seconds {last:g}",
+        "# HELP sparkops_watchdog_stopped_restarting 1 while the watchdog has spent its restart budget and serving "
+        "is not back.",
+        "# TYPE sparkops_watchdog_stopped_restarting gauge",
+        f"sparkops_watchdog_stopped_restarting {stopped}",
+        "# HELP sparkops_watchdog_next_retry_timestamp_seconds When the watchdog tries again after a spent budget.",
+        "# TYPE sparkops_watchdog_next_retry_timestamp_seconds gauge",
+        f"sparkops_watchdog_next_retry_timestamp_seconds {next_retry:g}",
     ]
 
 

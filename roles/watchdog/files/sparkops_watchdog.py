@@ -12,12 +12,16 @@ library only. Two jobs:
   in a row it restarts the whole serving group in order (vLLM stopped, Ray
   head, Ray workers, membership, the model's files dropped from every node's
   page cache, vLLM, a completion), at most
-  ``max_restarts_per_hour`` times in any hour, then gives up and says so. It starts
-  nothing while a node of the group lacks one of the group's SPARKOPS firewall
-  chains (IPv4 or IPv6) or INPUT's jump to it: it says which (``firewall_missing``)
-  and waits, blocked, until the chains are back (site.yml or the boot restore). A
-  worker whose node does not answer is not restarted at all (a restart cannot
-  bring a node back): the state says which node.
+  ``max_restarts_per_hour`` times in any hour, then stops restarting and says so
+  (status ``gave_up``, event ``gave_up``, the reason and the next try in the
+  state). It does not stay down for the rest of the hour: it tries once more
+  after ``retry_after_budget_s``, then after twice that, and so on up to
+  ``retry_after_budget_max_s`` between tries, until a try or any completion
+  answers. It starts nothing while a node of the group lacks one of the group's
+  SPARKOPS firewall chains (IPv4 or IPv6) or INPUT's jump to it: it says which
+  (``firewall_missing``) and waits, blocked, until the chains are back (site.yml
+  or the boot restore). A worker whose node does not answer is not restarted at
+  all (a restart cannot bring a node back): the state says which node.
 * ``floor`` (every node): every ``memory_check_s`` it reads the memory the
   host has left (MemAvailable, bounded by the host's own cgroup limit where it
   has one); below ``memory_floor_bytes`` it stops the container that holds
@@ -55,6 +59,15 @@ ENGINE_DEAD = b"EngineCore encountered an issue"
 
 
 # --------------------------------------------------------------------------- events
+def _utc(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# What the state says while the watchdog has stopped restarting (cleared when serving answers again).
+GAVE_UP_FIELDS = ("gave_up_reason", "gave_up_at", "restarts_in_hour", "retries_after_budget", "next_retry_epoch",
+                  "next_retry_at")  # fmt: skip
+
+
 def utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
@@ -105,6 +118,14 @@ def restarts_in_window(restart_epochs: list[float], now: float, window_s: float 
     return [t for t in restart_epochs if now - t < window_s]
 
 
+def retry_delay(retries_done: int, cfg: dict) -> float:
+    """Seconds from a spent restart budget (or a failed try after it) to the next try: the base, then twice as
+    long each time, never more than the cap."""
+    base = float(cfg.get("retry_after_budget_s", 600))
+    cap = max(base, float(cfg.get("retry_after_budget_max_s", 3600)))
+    return min(cap, base * (2 ** max(0, int(retries_done))))
+
+
 def decide(observation: dict, state: dict, cfg: dict, now: float) -> dict:
     """What to do after one round of observation. Pure, unit-tested.
 
@@ -112,8 +133,9 @@ def decide(observation: dict, state: dict, cfg: dict, now: float) -> dict:
     ({name: "running" | "stopped" | "missing" | "paused" | "unreachable"}),
     floor_tripped (list of nodes), in_grace (bool: vLLM or Ray was started
     moments ago by someone else, e.g. Ansible).
-    Returns {"action": "none" | "restart" | "give_up" | "blocked", "reason": str,
-    "state": new state fields}.
+    Returns {"action": "none" | "restart" | "give_up" | "retry" | "blocked", "reason": str,
+    "state": new state fields}. "retry": the restart budget is spent but the back-off since giving up
+    (state next_retry_epoch, retry_delay) ran out: one more group restart outside the budget.
     """
     failures = int(state.get("consecutive_failures", 0))
     recent = restarts_in_window(state.get("restart_epochs", []), now)
@@ -130,8 +152,17 @@ def decide(observation: dict, state: dict, cfg: dict, now: float) -> dict:
         new["consecutive_failures"] = 0
         return {"action": "none", "reason": "healthy", "state": new}
     if state.get("status") == "gave_up":
-        # Given up: no more restarts, whatever the window says, until a completion answers.
-        return {"action": "none", "reason": f"given up: {state.get('reason', '')}", "state": new}
+        # Given up: no restart within the budget, whatever the window says; one try each time the back-off
+        # runs out, until a try or a completion answers.
+        why = state.get("gave_up_reason") or state.get("reason", "")
+        due = state.get("next_retry_epoch")
+        if due is None:  # a state written before tries existed: the back-off starts now
+            new["next_retry_epoch"] = now + retry_delay(int(state.get("retries_after_budget", 0)), cfg)
+            return {"action": "none", "reason": f"given up: {why}", "state": new}
+        if now < float(due):
+            return {"action": "none", "reason": f"given up: {why}", "state": new}
+        tries = int(state.get("retries_after_budget", 0)) + 1
+        return {"action": "retry", "reason": f"try {tries} after the restart budget was spent: {why}", "state": new}
     if observation.get("in_grace") and not down and observation["probe"] != "hang":
         return {"action": "none", "reason": "starting (grace period)", "state": new}
     if down:
@@ -447,7 +478,16 @@ class Watchdog:
         self.state.update(fields)
         self.state["updated"] = utc_now()
         self.state["config"] = {
-            k: self.cfg[k] for k in ("interval_s", "hang_timeout_s", "failures_before_restart", "max_restarts_per_hour")
+            k: self.cfg[k]
+            for k in (
+                "interval_s",
+                "hang_timeout_s",
+                "failures_before_restart",
+                "max_restarts_per_hour",
+                "retry_after_budget_s",
+                "retry_after_budget_max_s",
+            )  # fmt: skip
+            if k in self.cfg
         }
         write_json_atomic(self.state_path, self.state)
 
@@ -542,15 +582,12 @@ class Watchdog:
                 self.events.emit("worker_lost", f"{name}: Ray container {st}", worker=name, worker_state=st)
         self.state["workers"] = obs["workers"]
         status = {"none": "watching" if reason == "healthy" else "degraded", "blocked": "blocked"}.get(action, action)
-        if self.state.get("status") == "gave_up" and reason != "healthy":
-            status = "gave_up"  # stays given up, restarting nothing, until a completion answers
+        if action == "retry":
+            status = self.retry_after_budget(reason, now)
+        elif self.state.get("status") == "gave_up" and reason != "healthy":
+            status = "gave_up"  # stays given up, restarting nothing, until the next try or a completion answers
         elif action == "give_up":
-            self.events.emit(
-                "gave_up",
-                f"{reason}; already restarted {len(self.state['restart_epochs'])} times in the last hour "
-                f"(max_restarts_per_hour={self.cfg['max_restarts_per_hour']}); not restarting again",
-                reason=reason,
-            )
+            self.give_up(reason, now)
             status = "gave_up"
         elif action == "restart":
             self.restart_group(reason)
@@ -563,6 +600,9 @@ class Watchdog:
             if status == "watching" and last_status in ("gave_up", "blocked", "degraded", "restarting"):
                 self.events.emit("recovered", "completions answer again")
             last_status = status
+        if status != "gave_up":
+            for key in GAVE_UP_FIELDS:
+                self.state.pop(key, None)
         self.save(
             status=status,
             reason=reason,
@@ -571,6 +611,46 @@ class Watchdog:
             last_probe_at=utc_now(),
         )
         return last_status
+
+    # ---- a spent budget: stop, say why, try again after a growing back-off
+    def give_up(self, reason: str, now: float) -> None:
+        delay = retry_delay(0, self.cfg)
+        n = len(self.state["restart_epochs"])
+        self.state.update(
+            gave_up_reason=reason,
+            gave_up_at=utc_now(),
+            restarts_in_hour=n,
+            retries_after_budget=0,
+            next_retry_epoch=now + delay,
+            next_retry_at=_utc(now + delay),
+        )
+        self.events.emit(
+            "gave_up",
+            f"{reason}; already restarted {n} times in the last hour "
+            f"(max_restarts_per_hour={self.cfg['max_restarts_per_hour']}); not restarting again until "
+            f"{_utc(now + delay)} ({delay:.0f} s), or until a completion answers",
+            reason=reason,
+            restarts_in_hour=n,
+            next_retry_epoch=now + delay,
+        )
+
+    def retry_after_budget(self, reason: str, now: float) -> str:
+        """One group restart outside the spent budget; on failure the next try waits twice as long."""
+        tries = int(self.state.get("retries_after_budget", 0)) + 1
+        self.events.emit("retry_after_budget", reason, attempt=tries)
+        self.restart_group(reason, backoff=False)
+        if self.state.get("status") == "watching":
+            return "watching"
+        delay = retry_delay(tries, self.cfg)
+        at = time.time() + delay
+        self.state.update(retries_after_budget=tries, next_retry_epoch=at, next_retry_at=_utc(at))
+        self.events.emit(
+            "retry_scheduled",
+            f"try {tries} after the restart budget did not bring serving back; next try at {_utc(at)} ({delay:.0f} s)",
+            attempt=tries,
+            next_retry_epoch=at,
+        )
+        return "gave_up"
 
     # ---- the ordered group restart
     def missing_firewall(self) -> list[str]:
@@ -588,7 +668,7 @@ class Watchdog:
                 missing += parse_firewall_check(w["name"], self.ssh(w["address"], script, timeout))
         return missing
 
-    def restart_group(self, reason: str) -> None:
+    def restart_group(self, reason: str, backoff: bool = True) -> None:
         c = self.cfg
         # Started without its chains, a group answers the management LAN: refuse, say what is missing, once.
         missing = self.missing_firewall()
@@ -606,8 +686,9 @@ class Watchdog:
             return
         self.state.pop("firewall_missing", None)
         n = len(self.state["restart_epochs"]) + 1
-        # Back-off between restarts in the same hour: base, 2x, 4x ...
-        if n > 1:
+        # Back-off between restarts in the same hour: base, 2x, 4x ... (a try after a spent budget has waited
+        # its own back-off already).
+        if n > 1 and backoff:
             delay = float(c["restart_backoff_s"]) * (2 ** (n - 2))
             self.events.emit("restart_backoff", f"waiting {delay:.0f} s before restart {n}", delay_s=delay)
             time.sleep(delay)

@@ -16,7 +16,10 @@ Hub-speaking server in tests/system/test_hub_client.py):
    fails, so a new run starts that one file over. So hf_transfer is only switched on when it is
    importable, the client still uses it (1.x ignores it) and no ``.incomplete`` file is waiting to be
    resumed. ``HF_HUB_ENABLE_HF_TRANSFER=1`` without the package makes 0.36 fail with a ValueError,
-   which is why the role never sets it.
+   which is why the role never sets it. 0.36.2 reads the variable ONCE, when ``huggingface_hub`` is
+   imported (constants.py:219), and every download asks that constant (file_download.py:390,
+   _snapshot_download.py:326), so the script decides before the import (the client's version comes
+   from its installed metadata, not from importing it) and reports what the imported client holds.
 
 Xet-backed repositories: 0.36.2 downloads a file with ``xet_get`` (hf_xet) instead of ``http_get`` when the
 Hub's HEAD answer carries ``X-Xet-Hash`` and a refresh route and hf_xet is importable (file_download.py
@@ -39,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -54,6 +58,14 @@ def emit(result: dict, code: int) -> int:
     return code
 
 
+def client_major() -> int | None:
+    """The installed huggingface_hub's major version, from its metadata (importing it would fix its settings)."""
+    try:
+        return int(importlib.metadata.version("huggingface_hub").split(".")[0])
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        return None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
@@ -65,7 +77,12 @@ def main() -> int:
     repo_dir = os.path.join(args.cache_dir, "models--" + args.model.replace("/", "--"))
     waiting = glob.glob(os.path.join(repo_dir, "blobs", "*.incomplete"))
     has_transfer = importlib.util.find_spec("hf_transfer") is not None
-    if not (has_transfer and not waiting):
+    # Decided BEFORE the import: 0.36.2 reads HF_HUB_ENABLE_HF_TRANSFER once at import (constants.py:219);
+    # 1.x has no hf_transfer path. The version from the installed metadata (no import).
+    want_transfer = has_transfer and not waiting and client_major() == 0
+    if want_transfer:
+        os.environ["HF_HUB_ENABLE_HF_TRANSFER"] = "1"
+    else:
         os.environ.pop("HF_HUB_ENABLE_HF_TRANSFER", None)
 
     # Xet off unless the caller asked for it (weight_cache_use_xet): xet_get cannot resume (see above),
@@ -81,12 +98,14 @@ def main() -> int:
     except ImportError:  # older clients
         from huggingface_hub import utils as hub_errors  # noqa: PLC0415
 
-    major = int(huggingface_hub.__version__.split(".")[0])
-    use_transfer = has_transfer and not waiting and major < 1
-    if use_transfer:
-        os.environ["HF_HUB_ENABLE_HF_TRANSFER"] = "1"
     try:
         from huggingface_hub import constants as hub_constants  # noqa: PLC0415
+    except ImportError:
+        hub_constants = None
+    # What the imported client will really do: its own constant, read at its import (0.36.2
+    # constants.py:219; absent in 1.x, which never uses hf_transfer).
+    use_transfer = bool(getattr(hub_constants, "HF_HUB_ENABLE_HF_TRANSFER", False)) and want_transfer
+    try:
         from huggingface_hub.utils._runtime import is_xet_available  # noqa: PLC0415
 
         xet = {"hf_xet": bool(is_xet_available()), "cache": getattr(hub_constants, "HF_XET_CACHE", None)}

@@ -7,6 +7,7 @@ With the default single deployment the outputs stay as they were before deployme
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import urllib.parse
@@ -33,6 +34,7 @@ TP2 = "qwen3-235b-a22b-gptq-int4-tp2"
 GPT_OSS = "gpt-oss-120b-mxfp4"
 QWEN30 = "qwen3-30b-a3b"
 FILTERS = FilterModule().filters()
+DAY2_FILTERS = Day2Filters().filters()
 GATEWAY_FILTERS = GatewayFilters().filters()
 
 
@@ -234,6 +236,8 @@ def _env(folder):
     env.filters["from_json"] = json.loads
     env.filters["bool"] = lambda v: v if isinstance(v, bool) else str(v).strip().lower() in ("true", "yes", "on", "1")
     env.filters["sparkops.cluster.gateway_usage_lines"] = GATEWAY_FILTERS["gateway_usage_lines"]
+    env.filters["b64decode"] = lambda v: base64.b64decode(v).decode()
+    env.filters["sparkops.cluster.watchdog_status_line"] = DAY2_FILTERS["watchdog_status_line"]
     env.tests["skipped"] = lambda v: bool(getattr(v, "get", lambda *_: False)("skipped"))
     return env
 
@@ -403,3 +407,19 @@ def test_status_and_the_health_report_show_each_ray_group():
     assert doc["ray"] is None and doc["ray_groups"] == []
     md = _report(HEALTH_MD, cluster, plan, [_check(plan["targets"][0])], serving_report_ray=skipped)
     assert "| Ray | not used: vLLM's own executor (ray) |" in md.splitlines()
+
+
+def test_status_says_when_the_watchdog_stopped_restarting():
+    """issue 43: a spent restart budget is a line of its own in the status (why, and when it tries next)."""
+    cluster, plan = plan_of()
+    state = {"status": "gave_up", "gave_up_reason": "engine dead: HTTP 500", "restarts_in_hour": 3,
+             "next_retry_at": "2026-11-27T10:30:00Z", "config": {"max_restarts_per_hour": 3}}  # fmt: skip
+    read = {"content": base64.b64encode(json.dumps(state).encode()).decode()}
+    out = _report(STATUS, cluster, plan, [_check(plan["targets"][0])], status_watchdog=read).splitlines()
+    assert (
+        "watchdog: STOPPED RESTARTING - engine dead: HTTP 500 (restarted 3 times in the last hour, "
+        "max_restarts_per_hour=3); next try at 2026-11-27T10:30:00Z"
+    ) in out
+    # no state file (slurp failed): said, not a crash
+    out = _report(STATUS, cluster, plan, [_check(plan["targets"][0])], status_watchdog={"failed": True}).splitlines()
+    assert "watchdog: no watchdog state on the head (not installed, or never started)" in out

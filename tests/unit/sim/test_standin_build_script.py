@@ -154,3 +154,33 @@ def test_a_ref_the_stand_in_cannot_know_is_refused():
     res = run("--vllm-ref", "deadbeef", "--no-build")
     assert res.returncode == 1
     assert "neither main nor a release tag" in res.stderr
+
+
+def test_the_stand_in_image_passes_the_compiled_code_check(tmp_path):
+    """The image role loads vLLM's extensions and FlashInfer's compiled modules after a build
+    (module_utils/image_compiled.py); the stand-in's Python extensions and empty AOT folder pass it."""
+    from ansible_collections.sparkops.cluster.plugins.module_utils import image_compiled as ic  # noqa: PLC0415
+
+    site = tmp_path / "site"
+    site.mkdir()
+    make = (
+        "import sys, sysconfig; site = sys.argv[1]; sysconfig.get_paths = lambda: {'purelib': site}; "
+        "sys.argv = sys.argv[1:]; "
+        f"exec(compile(open({str(STANDIN / 'make_standin_dists.py')!r}).read(), 'make_standin_dists.py', 'exec'))"
+    )
+    version = "0.19.1.dev0+g2a69949bd.d20260410.cu132"
+    subprocess.run(
+        [sys.executable, "-c", make, str(site), version, "2a69949bd", "0.6.6", "2.12.0.dev20260410+cu130", "2.29.7"],
+        check=True,
+        timeout=60,
+    )
+    probe = subprocess.run(
+        [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(site)!r}); exec({ic.PROBE!r})"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    found = ic.parse_output(probe.stdout)
+    assert ic.problems(found) == [], found
+    assert set(found["vllm"]) == {"vllm._C", "vllm._C_stable_libtorch"} and found["flashinfer_loaded"] == 0

@@ -329,3 +329,61 @@ def test_a_ray_start_logged_at_the_instant_the_api_came_up_is_this_starts():
     ray = RAY + "2026-11-23T10:04:41.000000000Z Ray runtime started.\n"  # the api_ready line's time
     p = by_phase(startup_phases(VLLM_COLD, "2026-11-23T10:00:00.5Z", ray))
     assert p["ray_ready"]["since_start_s"] == p["api_ready"]["since_start_s"] == 280.5
+
+
+# vLLM's own multi-node executor (mp): the head (rank 0) runs the API and its own rank; the other node's
+# rank runs `vllm serve --headless` in its own container and logs there. Same 0.19.0 format strings as above (the
+# "(Worker pid=...)" prefix is illustrative: the markers are matched anywhere in a line).
+MP_HEAD = """\
+2026-11-23T10:00:01.000000000Z INFO 11-23 10:00:01 [api_server.py:1351] vLLM API server version 0.19.0
+2026-11-23T10:00:20.000000000Z (Worker pid=301) INFO 11-23 10:00:20 [gpu_model_runner.py:4736] Starting to load model Qwen/Qwen3-235B-A22B-GPTQ-Int4...
+2026-11-23T10:02:00.000000000Z (Worker pid=301) INFO 11-23 10:02:00 [default_loader.py:385] Loading weights took 95.00 seconds
+2026-11-23T10:03:00.000000000Z (Worker pid=301) INFO 11-23 10:03:00 [monitor.py:77] Initial profiling/warmup run took 20.00 s
+2026-11-23T10:04:00.000000000Z (Worker pid=301) INFO 11-23 10:04:00 [gpu_model_runner.py:6047] Graph capturing finished in 50 secs, took 1.52 GiB
+2026-11-23T10:04:35.000000000Z INFO 11-23 10:04:35 [core.py:284] init engine (profile, create kv cache, warmup model) took 140.50 seconds
+2026-11-23T10:04:41.000000000Z INFO:     Application startup complete.
+"""
+MP_RANK1 = """\
+2026-11-23T09:40:00.000000000Z (Worker pid=77) INFO 11-23 09:40:00 [default_loader.py:385] Loading weights took 1.00 seconds
+2026-11-23T10:00:22.000000000Z (Worker pid=401) INFO 11-23 10:00:22 [gpu_model_runner.py:4736] Starting to load model Qwen/Qwen3-235B-A22B-GPTQ-Int4...
+2026-11-23T10:02:30.000000000Z (Worker pid=401) INFO 11-23 10:02:30 [default_loader.py:385] Loading weights took 120.00 seconds
+2026-11-23T10:03:10.000000000Z (Worker pid=401) INFO 11-23 10:03:10 [monitor.py:77] Initial profiling/warmup run took 22.00 s
+2026-11-23T10:04:20.000000000Z (Worker pid=401) INFO 11-23 10:04:20 [gpu_model_runner.py:6047] Graph capturing finished in 60 secs, took 1.52 GiB
+"""
+
+
+def test_under_mp_the_last_rank_is_read_from_its_own_nodes_container():
+    """issue 43: headless ranks log in their own containers; the report took the head's times as the last rank's."""
+    head_only = by_phase(startup_phases(MP_HEAD, "2026-11-23T10:00:00Z"))
+    assert head_only["weights_loaded"]["since_start_s"] == 120.0  # what the report said before: the head's rank
+    got = by_phase(startup_phases(MP_HEAD, "2026-11-23T10:00:00Z", rank_logs=[{"host": "spark-2", "log": MP_RANK1}]))
+    assert got["weights_loading"]["since_start_s"] == 20.0 and got["weights_loading"]["source"] == "vLLM container log"
+    assert got["weights_loaded"]["since_start_s"] == 150.0
+    assert got["weights_loaded"]["source"] == "vLLM container log on spark-2"
+    assert got["torch_compile"]["since_start_s"] == 190.0
+    assert got["cuda_graphs"]["since_start_s"] == 260.0 and "60 secs" in got["cuda_graphs"]["note"]
+    assert got["engine_ready"]["source"] == "vLLM container log"  # the engine core runs on the head
+
+
+def test_rank_logs_come_as_the_roles_loop_results_and_an_unreadable_one_is_left_out():
+    results = [
+        {"item": {"host": "spark-2", "rank": 1}, "rc": 0, "stdout": MP_RANK1, "stderr": ""},
+        {"item": {"host": "spark-3", "rank": 2}, "rc": 1, "stdout": "", "stderr": "No such container: vllm"},
+    ]
+    got = by_phase(startup_phases(MP_HEAD, "2026-11-23T10:00:00Z", rank_logs=results))
+    assert got["weights_loaded"]["source"] == "vLLM container log on spark-2"
+    with pytest.raises(ValueError, match="mappings"):
+        startup_phases(MP_HEAD, "2026-11-23T10:00:00Z", rank_logs=["text"])
+
+
+def test_the_role_reads_every_other_ranks_container_under_mp():
+    import yaml  # noqa: PLC0415
+    from conftest import ROOT  # noqa: PLC0415
+
+    tasks = yaml.safe_load((ROOT / "roles/vllm_serve/tasks/phases.yml").read_text())
+    block = next(t for t in tasks if "block" in t)["block"]
+    read = next(t for t in block if t.get("register") == "vllm_serve_rank_logs")
+    assert read["delegate_to"] == "{{ item.host }}" and "executor == 'mp'" in read["loop"]
+    assert read["ansible.builtin.command"]["argv"][:3] == ["docker", "logs", "--timestamps"]
+    work = next(t for t in block if "vllm_serve_startup" in t.get("ansible.builtin.set_fact", {}))
+    assert "rank_logs=vllm_serve_rank_logs.results" in work["ansible.builtin.set_fact"]["vllm_serve_startup"]

@@ -17,6 +17,10 @@ COMMIT_PINS = {**PINS, "vllm_commit": "2a69949bd"}
 EUGR_V0190 = "0.19.1.dev0+g2a69949bd.d20260410.cu132"
 # One of eugr's prebuilt wheels (the same scheme on main, CUDA 13.1): issue 22.
 EUGR_PREBUILT = "0.16.1rc1.dev296+ga73af584f.d20260305.cu131"
+# FlashInfer v0.6.6's own CUTLASS (NVIDIA/cutlass f3fde58, its tag's submodule; the PyPI wheel's headers) and
+# the one eugr's first build ships (FlashInfer main's on 2026-04-10, cutlass da5e086): module_utils/image_versions.py.
+OWN_CUTLASS = "4.2.1+sha256:2666672a2db624fd"
+MAIN_CUTLASS = "4.4.2+sha256:0c021aa4c41ed6dd"
 FOUND = {
     "vllm": "0.19.0+cu132",
     "torch": "2.12.0.dev20260410+cu130",
@@ -195,11 +199,11 @@ def test_same_commit_needs_seven_hex_and_a_prefix():
 
 
 def test_lock_records_the_exact_dirty_string_and_the_commit():
-    found = {**FOUND, "vllm": EUGR_V0190, "vllm_commit": "g2a69949bd", "flashinfer_cutlass": "4.2.1+sha256:00ff"}
+    found = {**FOUND, "vllm": EUGR_V0190, "vllm_commit": "g2a69949bd", "flashinfer_cutlass": OWN_CUTLASS}
     record = iv.lock_record(found)
     assert record["vllm"] == EUGR_V0190
     assert record["vllm_commit"] == "2a69949bd"
-    assert record["flashinfer_cutlass"] == "4.2.1+sha256:00ff"
+    assert record["flashinfer_cutlass"] == OWN_CUTLASS
     assert set(record) == set(iv.LOCK_KEYS)
     # the next build of the same commit on another day is refused by the lock (it is a record, not a range)
     rebuilt = {**found, "vllm": "0.19.1.dev0+g2a69949bd.d20260501.cu132"}
@@ -209,9 +213,10 @@ def test_lock_records_the_exact_dirty_string_and_the_commit():
 
 
 def test_flashinfer_cutlass_other_than_the_locked_one_is_refused():
+    # A FlashInfer whose own CUTLASS sparkops does not know (0.6.7): only the lock judges it.
     locked = {"flashinfer_cutlass": "4.2.1+sha256:1111111111111111"}
-    found = {**FOUND, "flashinfer_cutlass": "4.3.0+sha256:2222222222222222"}
-    assert iv.compare_versions(found, PINS, locked) == [
+    found = {**FOUND, "flashinfer": "0.6.7", "flashinfer_cutlass": "4.3.0+sha256:2222222222222222"}
+    assert iv.compare_versions(found, {**PINS, "flashinfer": None}, locked) == [
         "flashinfer_cutlass: the image carries 4.3.0+sha256:2222222222222222, the lock file recorded "
         "4.2.1+sha256:1111111111111111"
     ]
@@ -267,7 +272,8 @@ def test_probe_reads_the_commit_and_cutlass_from_an_installed_tree(tmp_path):
     first = run()
     assert first["vllm"] == "0.19.0" and first["vllm_commit"] == "2a69949bd"
     assert first["flashinfer_cutlass"].startswith("4.2.1+sha256:")
-    assert not [p for p in iv.compare_versions(first, COMMIT_PINS) if p.startswith(("vllm", "flashinfer"))]
+    # (its two-file CUTLASS is not FlashInfer 0.6.6's own: only the version components are looked at here)
+    assert not [p for p in iv.compare_versions(first, COMMIT_PINS) if p.startswith(("vllm", "flashinfer:"))]
     (inc / "gemm.h").write_text("// two\n")  # another CUTLASS tree under the same version
     second = run()
     assert second["flashinfer_cutlass"].startswith("4.2.1+sha256:")
@@ -321,3 +327,39 @@ def test_no_pins_an_empty_commit_pin_and_a_pin_spelled_none():
     # `vllm: None` in YAML is the string "None", not null: an image without vLLM is still refused
     (problem,) = iv.compare_versions({**FOUND, "vllm": None}, {"vllm": "None", "vllm_commit": "2a69949bd"})
     assert problem.startswith("vllm: the image carries none (commit unknown")
+
+
+def test_eugrs_first_build_with_mains_cutlass_is_refused_not_locked():
+    """issue 43: the first build (FlashInfer not in eugr's build cache) ships v0.6.6 with main's CUTLASS
+    (Dockerfile@fc08740:97-103); with no lock yet it was accepted and then locked."""
+    found = {**FOUND, "flashinfer_cutlass": MAIN_CUTLASS}
+    problems = iv.compare_versions(found, COMMIT_PINS, {})
+    assert len(problems) == 1 and problems[0].startswith("flashinfer_cutlass: "), problems
+    assert MAIN_CUTLASS in problems[0] and OWN_CUTLASS in problems[0]
+    assert "second build" in problems[0] and "Dockerfile@fc08740:97-103" in problems[0]
+    # and the build that carries FlashInfer's own CUTLASS is accepted
+    assert iv.compare_versions({**FOUND, "flashinfer_cutlass": OWN_CUTLASS}, COMMIT_PINS, {}) == []
+
+
+def test_the_correct_build_is_not_refused_by_a_lock_that_recorded_the_first_builds_cutlass():
+    """issue 43: a lock written after a first build holds main's CUTLASS; the next, correct build must pass."""
+    locked = {"flashinfer": "0.6.6", "flashinfer_cutlass": MAIN_CUTLASS}
+    assert iv.compare_versions({**FOUND, "flashinfer_cutlass": OWN_CUTLASS}, COMMIT_PINS, locked) == []
+    # the wrong headers stay refused, whatever the lock says
+    problems = iv.compare_versions({**FOUND, "flashinfer_cutlass": MAIN_CUTLASS}, COMMIT_PINS, locked)
+    assert [p.split(":", 1)[0] for p in problems] == ["flashinfer_cutlass"]
+
+
+def test_a_cutlass_pin_overrides_the_known_digest_and_is_compared_exactly():
+    pins = {**COMMIT_PINS, "flashinfer_cutlass": "4.9.0+sha256:abcdefabcdefabcd"}
+    assert iv.compare_versions({**FOUND, "flashinfer_cutlass": "4.9.0+sha256:abcdefabcdefabcd"}, pins) == []
+    problems = iv.compare_versions({**FOUND, "flashinfer_cutlass": OWN_CUTLASS}, pins)
+    assert problems and "sparkops_image_pins.flashinfer_cutlass" in problems[0]
+
+
+def test_an_image_without_flashinfer_headers_or_of_an_unknown_flashinfer_is_not_judged_by_cutlass():
+    # The simulated cluster's stand-in FlashInfer ships no headers (sim/standin/make_standin_dists.py).
+    assert iv.cutlass_problem({**FOUND, "flashinfer_cutlass": None}) is None
+    assert iv.cutlass_problem({**FOUND, "flashinfer": "0.6.7", "flashinfer_cutlass": MAIN_CUTLASS}) is None
+    # a local label on the FlashInfer version does not hide the release
+    assert iv.cutlass_problem({**FOUND, "flashinfer": "0.6.6+cu130", "flashinfer_cutlass": MAIN_CUTLASS})

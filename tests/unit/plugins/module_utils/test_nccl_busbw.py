@@ -72,3 +72,52 @@ def test_nccl_tests_columns_are_read_too():
     parsed = nb.parse_busbw(text)
     assert parsed["world_size"] == 2 and parsed["rows"][0]["busbw_gbs"] == 5.53 and parsed["avg_busbw_gbs"] == 5.48
     assert nb.busbw_verdict(parsed)["verdict"] == "FAIL"
+
+
+# Recorded 2026-11-27 with the project's probe on two H100s of one host (tests/fixtures/nccl/README.md):
+# NCCL 2.28.9 carried the channels over P2P/CUMEM, and with NCCL_P2P_DISABLE=1 over SHM/direct/direct, while
+# its log still said "Using network Socket" (NET/IB found no device).
+ONE_HOST = {"p2p": "busbw_probe_h100x2_one_host_p2p.txt", "shm": "busbw_probe_h100x2_one_host_shm.txt"}
+
+
+@pytest.mark.parametrize(("kind", "via", "what"), [("p2p", "P2P/CUMEM", "GPU peer-to-peer"),
+                                                   ("shm", "SHM/direct/direct", "shared memory")])  # fmt: skip
+def test_one_host_channels_are_refused_naming_what_they_used_not_sockets(kind, via, what):
+    """issue 43: the verdict refused these (right) but said "NCCL fell back to TCP sockets"."""
+    text = (NCCL / ONE_HOST[kind]).read_text()
+    parsed = nl.parse_nccl_transport(text)
+    verdict = nl.transport_verdict(parsed)
+    assert not verdict["ok"]
+    assert "fell back to TCP sockets" not in verdict["message"], verdict["message"]
+    assert f"via {via}" in verdict["message"] and what in verdict["message"]
+    assert "none over a network" in verdict["message"] and "one host" in verdict["message"]
+    assert parsed["transports"] == [kind.upper()]
+
+
+@pytest.mark.parametrize("kind", ["p2p", "shm"])
+def test_the_bandwidth_gate_refuses_a_table_measured_inside_one_host(kind):
+    """Both one-host tables beat 21.875 GB/s (241.68 over P2P, 24.86 over SHM) without crossing any link."""
+    from ansible_collections.sparkops.cluster.plugins.filter.fastpath import nccl_busbw_verdict  # noqa: PLC0415
+
+    text = (NCCL / ONE_HOST[kind]).read_text()
+    parsed = nb.parse_busbw(text)
+    assert parsed["world_size"] == 2 and nb.busbw_verdict(parsed)["verdict"] == "PASS"  # the table alone passes
+    verdict = nccl_busbw_verdict(text)
+    assert verdict["verdict"] == "FAIL" and "inside one host" in verdict["message"], verdict
+    assert verdict["peak_busbw_gbs"] == {"p2p": 241.68, "shm": 24.86}[kind]
+
+
+def test_channels_over_a_network_beside_local_ones_are_judged_by_the_network():
+    log = "\n".join(
+        [
+            "a:1:1 [0] NCCL INFO NET/IB : Using [0]rocep1s0f1:1/RoCE [1]roceP2p1s0f1:1/RoCE [RO]; "
+            "OOB enp1s0f1np1:10.0.0.1<0>",
+            "a:1:1 [0] NCCL INFO Using network IB",
+            "a:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM",
+            "a:1:1 [0] NCCL INFO Channel 00/0 : 1[1] -> 2[0] [send] via NET/IB/0",
+            "a:1:1 [0] NCCL INFO Channel 01/0 : 1[1] -> 2[0] [send] via NET/IB/1",
+        ]
+    )
+    parsed = nl.parse_nccl_transport(log)
+    assert parsed["transports"] == ["IB"]
+    assert nl.transport_verdict(parsed, ["rocep1s0f1", "roceP2p1s0f1"])["ok"]

@@ -21,7 +21,7 @@ VERSIONS = {
     "cuda": "13.2.0",
     "flashinfer": "0.6.6",
     "flashinfer_commit": None,
-    "flashinfer_cutlass": "4.2.1+sha256:0123456789abcdef",
+    "flashinfer_cutlass": "4.2.1+sha256:2666672a2db624fd",
     "ray": "2.52.1",
     "nccl": None,
 }

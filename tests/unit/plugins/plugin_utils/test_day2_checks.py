@@ -267,3 +267,38 @@ def test_nccl_busbw_verdict_from_verify_s_report():
     }
     (gate,) = [v for v in d.build_verdicts(inputs) if v["check"] == "NCCL bus bandwidth"]
     assert gate["verdict"] == "CRITICAL"
+
+
+GAVE_UP_STATE = {
+    "status": "gave_up",
+    "reason": "given up: hang: no token within 60 s",
+    "gave_up_reason": "hang: no token within 60 s",
+    "gave_up_at": "2026-11-27T10:00:00Z",
+    "restarts_in_hour": 3,
+    "retries_after_budget": 1,
+    "next_retry_at": "2026-11-27T10:30:00Z",
+    "config": {"max_restarts_per_hour": 3},
+}
+
+
+def test_doctor_says_the_watchdog_stopped_restarting_why_and_when_it_tries_next():
+    """issue 43: after a spent budget only VllmEndpointDown said anything; doctor names the stop and its reason."""
+    v = d.check_watchdog(GAVE_UP_STATE, [], True, 10_000.0)
+    assert v["verdict"] == "CRITICAL"
+    assert v["evidence"].startswith(
+        "the watchdog stopped restarting: hang: no token within 60 s (restarted 3 times in the last hour, "
+        "max_restarts_per_hour=3); next try at 2026-11-27T10:30:00Z (1 tries since)"
+    ), v["evidence"]
+    assert d.watchdog_stopped({"status": "watching"}) is None
+    assert d.watchdog_stopped({"status": "gave_up", "reason": "x"}).endswith("it waits for a completion to answer")
+
+
+def test_the_status_line_says_the_watchdog_stopped_restarting():
+    from ansible_collections.sparkops.cluster.plugins.filter.day2 import FilterModule  # noqa: PLC0415
+
+    line = FilterModule().filters()["watchdog_status_line"]
+    assert line(GAVE_UP_STATE).startswith("STOPPED RESTARTING - hang: no token within 60 s (restarted 3 times")
+    assert "next try at 2026-11-27T10:30:00Z" in line(GAVE_UP_STATE)
+    assert line({"status": "watching", "reason": "healthy", "last_probe_at": "t"}) == "watching: healthy (last probe t)"
+    assert line({}).startswith("no watchdog state")
+    assert line(None).startswith("no watchdog state")

@@ -446,7 +446,14 @@ def test_fp4_knobs_are_the_ones_each_release_has(profiles):
     # 0.33.0 dropped the env knobs: named as unknown, and the linear-layer rule asks for its new knob
     assert any(f.startswith("VLLM_NVFP4_GEMM_BACKEND: vLLM 0.33.0 does not read") for f in on_new), on_new
     assert any("add extra_args ['--linear-backend', 'marlin']" in f for f in on_new), on_new
-    fixed = dict(nvfp4, env={"VLLM_MARLIN_USE_ATOMIC_ADD": "1"}, extra_args=["--linear-backend", "marlin"])
+    # (prefix caching on: the 0.33.0 contract was recorded from `--help`, which hides --no-enable-prefix-caching,
+    # registered but hidden by EnableDisableAction; that gap is not what this test is about)
+    fixed = dict(
+        nvfp4,
+        env={"VLLM_MARLIN_USE_ATOMIC_ADD": "1"},
+        extra_args=["--linear-backend", "marlin"],
+        enable_prefix_caching=True,
+    )
     assert contract_violations(fixed, new) == []
     assert any("VLLM_MXFP4_USE_MARLIN" in f for f in contract_violations(gptoss, new))
     # Marlin MoE must be pinned where the release has the option
@@ -670,6 +677,7 @@ def test_every_rule_has_a_name_and_what_to_use_instead():
         "mxfp4-only-gpt-oss",
         "fp8-no-flashinfer-attention",
         "not-recommended",
+        "hybrid-prefix-caching",
     }
     assert check_allow_rules([{"rule": r, "reason": "ok"} for r in RULES]) == ({r: "ok" for r in RULES}, [])
 
@@ -1069,3 +1077,44 @@ def test_the_api_port_is_1_to_65535(reference, port, ok):
     else:
         with pytest.raises(ValueError, match=f"port must be within 1-65535, got {port}"):
             vllm_serve_args(reference, "0.0.0.0", port)
+
+
+HYBRID_PROFILES = (
+    "qwen3.5-122b-a10b-nvfp4",
+    "qwen3.5-122b-a10b-nvfp4-mtp",
+    "qwen3.5-397b-a17b-nvfp4-tp2",
+    "qwen3.6-35b-a3b-fp8",
+    "qwen3.6-27b-fp8",
+    "nemotron-3-super-120b-a12b-nvfp4",
+)
+
+
+def test_shipped_hybrid_profiles_leave_prefix_caching_off_as_vllm_does(profiles):
+    """issue 43: Qwen3.6-35B-A3B is the same Gated DeltaNet hybrid as the 27B (its model card: 10 x (3 x GDN + 1 x
+    attention)); vLLM 0.19.0 leaves prefix caching off for hybrid models (config/model.py:1785-1790) and, turned
+    on, runs the experimental mamba 'align' mode for Qwen3.5/3.6 (models/config.py:436-466)."""
+    for name in HYBRID_PROFILES:
+        p = profiles[name]
+        assert p["model_family"] in ("qwen3.5", "qwen3.6", "nemotron-h"), name
+        assert p["enable_prefix_caching"] is False, name
+        assert "--no-enable-prefix-caching" in vllm_serve_args(
+            p, "0.0.0.0", 8000, allow_rules=[{"rule": r, "reason": "test"} for r in RULES]
+        ), name
+    for name, p in profiles.items():
+        if name not in HYBRID_PROFILES:
+            assert p["model_family"].lower() not in ("qwen3.5", "qwen3.6", "qwen3-next", "nemotron-h"), name
+
+
+def test_prefix_caching_on_a_hybrid_model_is_refused_and_may_be_allowed(profiles):
+    on = dict(profiles["qwen3.6-35b-a3b-fp8"], enable_prefix_caching=True)
+    found = profile_violations(on, 1)
+    assert len(found) == 1 and "hybrid-prefix-caching" in found[0] and "enable_prefix_caching: false" in found[0]
+    allow = [{"rule": "hybrid-prefix-caching", "reason": "align mode validated on our workload"}]
+    assert profile_violations(on, 1, allow_rules=allow) == []
+    # a plain transformer keeps it
+    assert not [f for f in profile_violations(profiles["qwen3-30b-a3b"], 1) if "hybrid-prefix-caching" in f]
+
+
+def test_the_qwen36_35b_comment_no_longer_calls_it_pure_moe():
+    text = (ROOT / "roles/sparkops_defaults/defaults/main/serving_profiles.yml").read_text()
+    assert "no GatedDeltaNet" not in text and "pure MoE" not in text
