@@ -24,6 +24,7 @@ from ansible_collections.sparkops.cluster.plugins.plugin_utils.plan_checks impor
     inventory_names,
     role_prefixes,
     unknown_variables,
+    wheelhouse_warnings,
 )
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving import (
     IMAGE_VARIABLES,
@@ -151,6 +152,11 @@ class ActionModule(ActionBase):
         )
         warnings += model["clients"]["warnings"] + idle_warnings(model)
         warnings += self._unknown_variables(task_vars)
+        warnings += wheelhouse_warnings(
+            model,
+            self._value(task_vars, "sparkops_gateway_wheelhouse"),
+            self._value(task_vars, "sparkops_gateway_litellm_version"),
+        )
         me = task_vars.get("inventory_hostname")
         result["changed"] = False
         result["problems"] = []

@@ -210,3 +210,13 @@ def test_a_link_that_really_reaches_nobody_is_still_told():
     inputs["hostvars"]["spark-2"]["sparkops_fast_links"][0]["address"] = "192.168.102.12/24"
     probs = problems_of(inputs)
     assert any("this link reaches nobody" in p for p in probs), probs
+
+
+def test_the_gateway_s_empty_wheelhouse_is_said_by_the_plan(tmp_path):
+    model = _model(gateway_enabled=True)
+    (warning,) = pc.wheelhouse_warnings(model, tmp_path / "gateway", "1.108.7")
+    assert "holds no litellm-1.108.7 wheel" in warning and "playbooks/gateway_wheels.yml" in warning
+    (tmp_path / "gateway" / "linux-aarch64-cp312").mkdir(parents=True)
+    (tmp_path / "gateway" / "linux-aarch64-cp312" / "litellm-1.108.7-py3-none-any.whl").write_text("")
+    assert pc.wheelhouse_warnings(model, tmp_path / "gateway", "1.108.7") == []
+    assert pc.wheelhouse_warnings(_model(), tmp_path / "nowhere", "1.108.7") == [], "no gateway, no wheelhouse"
