@@ -68,7 +68,7 @@ def test_the_inventory_graph_lists_only_the_sparks_after_plan_a_key_and_a_lock(t
     (state / "credentials" / "keys" / "alice").write_text("sk-alice\n")
     # the lock of a first deployment (what deployment_state writes: the plan's wanted record)
     (state / "sparkops.lock.json").write_text(json.dumps({"lock_version": 1, **plan["serving"]["lock"]["wanted"]}))
-    (state / "reports").mkdir()
+    (state / "reports").mkdir(exist_ok=True)
     (state / "reports" / "health.json").write_text("{}\n")
     assert sorted(p.name for p in inv.iterdir()) == ["group_vars", "hosts.yml"]
     graph = _graph(inv)
