@@ -151,13 +151,15 @@ class ActionModule(ActionBase):
             model, inputs["settings"].get("sparkops_client_networks"), api_key_given=bool(api_key)
         )
         warnings += model["clients"]["warnings"] + idle_warnings(model)
-        warnings += self._unknown_variables(task_vars)
-        warnings += wheelhouse_warnings(
-            model,
-            self._value(task_vars, "sparkops_gateway_wheelhouse"),
-            self._value(task_vars, "sparkops_gateway_litellm_version"),
-        )
         me = task_vars.get("inventory_hostname")
+        if me == (task_vars.get("ansible_play_hosts_all") or [me])[0]:
+            # The same for every host: read and said by the play's first host only (files, the roles' specs).
+            warnings += self._unknown_variables(task_vars)
+            warnings += wheelhouse_warnings(
+                model,
+                self._value(task_vars, "sparkops_gateway_wheelhouse"),
+                self._value(task_vars, "sparkops_gateway_litellm_version"),
+            )
         result["changed"] = False
         result["problems"] = []
         if warnings:
