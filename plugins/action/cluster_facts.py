@@ -8,12 +8,24 @@ problem at once. The documentation lives in plugins/modules/cluster_facts.py.
 
 from __future__ import annotations
 
+import difflib
 import os
+from pathlib import Path
 
 from ansible.errors import AnsibleError, AnsibleUndefinedVariable
 from ansible.plugins.action import ActionBase
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.cluster import ClusterError, build_cluster
+from ansible_collections.sparkops.cluster.plugins.plugin_utils.controller_state import legacy_moves, move
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.lockfile import LockError, parse_lock
+from ansible_collections.sparkops.cluster.plugins.plugin_utils.plan_checks import (
+    clients,
+    declared_variables,
+    idle_warnings,
+    inventory_names,
+    role_prefixes,
+    unknown_variables,
+    wheelhouse_warnings,
+)
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving import (
     IMAGE_VARIABLES,
     INPUT_VARIABLES,
@@ -38,23 +50,32 @@ SETTINGS = (
     "ray_cluster_gcs_port",
     "vllm_serve_port",
     "vllm_serve_host",
+    "sparkops_controller_state_dir",
     "sparkops_credentials_dir",
     "sparkops_reports_dir",
     "sparkops_lock_file",
     "sparkops_plan_file",
     "inventory_dir",
+    "sparkops_client_networks",
     # Written into the containers' env file by roce_network: checked for one variable per line.
     "roce_network_env_extra",
     "roce_network_nccl_debug",
     "roce_network_nccl_debug_subsys",
 )
 HOST_VARS = ("sparkops_fast_links", "ansible_host")
+# The collection's root (roles/ holds the declared variables).
+COLLECTION = str(Path(__file__).resolve().parents[2])
+# Inventory variables no role declares that the plan itself reads (its documented inputs).
+PLAN_INPUTS = frozenset(
+    {*SETTINGS, *HOST_VARS, *INPUT_VARIABLES.values(), *IMAGE_VARIABLES.values(), "sparkops_hf_token"}
+)
+VARS_FILES = (".yml", ".yaml", ".json", "")
 
 
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     _requires_connection = False
-    _VALID_ARGS = frozenset()
+    _VALID_ARGS = frozenset(("fail_on_problems",))
 
     def _value(self, source, name):
         """A variable, templated; None when it is not defined (the model applies its defaults)."""
@@ -65,7 +86,7 @@ class ActionModule(ActionBase):
         except AnsibleUndefinedVariable:
             return None
 
-    def _serving_inputs(self, task_vars: dict, model: dict) -> dict:
+    def _serving_inputs(self, task_vars: dict, model: dict, pending: dict | None = None) -> dict:
         """The plan's inputs: settings, the image pins, the lock file's content (read here, on the
         controller) and whether a Hugging Face token is set (never the token itself)."""
         inputs = {key: self._value(task_vars, name) for key, name in INPUT_VARIABLES.items()}
@@ -74,6 +95,8 @@ class ActionModule(ActionBase):
         token = self._value(task_vars, "sparkops_hf_token")
         inputs["hf_token_set"] = bool(token) or bool(os.environ.get("HF_TOKEN"))
         path = model["paths"]["lock_file"]
+        # In check mode an older layout's lock is read where it still is (nothing was moved).
+        path = next((old for old, new in (pending or {}).items() if new == path), path)
         try:
             with open(path, encoding="utf-8") as handle:
                 text = handle.read()
@@ -103,16 +126,45 @@ class ActionModule(ActionBase):
                 continue
             hv = hostvars[host]
             inputs["hostvars"][host] = {name: self._value(hv, name) for name in HOST_VARS}
+        task_args = self._task.args or {}
+        fail = str(task_args.get("fail_on_problems", True)).lower() in ("true", "yes", "1")
+        warnings = []
         try:
             model = build_cluster(inputs)
-            model["serving"] = build_serving(model, self._serving_inputs(task_vars, model))
+            # The controller's state out of the inventory folder (an older release's layout), before it is read.
+            moved, pending = move(legacy_moves(model["paths"]), check_mode=bool(self._task.check_mode))
+            warnings += moved
+            problems = self._override_problems(task_vars)
+            try:
+                model["serving"] = build_serving(model, self._serving_inputs(task_vars, model, pending))
+            except ClusterError as err:
+                raise ClusterError(problems + err.problems) from None
+            if problems:
+                raise ClusterError(problems)
         except ClusterError as err:
-            result.update(failed=True, msg=str(err), problems=err.problems)
+            result.update(failed=fail, msg=str(err), problems=err.problems, changed=False)
             return result
         except (TypeError, ValueError, KeyError) as err:  # a bug, not the user's inventory
             raise AnsibleError(f"cluster_facts: could not build the cluster model: {err}") from err
+        api_key = self._value(task_vars, "sparkops_api_key")
+        model["clients"] = clients(
+            model, inputs["settings"].get("sparkops_client_networks"), api_key_given=bool(api_key)
+        )
+        warnings += model["clients"]["warnings"] + idle_warnings(model)
         me = task_vars.get("inventory_hostname")
+        if me == (task_vars.get("ansible_play_hosts_all") or [me])[0]:
+            # The same for every host: read and said by the play's first host only (files, the roles' specs).
+            warnings += self._unknown_variables(task_vars)
+            warnings += wheelhouse_warnings(
+                model,
+                self._value(task_vars, "sparkops_gateway_wheelhouse"),
+                self._value(task_vars, "sparkops_gateway_litellm_version"),
+            )
         result["changed"] = False
+        result["problems"] = []
+        if warnings:
+            # The same text from every host: Ansible prints each warning once.
+            result["warnings"] = warnings
         result["ansible_facts"] = {
             "sparkops_cluster": model,
             "sparkops_node": {**model["nodes"].get(me, {}), "serving": node_part(model["serving"], me)},
@@ -126,3 +178,60 @@ class ActionModule(ActionBase):
         # Never written to the fact cache: every play computes the model afresh.
         result["_ansible_facts_cacheable"] = False
         return result
+
+    def _override_problems(self, task_vars: dict) -> list:
+        """sparkops_serving_overrides may change only profiles there are (a new name would be half a profile)."""
+        overrides = self._value(task_vars, "sparkops_serving_overrides") or {}
+        if not isinstance(overrides, dict):
+            return [
+                f"sparkops_serving_overrides is a {type(overrides).__name__}; give a mapping PROFILE: {{KEY: VALUE}}"
+            ]
+        names = sorted(
+            set(self._value(task_vars, "sparkops_serving_profiles") or {})
+            | set(self._value(task_vars, "sparkops_serving_profiles_extra") or {})
+        )
+        out = []
+        for name, change in overrides.items():
+            if str(name) not in names:
+                close = difflib.get_close_matches(str(name), names, n=1, cutoff=0.6)
+                hint = f"did you mean {close[0]}?" if close else f"the profiles are {', '.join(names)}"
+                out.append(
+                    f"sparkops_serving_overrides names the profile '{name}', which is none: {hint} (a profile of your "
+                    "own goes into sparkops_serving_profiles_extra)"
+                )
+            elif not isinstance(change, dict):
+                out.append(
+                    f"sparkops_serving_overrides['{name}'] is a {type(change).__name__}; give a mapping KEY: VALUE"
+                )
+        return out
+
+    def _unknown_variables(self, task_vars: dict) -> list:
+        """Variables the inventory's files set with a sparkops prefix that no role declares (and profile keys
+        set as variables), read from the inventory folder's hosts file, group_vars and host_vars."""
+        folder = task_vars.get("inventory_dir")
+        if not folder or not os.path.isdir(folder):
+            return []
+        names: dict = {}
+        for sub in ("group_vars", "host_vars"):
+            for root, _dirs, files in os.walk(os.path.join(folder, sub)):
+                for name in sorted(files):
+                    path = os.path.join(root, name)
+                    if os.path.splitext(name)[1] not in VARS_FILES:
+                        continue
+                    data = self._load(path)
+                    for var in data if isinstance(data, dict) else ():
+                        names.setdefault(str(var), os.path.relpath(path, folder))
+        source = task_vars.get("inventory_file")
+        if source and os.path.splitext(source)[1] in (".yml", ".yaml"):
+            for var, where in inventory_names(self._load(source), os.path.basename(source)).items():
+                names.setdefault(var, where)
+        known = declared_variables(COLLECTION) | PLAN_INPUTS
+        profiles = self._value(task_vars, "sparkops_serving_profiles") or {}
+        keys = {k for p in profiles.values() if isinstance(p, dict) for k in p}
+        return unknown_variables(names, known, role_prefixes(COLLECTION), profile_keys=keys)
+
+    def _load(self, path: str):
+        try:
+            return self._loader.load_from_file(path)
+        except Exception:  # noqa: BLE001 - an unreadable file is Ansible's to report, not this check's
+            return None

@@ -15,8 +15,10 @@ from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving import su
 
 def cluster_summary(model: dict) -> list:
     """The plan as readable lines (nodes, peers, routes, segments, cables, stages), then what is served:
-    each deployment's exact image tag and every member's command line."""
-    return summary(model) + (serving_summary(model["serving"]) if model.get("serving") else [])
+    each deployment's exact image tag and every member's command line; last the Clients block (the URL clients
+    use, the networks that reach it, the key and how it is sent)."""
+    lines = summary(model) + (serving_summary(model["serving"]) if model.get("serving") else [])
+    return lines + list((model.get("clients") or {}).get("lines") or [])
 
 
 LOOPBACK_OR_EVERY = ("0.0.0.0", "127.0.0.1")  # noqa: S104 - values compared, not bound

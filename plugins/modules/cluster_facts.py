@@ -14,10 +14,22 @@ description:
   - Contacts no host; runs as an action plugin on the controller.
   - On a broken inventory it fails with every problem at once, each naming the host, link or address
     and how to fix it.
+  - Moves the controller's state (credentials, reports, lock file, plan, wheelhouse) that an older release
+    kept inside the inventory folder to the state folder beside it (C(sparkops_controller_state_dir)), once,
+    and says what it moved (not in check mode).
+  - Warns (the same text from every host, so Ansible prints it once) when the listening address and
+    C(sparkops_client_networks) do not fit, of Sparks that serve nothing, of inventory variables with a
+    sparkops prefix that no role declares (with the closest known name), and of an empty gateway wheelhouse.
 version_added: "0.1.0"
 author:
   - sparkops maintainers (!UNKNOWN)
-options: {}
+options:
+  fail_on_problems:
+    description:
+      - Fail on a broken inventory. With V(false) the task succeeds and returns the problems (RV(problems), RV(msg)),
+        so that a later C(run_once) task can refuse them once for the whole play (the cluster_facts role does).
+    type: bool
+    default: true
 extends_documentation_fragment:
   - sparkops.cluster.attributes
   - sparkops.cluster.attributes.read_only
@@ -26,6 +38,17 @@ extends_documentation_fragment:
 EXAMPLES = r"""
 - name: Compute the cluster model for this play
   sparkops.cluster.cluster_facts:
+
+- name: Compute it, and refuse a broken inventory once for the play
+  sparkops.cluster.cluster_facts:
+    fail_on_problems: false
+  register: built
+
+- name: Refuse once
+  ansible.builtin.fail:
+    msg: "{{ built.msg }}"
+  run_once: true
+  when: built.problems | length > 0
 """
 
 RETURN = r"""
@@ -35,23 +58,31 @@ ansible_facts:
   type: dict
   contains:
     sparkops_cluster:
-      description: topology, head, workers, ranks, nodes, segments, cables, ray, endpoint, image, weights, paths.
+      description:
+        - topology, head, workers, ranks, nodes, segments, cables, ray, endpoint, image, weights, paths (state_dir
+          among them), serving, clients (the plan's Clients block as lines, its warnings and the client URLs).
       type: dict
     sparkops_node:
       description: This host's entry of sparkops_cluster.nodes (links, primary, hcas, peers, pings, routes, env).
       type: dict
 problems:
-  description: Every problem found in the inventory, one sentence each.
-  returned: failure
+  description: Every problem found in the inventory, one sentence each (empty when there is none).
+  returned: always
   type: list
   elements: str
+msg:
+  description: The problems as one numbered block.
+  returned: when there are problems
+  type: str
 """
 
 from ansible.module_utils.basic import AnsibleModule
 
 
 def main():
-    module = AnsibleModule(argument_spec={}, supports_check_mode=True)
+    module = AnsibleModule(
+        argument_spec={"fail_on_problems": {"type": "bool", "default": True}}, supports_check_mode=True
+    )
     module.fail_json(msg="cluster_facts runs on the controller as an action plugin; it is never sent to a host.")
 
 

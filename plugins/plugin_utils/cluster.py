@@ -72,6 +72,19 @@ class ClusterError(ValueError):
 
 
 # ----------------------------------------------------------------------------- helpers
+def controller_state_dir(inventory_dir: str, given=None) -> str:
+    """The controller's state folder (plan, credentials, keys, lock, reports, wheelhouse): `given`
+    (sparkops_controller_state_dir) when set, else `<inventory>-state` beside the inventory folder, never
+    inside it: Ansible reads every file of an inventory folder as an inventory source (an API key would
+    become a host)."""
+    if given:
+        return str(given)
+    folder = posixpath.normpath(str(inventory_dir or "."))
+    if folder in (".", "/"):
+        return posixpath.join(folder, "sparkops-state")
+    return folder + "-state"
+
+
 def _setting(settings: dict, name: str, default=None):
     value = settings.get(name, default)
     return default if value is None else value
@@ -115,8 +128,11 @@ def _name_problem(what: str, name, max_bytes: int) -> str | None:
     return f"{what} {shown} {'; '.join(why)}" if why else None
 
 
-def _parse_links(host: str, raw, problems: list, mgmt_interface: str = "enP7s7") -> list:
-    """The host's fast links as dicts with ip/prefix/cidr; a problem for each malformed entry."""
+def _parse_links(host: str, raw, problems: list, mgmt_interface: str = "enP7s7", rejected: set | None = None) -> list:
+    """The host's fast links as dicts with ip/prefix/cidr; a problem for each malformed entry. The subnet of
+    each link refused for another reason than its address goes into `rejected` ("?" when it has none): the
+    topology checks then say nothing of what that link's absence causes (it was reported)."""
+    rejected = set() if rejected is None else rejected
     if raw is None or raw in ([], ""):
         problems.append(
             f"{host} has no usable 'sparkops_fast_links' (a list). List its QSFP interfaces with their "
@@ -178,6 +194,7 @@ def _parse_links(host: str, raw, problems: list, mgmt_interface: str = "enP7s7")
                 bad.append(why)
         if bad:
             problems.append(f"{where} is malformed: {'; '.join(bad)}. Example: {_EXAMPLE_LINK}.")
+            rejected.add(str(iface.network) if iface is not None else "?")
             continue
         links.append(
             {
@@ -317,7 +334,9 @@ def _segments(nodes: dict, hosts: list) -> OrderedDict:
     return segs
 
 
-def _check_addresses(nodes: dict, hosts: list, mgmt: dict, problems: list) -> None:
+def _check_addresses(nodes: dict, hosts: list, mgmt: dict, problems: list, doubled: set | None = None) -> None:
+    """Unique addresses, one link per subnet on each node (the subnets that break this go into `doubled`)."""
+    doubled = set() if doubled is None else doubled
     owners: dict = {}
     for h in hosts:
         for link in nodes[h]["links"]:
@@ -336,6 +355,7 @@ def _check_addresses(nodes: dict, hosts: list, mgmt: dict, problems: list) -> No
             by_net.setdefault(link["cidr"], []).append(link)
         for cidr, same in by_net.items():
             if len(same) > 1:
+                doubled.add(cidr)
                 problems.append(
                     f"{h}: two fast links are on the same subnet {cidr} "
                     f"({', '.join(link['netdev'] + ' ' + link['address'] for link in same)}). The two PCIe "
@@ -396,9 +416,17 @@ def _cycle(hosts: list, neighbours: dict) -> list | None:
     return order if len(order) == len(hosts) else None
 
 
-def _check_topology(topology: str, hosts: list, segs, cables: list, problems: list) -> list | None:
-    """Checks the declared topology against the subnets; returns the ring order for rings."""
+def _check_topology(
+    topology: str, hosts: list, segs, cables: list, problems: list, *, reported=frozenset()
+) -> list | None:
+    """Checks the declared topology against the subnets; returns the ring order for rings.
+
+    `reported`: subnets whose links were already found wrong (a malformed link, "?" for one without a usable
+    address, two links of one node on one subnet). What follows from them (a lane that reaches nobody, a
+    cable short of a lane, a subnet with too many ends) is not said again: fixing the first problem fixes it.
+    """
     n = len(hosts)
+    incomplete = bool(reported)
     if topology == "pair":
         if n != 2:
             problems.append(
@@ -422,6 +450,8 @@ def _check_topology(topology: str, hosts: list, segs, cables: list, problems: li
     for cidr, members in segs.items():
         names = [h for h, _link in members]
         ends = ", ".join(f"{h} {link['netdev']} {link['ip']}" for h, link in members)
+        if cidr in reported or (len(members) == 1 and "?" in reported):
+            continue
         if len(members) == 1:
             h, link = members[0]
             problems.append(
@@ -429,19 +459,19 @@ def _check_topology(topology: str, hosts: list, segs, cables: list, problems: li
                 "reaches nobody. Give the node at the cable's (or switch's) other end an address in that subnet, "
                 "or remove the link."
             )
-        elif topology == "switch" and len(set(names)) != n:
+        elif topology == "switch" and len(set(names)) != n and "?" not in reported:
             missing = [h for h in hosts if h not in names]
             problems.append(
                 f"switch subnet {cidr} holds {ends} but not {', '.join(missing)}; on a switch every fast subnet "
                 f"holds every node: give {', '.join(missing)} an address in {cidr}."
             )
-        elif topology in ("pair", "ring", "mesh") and len(members) > 2:
+        elif topology in ("pair", "ring", "mesh") and len(members) > 2 and len(set(names)) > 2:
             problems.append(
-                f"subnet {cidr} holds {len(members)} nodes ({ends}); on a {topology} each subnet is one cable "
+                f"subnet {cidr} holds {len(set(names))} nodes ({ends}); on a {topology} each subnet is one cable "
                 "lane with exactly two ends. Give each cable its own subnets (or declare sparkops_topology: "
                 "switch if the nodes hang off a switch)."
             )
-    if topology == "pair" and n == 2:
+    if topology == "pair" and n == 2 and not incomplete:
         if len(cables) != 1:
             problems.append(
                 f"the pair {hosts[0]} and {hosts[1]} share no fast subnet; both ends of a cable must be on one "
@@ -454,7 +484,7 @@ def _check_topology(topology: str, hosts: list, segs, cables: list, problems: li
                 f"{lane['b']['netdev']}); full bandwidth needs both twins of the cabled port (e.g. enp1s0f1np1 "
                 "and enP2p1s0f1np1), each on its own subnet: add the second twin to both nodes."
             )
-    if topology in ("ring", "mesh") and n >= 3:
+    if topology in ("ring", "mesh") and n >= 3 and not incomplete:
         neighbours = {h: set() for h in hosts}
         for c in cables:
             neighbours[c["a"]].add(c["b"])
@@ -653,20 +683,22 @@ def build_cluster(inputs: dict) -> dict:
     nodes: dict = {}
     mgmt: dict = {}
     mgmt_interface = str(_setting(settings, "sparkops_mgmt_interface", "enP7s7"))
+    rejected: set = set()  # subnets of links refused as malformed: their absence was reported
+    doubled: set = set()  # subnets that hold two links of one node: reported
     for h in ordered:
         hv = hostvars.get(h) or {}
-        links = _parse_links(h, hv.get("sparkops_fast_links"), problems, mgmt_interface)
+        links = _parse_links(h, hv.get("sparkops_fast_links"), problems, mgmt_interface, rejected)
         mgmt[h] = str(hv.get("ansible_host") or h)
         if _control_chars(mgmt[h]):
             problems.append(f"{h}: ansible_host {mgmt[h]!r} contains control characters; give an address or name.")
         nodes[h] = {"links": links}
-    _check_addresses(nodes, ordered, mgmt, problems)
+    _check_addresses(nodes, ordered, mgmt, problems, doubled)
     _check_roles(settings, ordered, nodes, mgmt, problems, head=head)
     segs = _segments(nodes, ordered)
     cables = _cables(segs, ordered, ranks)
     order = None
     if topology in TOPOLOGIES and ordered:
-        order = _check_topology(topology, ordered, segs, cables, problems)
+        order = _check_topology(topology, ordered, segs, cables, problems, reported=rejected | doubled)
     if problems:
         raise ClusterError(problems)
     return _assemble(topology, head, ordered, ranks, nodes, mgmt, segs, cables, order, settings)
@@ -753,12 +785,13 @@ def _assemble(topology, head, hosts, ranks, nodes, mgmt, segs, cables, order, se
     image_source = build_host  # an unknown name was refused (_check_roles)
 
     inventory_dir = str(_setting(settings, "inventory_dir", "") or ".")
+    state_dir = controller_state_dir(inventory_dir, _setting(settings, "sparkops_controller_state_dir", ""))
     credentials_dir = str(
-        _setting(settings, "sparkops_credentials_dir", "") or posixpath.join(inventory_dir, "credentials")
+        _setting(settings, "sparkops_credentials_dir", "") or posixpath.join(state_dir, "credentials")
     )
-    reports_dir = str(_setting(settings, "sparkops_reports_dir", "") or posixpath.join(inventory_dir, "reports"))
-    lock_file = str(_setting(settings, "sparkops_lock_file", "") or posixpath.join(inventory_dir, "sparkops.lock.json"))
-    plan_file = str(_setting(settings, "sparkops_plan_file", "") or posixpath.join(inventory_dir, "sparkops-plan.json"))
+    reports_dir = str(_setting(settings, "sparkops_reports_dir", "") or posixpath.join(state_dir, "reports"))
+    lock_file = str(_setting(settings, "sparkops_lock_file", "") or posixpath.join(state_dir, "sparkops.lock.json"))
+    plan_file = str(_setting(settings, "sparkops_plan_file", "") or posixpath.join(state_dir, "sparkops-plan.json"))
 
     segments = [{"cidr": cidr, "hosts": [h for h, _link in members]} for cidr, members in segs.items()]
     return {
@@ -793,6 +826,7 @@ def _assemble(topology, head, hosts, ranks, nodes, mgmt, segs, cables, order, se
         },
         "paths": {
             "inventory_dir": inventory_dir,
+            "state_dir": state_dir,
             "credentials_dir": credentials_dir,
             "api_key_file": posixpath.join(credentials_dir, "api_key"),
             "reports_dir": reports_dir,
@@ -829,7 +863,10 @@ def summary(model: dict) -> list:
         )
         out.append(f"cable {c['a']} - {c['b']}: {lanes}")
     ep, img, paths = model["endpoint"], model["image"], model["paths"]
-    out.append(f"ray head {model['ray']['address']}; API {ep['url']} (bind {ep['bind']})")
+    serving = model.get("serving") or {}
+    if serving.get("ray_used", True):
+        out.append(f"ray head {model['ray']['address']}")
+    out.append(f"vLLM API on the head {ep['url']} (bind {ep['bind']}; clients: see Clients below)")
     # The image's exact tag (with its build arguments' hash) is the serving plan's: serving.summary prints it.
     out.append(f"image from {img['repo']} @ {img['ref']}, built on {img['build_host']}")
     waves = model["weights"]["fanout"]
@@ -837,6 +874,8 @@ def summary(model: dict) -> list:
         f"weights from {model['weights']['source']} in {max([e['wave'] for e in waves], default=0)} wave(s): "
         + ", ".join(f"{e['from']}->{e['to']}@{e['ip']} (w{e['wave']})" for e in waves)
     )
+    if paths.get("state_dir"):
+        out.append(f"controller: state folder {paths['state_dir']} (beside the inventory, never in it)")
     out.append(f"controller: API key file {paths['api_key_file']}, reports {paths['reports_dir']}")
     out.append(f"controller: lock file {paths['lock_file']}, plan {paths['plan_file']}")
     return out

@@ -93,6 +93,8 @@ def test_build_ignore_keeps_only_what_users_need():
         ".ruff_cache/x",
         "inventory/sim/hosts.yml",
         "inventory/two-sparks/credentials/api_key",
+        "inventory/two-sparks-state/credentials/api_key",
+        "inventory/examples/ring-4-state/sparkops.lock.json",
         "inventory/two-sparks/reports/health.md",
         "tests/integration/test_collection_install.py",
         "tests/unit/sim/test_vllm_test_double.py",

@@ -63,8 +63,8 @@ def test_pair_model():
     # The image's name is the serving plan's (tests/unit/plugin_utils/test_serving_plan.py), not the model's.
     assert set(m["image"]) == {"repo", "ref", "build_host", "fanout"}
     assert m["weights"]["fanout"] == [{"from": "spark-1", "to": "spark-2", "ip": "192.168.100.12", "wave": 1}]
-    assert m["paths"]["api_key_file"] == "/srv/inv/credentials/api_key"
-    assert m["paths"]["lock_file"] == "/srv/inv/sparkops.lock.json"
+    assert m["paths"]["api_key_file"] == "/srv/inv-state/credentials/api_key"
+    assert m["paths"]["lock_file"] == "/srv/inv-state/sparkops.lock.json"
     assert m["nodes"]["spark-2"]["ssh_from"] == ["192.168.100.0/24", "192.168.101.0/24"]
     json.dumps(m)  # the model is plain data (plan.yml writes it as JSON)
 

@@ -365,19 +365,29 @@ def test_a_host_without_hostvars_is_reported_not_a_crash():
 
 
 def test_controller_paths_default_beside_the_inventory():
+    # In a state folder beside the inventory folder, never inside it (Ansible reads every file of an inventory
+    # folder as an inventory source: an API key there becomes a host).
     model = build_cluster(inv.pair())
     assert model["paths"] == {
         "inventory_dir": "/srv/inv",
-        "credentials_dir": "/srv/inv/credentials",
-        "api_key_file": "/srv/inv/credentials/api_key",
-        "reports_dir": "/srv/inv/reports",
-        "lock_file": "/srv/inv/sparkops.lock.json",
-        "plan_file": "/srv/inv/sparkops-plan.json",
+        "state_dir": "/srv/inv-state",
+        "credentials_dir": "/srv/inv-state/credentials",
+        "api_key_file": "/srv/inv-state/credentials/api_key",
+        "reports_dir": "/srv/inv-state/reports",
+        "lock_file": "/srv/inv-state/sparkops.lock.json",
+        "plan_file": "/srv/inv-state/sparkops-plan.json",
     }
-    # without inventory_dir (plan.yml on a bare inventory): the working folder, said as "."
+    # one setting moves all of them; each can still be set on its own
+    moved = build_cluster(inv.pair(sparkops_controller_state_dir="/var/sparks", sparkops_lock_file="/l.json"))
+    assert moved["paths"]["api_key_file"] == "/var/sparks/credentials/api_key"
+    assert moved["paths"]["plan_file"] == "/var/sparks/sparkops-plan.json"
+    assert moved["paths"]["lock_file"] == "/l.json"
+    # a trailing slash names the same folder
+    assert build_cluster(inv.pair(inventory_dir="/srv/inv/"))["paths"]["state_dir"] == "/srv/inv-state"
+    # without inventory_dir (plan.yml on a bare inventory): a folder in the working folder, said as "."
     bare = inv.mutate(inv.pair(), lambda d: d["settings"].pop("inventory_dir"))
-    assert build_cluster(bare)["paths"]["api_key_file"] == "./credentials/api_key"
-    assert build_cluster(inv.pair(inventory_dir=""))["paths"]["reports_dir"] == "./reports"
+    assert build_cluster(bare)["paths"]["api_key_file"] == "./sparkops-state/credentials/api_key"
+    assert build_cluster(inv.pair(inventory_dir=""))["paths"]["reports_dir"] == "./sparkops-state/reports"
 
 
 def test_an_empty_cluster_is_told_once_not_judged_as_a_topology():

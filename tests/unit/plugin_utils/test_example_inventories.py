@@ -171,3 +171,36 @@ def test_gateway_keys_puts_one_endpoint_on_the_head_for_the_lan(planned):
         ("gpt-oss-120b", "http://192.168.100.11:8000/v1"),
         ("qwen3-30b-a3b", "http://192.168.100.12:8000/v1"),
     ]
+
+
+@pytest.mark.parametrize("name", ["ring-4", "switch-4"])
+def test_the_four_node_examples_give_every_spark_work(name, planned):
+    plan, out = planned(name)
+    # Two replicas of the TP=2 reference, each on two neighbouring Sparks, under vLLM's own executor.
+    assert _shape(plan) == [
+        ("main", "qwen3-235b-a22b-gptq-int4-tp2", [("mp", ["spark-1", "spark-2"]), ("mp", ["spark-3", "spark-4"])])
+    ]
+    assert plan["serving"]["ray_used"] is False
+    assert "serve nothing" not in out and "serve nothing" not in out.replace("\n", " ")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_example_tells_clients_where_to_go_and_warns_of_nothing(name, planned):
+    plan, out = planned(name)
+    clients = plan["clients"]
+    assert clients["lines"][0] == "Clients:"
+    assert clients["warnings"] == [], clients["warnings"]
+    # The only warning: an example's gateway wheelhouse is not filled on this machine.
+    warned = [line for line in out.splitlines() if "[WARNING]" in line]
+    assert all("holds no litellm-" in line for line in warned), warned
+    assert bool(warned) == plan["serving"]["gateway"]["enabled"], warned
+    flat = " ".join(out.split())
+    for url in clients["urls"]:
+        assert f"URL {url}" in flat
+    assert 'send it as "Authorization: Bearer <key>"' in flat
+    # Ray's head is printed only where Ray runs.
+    assert ("ray head " in flat) == plan["serving"]["ray_used"]
+    if plan["serving"]["gateway"]["enabled"]:
+        assert clients["urls"] == [plan["serving"]["gateway"]["client_url"] + "/v1"]
+    else:
+        assert clients["urls"] == [t["url"] + "/v1" for t in plan["serving"]["targets"]]

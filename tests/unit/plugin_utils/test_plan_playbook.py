@@ -73,7 +73,9 @@ def test_plan_writes_the_model_without_contacting_hosts(tmp_path, name, inputs):
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-3000:]
     assert "unreachable=0" in out and "UNREACHABLE" not in out
-    plan = json.loads((invdir / "sparkops-plan.json").read_text())  # default: next to the inventory
+    # default: in the state folder beside the inventory, never inside it
+    plan = json.loads((tmp_path / "inv-state" / "sparkops-plan.json").read_text())
+    assert not (invdir / "sparkops-plan.json").exists()
     assert plan["topology"] == inputs["settings"]["sparkops_topology"]
     assert plan["head"] == "spark-1"
     assert plan["workers"] == inv.names_of(len(inputs["hostvars"]))[1:]
@@ -94,6 +96,7 @@ def test_plan_file_can_be_chosen(tmp_path):
     assert res.returncode == 0, res.stdout[-2000:]
     assert json.loads(target.read_text())["topology"] == "pair"
     assert not (invdir / "sparkops-plan.json").exists()
+    assert not (tmp_path / "inv-state" / "sparkops-plan.json").exists()
 
 
 def test_plan_refuses_a_broken_inventory_with_every_message(tmp_path):
@@ -110,7 +113,7 @@ def test_plan_refuses_a_broken_inventory_with_every_message(tmp_path):
     assert "spark-3 is cabled to 1 node(s) (spark-4)" in out
     assert "Fast-link addresses must be unique across the cluster; duplicated: 10.1.0.1" in out
     assert "UNREACHABLE" not in out
-    assert not (invdir / "sparkops-plan.json").exists()
+    assert not (tmp_path / "inv-state" / "sparkops-plan.json").exists()
 
 
 def test_plan_refuses_values_that_would_reach_a_shell_or_the_wrong_host(tmp_path):
@@ -130,4 +133,4 @@ def test_plan_refuses_values_that_would_reach_a_shell_or_the_wrong_host(tmp_path
     assert "roce_network_env_extra: the value of 'X' contains control characters" in out
     assert "sparkops_weights_source_host is 'spark-9', which is not a host" in out
     assert "vllm_serve_host is '192.0.2.11', which is none of the head spark-1's addresses" in out
-    assert not (invdir / "sparkops-plan.json").exists()
+    assert not (tmp_path / "inv-state" / "sparkops-plan.json").exists()
