@@ -89,7 +89,7 @@ def plan_records(deployments: list, image: Mapping, recorded: Mapping) -> dict:
 
 def rollback_problems(names: list, recorded: Mapping) -> list:
     """A rollback converges each deployment to its record: one the file does not hold cannot be."""
-    missing = [name for name in names if not isinstance(recorded.get(name), Mapping)]
+    missing = [name for name in names if not (recorded.get(name) or {}).get("image")]
     if not missing:
         return []
     return [
@@ -125,7 +125,7 @@ def record_file(plan: Mapping, image: Mapping, drivers: Mapping) -> dict:
 
 
 def changes(plan: Mapping, image: str) -> dict:
-    """What an upgrade changes, from plan.records and the image this run serves: `changed` (whether any
+    """What an upgrade changes, from plan.records and the image this run serves: `moves` (whether any
     deployment's profile or model commit or the image moves) and `lines` (one for the image, one per
     deployment that moves, or that nothing is recorded for)."""
     records = plan.get("records") or {}
@@ -140,4 +140,4 @@ def changes(plan: Mapping, image: str) -> dict:
             lines.append(f"{name}: nothing recorded -> {new}")
         elif (old.get("profile_name"), old.get("profile")) != (rec["profile_name"], rec["profile"]):
             lines.append(f"{name}: {old.get('profile_name')} ({old.get('model')}@{old.get('model_revision')}) -> {new}")
-    return {"changed": bool(lines), "lines": lines or ["nothing changes"]}
+    return {"moves": bool(lines), "lines": lines or ["nothing changes"]}

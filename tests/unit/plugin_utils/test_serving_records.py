@@ -189,11 +189,11 @@ def test_the_plan_carries_each_deployment_s_record_and_the_one_recorded_before()
         assert record["previous"] == state["deployments"][name]
         assert record["image"] == f"vllm-node:{NEW_REF[:12]}-{up['image']['args_hash']}"
     lines = rec.changes(up, up["image"]["image"])
-    assert lines["changed"] and len(lines["lines"]) == 3, lines
+    assert lines["moves"] and len(lines["lines"]) == 3, lines
     assert lines["lines"][0] == f"image {v1['image']['image']} -> {up['image']['image']}"
     assert lines["lines"][2].startswith(f"code: {QWEN30} ({PROFILES[QWEN30]['model']}@{HUB[QWEN30]}) -> {QWEN35}")
     same = plan_of_only(deployments=TWO, lock=lock, records=state)
-    assert rec.changes(same, v1["image"]["image"]) == {"changed": False, "lines": ["nothing changes"]}
+    assert rec.changes(same, v1["image"]["image"]) == {"moves": False, "lines": ["nothing changes"]}
 
 
 def _served(plan):
