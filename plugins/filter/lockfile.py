@@ -10,7 +10,9 @@ from ansible_collections.sparkops.cluster.plugins.plugin_utils.lockfile import (
     dumps,
     effective_revision,
     merge,
+    model_refs,
     parse_lock,
+    resolve_models,
 )
 
 
@@ -30,4 +32,6 @@ class FilterModule:
             "sparkops_lock_diff": diff,
             "sparkops_lock_dumps": dumps,
             "sparkops_lock_revision": effective_revision,
+            "sparkops_lock_refs": model_refs,
+            "sparkops_lock_resolve": resolve_models,
         }

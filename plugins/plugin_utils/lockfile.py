@@ -7,11 +7,19 @@ profile whose revision may be the moving `main`); the lock says what that RESOLV
 (the commit, the image ID or digest, the versions found inside the image, the model's commit). Later
 runs, the other nodes and a rebuild use the lock; only playbooks/upgrade.yml moves it, and it says
 what moved. Controller-only: no module imports this.
+
+Every deployment's model is recorded under `models.<deployment>` (profile, id, revision, and the commit
+the revision resolved to); `model` keeps the first deployment's record, as earlier versions wrote it
+alone. parse_lock() reads a lock of those versions (`model` only, or `models` without the resolved
+commits) as if it had been written now: its `model` is the record of the deployment it names.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
+import re
 from collections.abc import Mapping
 
 LOCK_VERSION = 1
@@ -28,6 +36,12 @@ WANTED_KEYS = (
     ("model", "id"),
     ("model", "revision"),
 )
+
+
+# A deployment's model record: what the inventory asks for. Another value of any of these is another record
+# (a resolved commit of the old one must not stay behind to pin or name the new one).
+RECORD_KEYS = ("profile", "id", "revision")
+_COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 
 
 class LockError(ValueError):
@@ -47,7 +61,43 @@ def parse_lock(text: str | None) -> dict:
             f"the lock file has lock_version {lock.get('lock_version') if isinstance(lock, dict) else '?'}, "
             f"this sparkops writes {LOCK_VERSION}"
         )
-    return lock
+    return migrate(lock)
+
+
+def _same_record(a: object, b: object) -> bool:
+    return (
+        isinstance(a, Mapping)
+        and isinstance(b, Mapping)
+        and all(_norm(a.get(key)) == _norm(b.get(key)) for key in RECORD_KEYS)
+    )
+
+
+def model_records(lock: dict) -> dict:
+    """Every deployment's model record, by deployment name: `models`, with `model` (the first deployment's,
+    the only one a lock of earlier versions holds) as the record of the deployment it names. `model` is
+    written on every run and wins over a `models` entry of another profile, model or revision (an earlier
+    version kept `models` without the resolved commit, and a default cluster's run left it as it was)."""
+    lock = lock or {}
+    records = {
+        str(name): _plain(record) for name, record in (lock.get("models") or {}).items() if isinstance(record, Mapping)
+    }
+    model = lock.get("model")
+    if isinstance(model, Mapping) and any(model.get(key) for key in RECORD_KEYS):
+        name = model_deployment(lock)
+        own = {key: _plain(value) for key, value in model.items() if key != "deployment"}
+        kept = records.get(name)
+        records[name] = {**(kept if _same_record(kept, own) else {}), **own}
+    return records
+
+
+def migrate(lock: dict) -> dict:
+    """The lock in this version's form: `models` holds every deployment's record (model_records)."""
+    if not lock:
+        return lock
+    records = model_records(lock)
+    if not records:
+        return lock
+    return {**lock, "models": records}
 
 
 def _get(tree: dict, path: tuple) -> object:
@@ -96,15 +146,17 @@ def model_conflicts(lock: dict, wanted: dict) -> list[str]:
     """Where a deployment of sparkops_deployments asks for another profile or model than the lock records
     under `models` by its name. A name the lock does not record (a lock from before deployments, a new
     deployment) is no conflict: its first run records it."""
-    recorded = (lock or {}).get("models")
-    if not isinstance(recorded, dict):
+    if not lock:
         return []
+    recorded = model_records(lock)
+    # The deployment conflicts() holds to the lock's `model` is reported there, once.
+    checked = model_deployment(wanted) if model_deployment(lock) == model_deployment(wanted) else None
     out = []
     for name, want in (wanted.get("models") or {}).items():
         have = recorded.get(name)
-        if not isinstance(have, dict):
+        if not isinstance(have, dict) or name == checked:
             continue
-        for key in ("profile", "id", "revision"):
+        for key in RECORD_KEYS:
             if _norm(have.get(key)) != _norm(want.get(key)):
                 out.append(
                     f"models.{name}.{key}: the lock has {json.dumps(_norm(have.get(key)))}, "
@@ -151,10 +203,74 @@ def merge(lock: dict, resolved: dict) -> dict:
     if (
         isinstance(wanted_model, Mapping)
         and "profile" in wanted_model
-        and model_deployment(new) != model_deployment(resolved)
+        and (model_deployment(new) != model_deployment(resolved) or not _same_record(new.get("model"), wanted_model))
     ):
         new.pop("model", None)
+    # The same for each deployment's record under `models`: another profile, model or revision for a
+    # deployment replaces its record whole (an upgrade of it; its resolved commit is written after).
+    wanted_models = resolved.get("models") if isinstance(resolved, Mapping) else None
+    if isinstance(wanted_models, Mapping) and isinstance(new.get("models"), dict):
+        for name, record in wanted_models.items():
+            replaced = isinstance(record, Mapping) and "profile" in record
+            if replaced and not _same_record(new["models"].get(name), record):
+                new["models"].pop(name, None)
     into(new, resolved)
+    # Written in this version's form: every deployment's record under `models`, the first's as well.
+    return migrate(new)
+
+
+def model_refs(wanted: dict) -> list[dict]:
+    """The Hugging Face cache refs to read for the models the inventory asks for by a moving revision (a
+    branch or a tag; a commit needs no reading), one per model and revision: [{model, revision}]."""
+    out = []
+    for record in [(wanted or {}).get("model"), *((wanted or {}).get("models") or {}).values()]:
+        if not isinstance(record, Mapping) or not record.get("id") or not record.get("revision"):
+            continue
+        ref = {"model": str(record["id"]), "revision": str(record["revision"])}
+        if not _COMMIT_RE.match(ref["revision"]) and ref not in out:
+            out.append(ref)
+    return out
+
+
+def _read_commit(reading: Mapping) -> str | None:
+    """The commit a slurped refs file holds (base64, as ansible.builtin.slurp returns it), or None: the
+    file is missing, unreadable or holds anything but one commit (the cache's content is not trusted)."""
+    try:
+        text = base64.b64decode(str(reading.get("content") or ""), validate=True).decode("ascii").strip()
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        return None
+    return text if _COMMIT_RE.match(text) else None
+
+
+def resolve_models(lock: dict, readings: list | None, upgrade: bool = False) -> dict:
+    """The lock with each deployment's resolved commit (`resolved_revision`) written, `model`'s included.
+
+    `readings`: the slurped refs files of model_refs(), each with its `item` ({model, revision}). A record
+    whose revision is a commit resolves to it. One with a moving revision keeps the commit the lock holds
+    for it (the same record's: merge() drops another's), whatever the head's cache says now (a failed
+    upgrade may have moved its refs); only a record without one, or an `upgrade`, takes its refs file's."""
+    found = {}
+    for reading in readings or []:
+        item = (reading or {}).get("item") or {}
+        commit = _read_commit(reading or {})
+        if commit:
+            found[(str(item.get("model")), str(item.get("revision")))] = commit
+    new = _plain(lock) if lock else {"lock_version": LOCK_VERSION}
+
+    def resolved(record: dict) -> str | None:
+        revision = str(record.get("revision") or "")
+        if _COMMIT_RE.match(revision):
+            return revision
+        have = record.get("resolved_revision") or None
+        read = found.get((str(record.get("id")), revision))
+        return (read or have) if upgrade else (have or read)
+
+    for record in (new.get("models") or {}).values():
+        if isinstance(record, dict) and record.get("id") and resolved(record):
+            record["resolved_revision"] = resolved(record)
+    model = new.get("model")
+    if isinstance(model, dict) and model.get("id") and resolved(model):
+        model["resolved_revision"] = resolved(model)
     return new
 
 
@@ -181,9 +297,12 @@ def diff(old: dict, new: dict, ignore: tuple = ("written_at", "history")) -> lis
     return out
 
 
-def effective_revision(profile_revision: str, lock: dict, profile_name: str, model_id: str) -> str:
-    """The model commit to use: the locked one when the lock is for this profile and model, else the profile's."""
-    model = lock.get("model") if lock else None
+def effective_revision(profile_revision: str, lock: dict, profile_name: str, model_id: str, deployment=None) -> str:
+    """The model commit to use: the locked one when the lock is for this profile and model, else the profile's.
+    With `deployment`, the record of that deployment (model_records), else the lock's `model`."""
+    if not lock:
+        return profile_revision
+    model = model_records(lock).get(str(deployment)) if deployment is not None else lock.get("model")
     if (
         isinstance(model, dict)
         and model.get("profile") == profile_name

@@ -56,6 +56,12 @@ from ansible_collections.sparkops.cluster.plugins.plugin_utils.lockfile import c
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.lockfile import effective_revision
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.lockfile import model_conflicts as lock_model_conflicts
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.lockfile import model_deployment as lock_model_deployment
+from ansible_collections.sparkops.cluster.plugins.plugin_utils.records import (
+    plan_records,
+    recorded_deployments,
+    rollback_image,
+    rollback_problems,
+)
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving_profile import (
     allowed_rule_warnings,
     contract_violations,
@@ -110,8 +116,11 @@ INPUT_VARIABLES = {
     "upgrade": "deployment_state_lock_upgrade",
     # An upgrade of one deployment (playbooks/upgrade.yml -e sparkops_deployment=NAME): only it may move.
     "upgrade_deployment": "sparkops_deployment",
-    # Set only by an upgrade's rollback (playbooks/tasks/upgrade-swap.yml): the recorded profile.
-    "profile_override": "upgrade_rollback_profile",
+    # What is deployed: the record file on the head, as roles/deployment_state reads it (plan.records).
+    "records": "deployment_state",
+    # Only an upgrade's rollback (playbooks/tasks/upgrade-swap.yml): plan each deployment's recorded profile
+    # on the recorded image (plugins/plugin_utils/records.py).
+    "rollback": "deployment_state_rollback",
     # The client gateway on the head (roles/gateway, docs/gateway.md).
     "gateway_enabled": "sparkops_gateway_enabled",
     "gateway_port": "sparkops_gateway_port",
@@ -583,9 +592,6 @@ def build_serving(cluster: dict, inputs: dict) -> dict:  # noqa: PLR0912, PLR091
             [f"sparkops_all_serving_profiles must be a mapping of profiles, got {type(profiles).__name__}"]
         )
     name = inputs.get("profile_name")
-    if inputs.get("profile_override"):
-        # An upgrade's rollback plans the recorded profile, whatever the inventory's profiles say now.
-        profiles = {**profiles, str(name): inputs["profile_override"]}
     sizes = {
         "gpus_per_node": _int(inputs, "gpus_per_node", 1, problems),
         "node_memory_gib": _float(inputs, "node_memory_gib", 128.0, problems),
@@ -603,6 +609,15 @@ def build_serving(cluster: dict, inputs: dict) -> dict:  # noqa: PLR0912, PLR091
         problems.append(f"sparkops_mp_master_port must be within 1-65535, got {master_port}")
     ray_opts = ray_options(inputs, sizes["gpus_per_node"], problems)
     specs = _deployment_specs(inputs, cluster, executor, problems)
+    recorded = recorded_deployments(inputs.get("records"), specs[0]["name"] if specs else DEPLOYMENT)
+    rollback = _bool(inputs, "rollback", False, problems)
+    if rollback:
+        # An upgrade's rollback plans each deployment's recorded profile, whatever the inventory says now.
+        problems += rollback_problems([s["name"] for s in specs], recorded)
+        for spec in specs:
+            if spec["name"] in recorded:
+                spec["profile_name"] = recorded[spec["name"]]["profile_name"]
+                profiles = {**profiles, str(spec["profile_name"]): recorded[spec["name"]]["profile"]}
     contract, contract_problems = _contract_problems(inputs, profiles, sizes)
     served, by_model = [], {}
     for spec in specs:
@@ -716,16 +731,18 @@ def build_serving(cluster: dict, inputs: dict) -> dict:  # noqa: PLR0912, PLR091
     hf_home = str(_get(inputs, "hf_home", "/var/lib/sparkops/huggingface"))
     # One image for the whole cluster: every deployment runs the same vLLM build (the lock pins one).
     image = plan_image(image_in, lock, upgrade)
+    if rollback:
+        image = rollback_image(image, recorded[specs[0]["name"]])
     deployments = []
-    for number, (spec, raw, normalized, nnodes) in enumerate(served):
+    for spec, raw, normalized, nnodes in served:
         p = dict(normalized)
         own_revision = p["revision"]
-        # The first deployment's model commit is the lock's `model`; every other's is under `models`.
-        # (the first's only when the lock's `model` is this very deployment's: lockfile.model_deployment).
-        own = number == 0 and lock_model_deployment(lock) == str(spec.get("name") or "main")
-        locked = lock if own else {"model": (lock.get("models") or {}).get(spec["name"])}
         pname = str(spec["profile_name"])
-        p["revision"] = own_revision if upgrade else effective_revision(own_revision, locked, pname, p["model"])
+        # Each deployment's model commit is its record in the lock (`models.<name>`; a lock of earlier
+        # versions: `model`, the record of the deployment it names, lockfile.model_records).
+        p["revision"] = (
+            own_revision if upgrade else effective_revision(own_revision, lock, pname, p["model"], spec["name"])
+        )
         replicas = []
         for index, (kind, group) in enumerate(_shape(spec, nnodes)):
             endpoint, members = _replica_members(cluster, kind, group, p, nnodes=nnodes, ctx=ctx)
@@ -760,7 +777,9 @@ def build_serving(cluster: dict, inputs: dict) -> dict:  # noqa: PLR0912, PLR091
                 "allowed_rules": allowed_rule_warnings(pname, raw, inputs.get("allow_rules") or [], contract=contract),
             }
         )
-    plan = {"deployments": deployments, "lock": {"wanted": wanted, "upgrade": upgrade}}
+    plan = {"deployments": deployments, "lock": {"wanted": wanted, "upgrade": upgrade}, "rollback": rollback}
+    # Each deployment's record (profile, model commit, image) and the one recorded before (records.py).
+    plan["records"] = plan_records(deployments, image, recorded)
     # The roles that run vLLM plan every member's container in one task (vllm_serve container.yml).
     plan["vllm_members"] = vllm_members(plan)
     # Every replica's API, for what checks, watches and reports on serving (monitoring, verify, doctor, the

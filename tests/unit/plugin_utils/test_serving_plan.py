@@ -234,11 +234,16 @@ def test_a_profile_the_pinned_vllm_refuses_is_named_even_when_another_is_served(
     assert "Serving profiles refused by vLLM 0.19.0" in str(err.value) and "typo:" in str(err.value)
 
 
-def test_a_rollback_plans_the_recorded_profile():
+def test_a_rollback_plans_the_recorded_profile_and_image():
+    """A record file of the single-deployment form (its top level only) is the first deployment's."""
     recorded = {**PROFILES["qwen3-235b-a22b-gptq-int4-tp2"], "max_num_seqs": 3}
-    plan = plan_of_only(profile_override=recorded, upgrade=True)
+    state = {"image": "vllm-node:0123456789ab-4a9d9006", "image_commit": LOCKED_IMAGE,
+             "profile_name": "qwen3-235b-a22b-gptq-int4-tp2", "profile": recorded}  # fmt: skip
+    plan = plan_of_only(records=state, rollback=True, upgrade=True)
     argv = plan["deployments"][0]["members"][0]["vllm"]["argv"]
     assert argv[argv.index("--max-num-seqs") + 1] == "3"
+    assert plan["image"]["image"] == "vllm-node:0123456789ab-4a9d9006" and plan["image"]["commit"] == LOCKED_IMAGE
+    assert plan_of_only(records=state, upgrade=True)["image"]["image"] != plan["image"]["image"]
 
 
 def test_a_registry_image_is_named_by_its_digest():

@@ -187,7 +187,9 @@ def test_diff_of_the_first_write_lists_every_leaf():
     assert f'image.ref: null -> "{WANTED["image"]["ref"]}"' in moved
     assert 'versions.vllm: null -> "0.19.0"' in moved
     assert "lock_version: null -> 1" in moved
-    assert len(moved) == 1 + 8 + 4 + 2  # lock_version, image, model, versions (nccl: None is not written)
+    # lock_version, image, model, models.main (the same record by its deployment's name), versions (nccl: None
+    # is not written)
+    assert len(moved) == 1 + 8 + 4 + 4 + 2
     assert lf.diff(None, lock) == moved
 
 
