@@ -34,12 +34,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# The pure modules: controller logic, the target-side parsers, the filters. The module_utils left out
-# run commands or touch the filesystem of a node; their logic is tested through the modules.
+# The pure modules: controller logic, the target-side parsers and judgements, the filters. The module_utils
+# left out run commands or touch the filesystem of a node; their logic is tested through the modules
+# (gateway_reload is in: its clock, sleep, kill and /proc are injected).
 DEFAULT_GLOBS = ("plugins/plugin_utils/*.py", "plugins/filter/*.py")
 MODULE_UTILS_PARSERS = (
     "bench",
+    "capacity",
     "cuda_compat",
+    "firewall",
+    "gateway_reload",
     "hf_cache",
     "hw_links",
     "image_versions",
@@ -78,6 +82,9 @@ CMP_SWAP = {
 CMP_FLIP = {ast.Lt: ast.Gt, ast.LtE: ast.GtE, ast.Gt: ast.Lt, ast.GtE: ast.LtE}
 CALL_SWAP = {"max": "min", "min": "max", "any": "all", "all": "any"}
 PRAGMA = "pragma: no mutate"
+# Equivalent mutants, one by one (a pragma skips a whole line): each names the module, the stripped source
+# line and the mutation as --list prints them, and why no input can tell the mutant from the original.
+EQUIVALENTS = "tests/mutation/equivalents.py"
 SELF_TEST = "test_mutation_tool.py"  # the mutator's own tests name modules; they run the mutator
 
 
@@ -176,16 +183,38 @@ def _candidates(node: ast.AST) -> list[tuple[str, int, str]]:
     return out
 
 
-def mutants_of(path: str, root: Path = ROOT) -> list[Mutant]:
+def equivalents(root: Path = ROOT) -> list[dict]:
+    """The entries of EQUIVALENTS (module, line, mutation, why); none when the file is absent."""
+    file = root / EQUIVALENTS
+    if not file.is_file():
+        return []
+    namespace: dict = {}
+    exec(compile(file.read_text(), str(file), "exec"), namespace)  # noqa: S102 - the checkout's own list
+    entries = namespace.get("EQUIVALENTS", [])
+    for e in entries:
+        missing = {"module", "line", "mutation", "why"} - set(e)
+        if missing or not str(e.get("why", "")).strip():
+            raise ValueError(f"{EQUIVALENTS}: an entry lacks {sorted(missing) or ['a why']}: {e}")
+    return entries
+
+
+def mutants_of(path: str, root: Path = ROOT, listed_equivalents: bool = False) -> list[Mutant]:
+    """The module's mutants, less the EQUIVALENTS entries (unless listed_equivalents)."""
     source = (root / path).read_text()
     tree = ast.parse(source)
-    skip = _skipped_ids(tree, source.splitlines())
+    lines = source.splitlines()
+    skip = _skipped_ids(tree, lines)
+    entries = [] if listed_equivalents else equivalents(root)
+    known = {(e["line"].strip(), e["mutation"]) for e in entries if e["module"] == path}
     out = []
     for index, node in enumerate(ast.walk(tree)):
         if id(node) in skip:
             continue
+        lineno = getattr(node, "lineno", 0)
+        text = lines[lineno - 1].strip() if lineno else ""
         for kind, arg, desc in _candidates(node):
-            out.append(Mutant(path, index, kind, arg, getattr(node, "lineno", 0), desc))
+            if (text, desc) not in known:
+                out.append(Mutant(path, index, kind, arg, lineno, desc))
     return out
 
 
