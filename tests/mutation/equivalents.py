@@ -1,8 +1,9 @@
 # ruff: noqa: E501 - the entries quote source lines and mutations verbatim
 """Equivalent mutants: changes no input can tell apart from the original (tests/mutation/README.md).
 
-`make mutation` does not make them. Each entry: the module, its source line (stripped) and the mutation as
-`mutate.py --list` prints them, and why. The test file of the module says the same next to its tests.
+`make mutation` samples them like the others (so listing one leaves the sample as it was) but neither runs
+nor scores them. Each entry: the module, its source line (stripped) and the mutation as `mutate.py --list`
+prints them, and why. The test file of the module says the same next to its tests.
 """
 
 EQUIVALENTS = [
@@ -61,5 +62,12 @@ EQUIVALENTS = [
         "line": 'return len(appended) == len(rules) and all(present) and bool(appended) and appended[-1].endswith("-j DROP")',
         "mutation": "clause dropped: `bool(appended)` from `len(appended) == len(rules) and all(present) and bool(appended) and...`",
         "why": "chain_rules always gives lo's RETURN and the DROP: len(appended) == len(rules) >= 2 already",
+    },
+    # plugins/module_utils/gateway_reload.py
+    {
+        "module": "plugins/module_utils/gateway_reload.py",
+        "line": 'fields = text[text.rindex(")") + 2 :].split()  # after "pid (comm) "; comm may hold spaces and ")"',
+        "mutation": "2 -> 1",
+        "why": "the slice then starts at the space after ')', which split() drops",
     },
 ]

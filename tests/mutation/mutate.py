@@ -96,6 +96,7 @@ class Mutant:
     arg: int
     lineno: int
     desc: str
+    why: str = ""  # a listed equivalent: why no input tells it apart (not run, not scored)
 
 
 def _short(node: ast.AST, width: int = 70) -> str:
@@ -198,14 +199,13 @@ def equivalents(root: Path = ROOT) -> list[dict]:
     return entries
 
 
-def mutants_of(path: str, root: Path = ROOT, listed_equivalents: bool = False) -> list[Mutant]:
-    """The module's mutants, less the EQUIVALENTS entries (unless listed_equivalents)."""
+def mutants_of(path: str, root: Path = ROOT) -> list[Mutant]:
+    """The module's mutants; those EQUIVALENTS lists carry their `why`."""
     source = (root / path).read_text()
     tree = ast.parse(source)
     lines = source.splitlines()
     skip = _skipped_ids(tree, lines)
-    entries = [] if listed_equivalents else equivalents(root)
-    known = {(e["line"].strip(), e["mutation"]) for e in entries if e["module"] == path}
+    known = {(e["line"].strip(), e["mutation"]): e["why"] for e in equivalents(root) if e["module"] == path}
     out = []
     for index, node in enumerate(ast.walk(tree)):
         if id(node) in skip:
@@ -213,8 +213,7 @@ def mutants_of(path: str, root: Path = ROOT, listed_equivalents: bool = False) -
         lineno = getattr(node, "lineno", 0)
         text = lines[lineno - 1].strip() if lineno else ""
         for kind, arg, desc in _candidates(node):
-            if (text, desc) not in known:
-                out.append(Mutant(path, index, kind, arg, lineno, desc))
+            out.append(Mutant(path, index, kind, arg, lineno, desc, known.get((text, desc), "")))
     return out
 
 
@@ -301,8 +300,12 @@ def tests_for(path: str, root: Path = ROOT) -> list[str]:
         text = test.read_text()
         if test.name != SELF_TEST and (pattern.search(text) or (on_path.search(text) and bare.search(text))):
             found.add(str(test.relative_to(root)))
-    # The module's own test file first: most mutants die there, and -x stops at the first failure.
-    return sorted((t for t in found if (root / t).exists()), key=lambda t: (Path(t).stem != f"test_{name}", t))
+    # The module's own test file first, then the others named after it (test_<name>_*.py): most mutants die
+    # there, and -x stops at the first failure, before a slow file that only plans a whole inventory.
+    return sorted(
+        (t for t in found if (root / t).exists()),
+        key=lambda t: (Path(t).stem != f"test_{name}", not Path(t).stem.startswith(f"test_{name}"), t),
+    )
 
 
 def default_modules() -> list[str]:
@@ -351,13 +354,18 @@ def check_module(path: str, workdir: Path, args) -> tuple[int, int, list[Mutant]
     tests = tests_for(path, root)
     every = [m for m in mutants_of(path, root) if lines is None or lines[0] <= m.lineno <= lines[1]]
     chosen = sorted(sample(every, args.sample, args.seed), key=lambda m: (m.lineno, m.index, m.kind, m.arg))
+    # Listed equivalents are sampled like the others (so listing one leaves the sample as it was) but not run.
+    equivalent = [m for m in chosen if m.why]
+    chosen = [m for m in chosen if not m.why]
     where = f" (lines {lines[0]}-{lines[1]})" if lines else ""
+    listed = f" ({len(equivalent)} listed equivalent, not run)" if equivalent else ""
     print(
-        f"\n== {path}{where}: {len(chosen)} of {len(every)} mutants, tests: {' '.join(tests) or '(none)'}", flush=True
+        f"\n== {path}{where}: {len(chosen)} of {len(every)} mutants{listed}, tests: {' '.join(tests) or '(none)'}",
+        flush=True,
     )
     if args.list:
-        for m in chosen:
-            print(f"  {m.path}:{m.lineno}: {m.desc}")
+        for m in sorted([*chosen, *equivalent], key=lambda m: (m.lineno, m.index, m.kind, m.arg)):
+            print(f"  {m.path}:{m.lineno}: {m.desc}" + (f"  [equivalent: {m.why}]" if m.why else ""))
         return None
     if not tests:
         print("   no unit test imports this module: not scored")

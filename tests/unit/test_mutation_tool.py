@@ -71,8 +71,8 @@ def test_equivalent_mutants_listed_by_line_and_mutation_are_not_made(tmp_path):
     listed = tmp_path / "tests" / "mutation" / "equivalents.py"
     listed.write_text(f"EQUIVALENTS = [{dict(entry, why='values are never negative')!r}]\n")
     found = mutants(tmp_path)
-    assert not [m for m in found if m.lineno == 10 and m.desc == "0 -> -1"]
-    assert [m for m in found if m.lineno == 10 and m.desc == "0 -> 1"]  # only the one named
+    assert [m.why for m in found if m.lineno == 10 and m.desc == "0 -> -1"] == ["values are never negative"]
+    assert [m.why for m in found if m.lineno == 10 and m.desc == "0 -> 1"] == [""]  # only the one named
     listed.write_text(f"EQUIVALENTS = [{entry!r}]\n")
     with pytest.raises(ValueError, match="lacks"):  # an entry says why, or it is refused
         mutants(tmp_path)
@@ -83,9 +83,18 @@ def test_every_listed_equivalent_still_names_a_mutant():
     entries = mutate.equivalents()
     assert entries
     for e in entries:
-        made = mutate.mutants_of(e["module"], listed_equivalents=True)
-        lines = (ROOT / e["module"]).read_text().splitlines()
-        assert [m for m in made if lines[m.lineno - 1].strip() == e["line"] and m.desc == e["mutation"]], e
+        made = mutate.mutants_of(e["module"])
+        assert [m for m in made if m.why == e["why"] and m.desc == e["mutation"]], e
+
+
+def test_a_listed_equivalent_keeps_the_sample_and_is_not_run(capsys):
+    every = mutate.mutants_of("plugins/module_utils/capacity.py")
+    listed = [m for m in every if m.why]
+    assert listed and len(every) == len({(m.index, m.kind, m.arg) for m in every})
+    assert mutate.main(["--list", "plugins/module_utils/capacity.py"]) == 0
+    out = capsys.readouterr().out
+    assert f"{len(every) - len(listed)} of {len(every)} mutants ({len(listed)} listed equivalent, not run)" in out
+    assert f"  [equivalent: {listed[0].why}]" in out
 
 
 def test_the_pure_module_utils_and_plugin_utils_are_checked_by_default():

@@ -2,7 +2,7 @@
 a request without a measured duration, a level shorter than a second, an SLO exactly met or missed by
 exactly its break factor, a sweep whose deadline passed before its first level).
 
-Equivalent mutants (tests/mutation/equivalents.py lists them, so `make mutation` does not make them):
+Equivalent mutants (tests/mutation/equivalents.py lists them, `make mutation` does not run them):
 - `zip(..., strict=True)` -> `strict=False` (vllm_bench_run, twice): the zipped lists are built from the
   same `good` list (and METRICS has as many names as the tuple of lists), so their lengths are always equal.
 - `round(v, 4) if isinstance(v, float) and math.isfinite(v)`: dropping `math.isfinite(v)` changes nothing,

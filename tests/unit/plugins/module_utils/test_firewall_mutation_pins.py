@@ -1,7 +1,7 @@
 """firewall.py at its bounds: the kernel's interface names, the port range ends, a port range, iptables'
 15-port multiport limit, the comment's length; each refusal's message and each accepted rule's exact text.
 
-Equivalent mutants (tests/mutation/equivalents.py lists them, so `make mutation` does not make them):
+Equivalent mutants (tests/mutation/equivalents.py lists them, `make mutation` does not run them):
 - `0 < len(parts) <= 2` -> `0 <= len(parts) <= 2` in _ports: str.split(":") returns at least one part, so
   len(parts) is never 0.
 - in_place without `bool(appended)`: the rules always come from chain_rules, which gives at least lo's

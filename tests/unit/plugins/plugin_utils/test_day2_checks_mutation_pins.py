@@ -23,7 +23,7 @@ def test_the_report_lists_the_worst_first_and_not_applicable_last():
     md = d.render_markdown("pair", verdicts, "2026-01-01T00:00Z")
     rows = [line.split(" | ")[0] for line in md.splitlines() if line.startswith("| ") and "---" not in line]
     assert rows == ["| verdict", "| CRITICAL", "| WARN", "| PASS", "| N/A"]
-    assert "Overall: **CRITICAL** (2026-01-01T00:00Z)" in md
+    assert md.startswith("# sparkops doctor: pair\n\nOverall: **CRITICAL** (2026-01-01T00:00Z)\n\n| verdict |")
 
 
 def test_a_floor_of_zero_and_no_overhead_are_settings_a_user_may_choose():
@@ -86,3 +86,51 @@ def test_a_failed_gid_check_without_details_still_says_it_failed():
         {"rdma_present": True, "gid_ok": False, "gid_checks": {"enp1s0f0np0": {"ok": False, "reason": "no GID 3"}}},
     )
     assert v["evidence"] == "enp1s0f0np0: no GID 3"
+
+
+def test_nccl_transport_on_sparks_passes_only_when_every_log_says_ok():
+    ok = {"ok": True, "message": "NET/IB on rocep1s0f1, roceP2p1s0f1"}
+    socket = {"ok": False, "message": "NET/Socket: NCCL fell back to TCP"}
+    v = d.check_nccl({"spark-1": ok, "spark-2": ok, "spark-3": None}, "dgx_spark")
+    assert (v["verdict"], v["evidence"]) == ("PASS", f"spark-1: {ok['message']}; spark-2: {ok['message']}")
+    v = d.check_nccl({"spark-1": ok, "spark-2": socket}, "dgx_spark")
+    assert v["verdict"] == "CRITICAL" and "spark-2: NET/Socket: NCCL fell back to TCP" in v["evidence"]
+    assert d.check_nccl({"spark-1": None}, "dgx_spark")["verdict"] == "WARN"
+    assert d.check_nccl({"spark-1": ok}, "simulated")["verdict"] == "N/A"
+
+
+def test_a_ray_group_without_gpus_that_expects_none_passes():
+    # The simulated cluster's Ray has no GPUs: ray_cluster_status says gpus_total 0.0 and 0 are expected.
+    v = d.check_ray({"nodes_alive": 2, "gpus_total": 0.0}, 2, 0.0)
+    assert (v["verdict"], v["evidence"]) == ("PASS", "2 of 2 nodes alive, 0 of 0 GPUs")
+    v = d.check_ray({"nodes_alive": 2, "gpus_total": 1.0, "dead_node_ips": []}, 2, 2.0)
+    assert (v["verdict"], v["evidence"]) == ("CRITICAL", "2 of 2 nodes alive, 1 of 2 GPUs")
+
+
+def test_an_api_served_on_the_management_address_on_purpose_passes():
+    probe = {"mgmt_reachable": True, "unauth_status": 401}
+    v = d.check_exposure(probe, "192.168.1.20", "192.168.1.20")
+    assert v["verdict"] == "PASS" and v["evidence"].endswith("gets 401 (as configured)")
+    assert d.check_exposure(probe, "0.0.0.0", "192.168.1.20")["verdict"] == "PASS"  # noqa: S104
+    v = d.check_exposure(probe, "10.0.0.1", "192.168.1.20")
+    assert v["verdict"] == "WARN" and v["evidence"].endswith("though vllm_serve_host is 10.0.0.1")
+
+
+def test_only_a_2xx_answer_without_the_key_means_no_key_is_required():
+    for status, level in ((200, "CRITICAL"), (299, "CRITICAL"), (300, "PASS"), (199, "PASS"), (401, "PASS")):
+        v = d.check_exposure({"mgmt_reachable": False, "unauth_status": status}, "10.0.0.1", "192.168.1.20")
+        assert v["verdict"] == level, status
+
+
+def test_the_watchdog_counts_the_group_restarts_of_the_last_hour_only():
+    now = 1_800_000_000.0
+    events = [
+        {"event": "restart_begun", "epoch": now - 7200, "ts": "t1", "message": "two hours ago"},
+        {"event": "restart_begun", "epoch": now - 3600, "ts": "t2", "message": "an hour ago to the second"},
+        {"event": "restart_begun", "epoch": now - 600, "ts": "t3", "message": "ten minutes ago"},
+        {"event": "worker_lost", "epoch": now - 500, "ts": "t4", "message": "rank 1 gone"},
+    ]
+    v = d.check_watchdog({"status": "watching", "reason": "ok"}, events, True, now)
+    assert "1 group restart(s) in the last hour" in v["evidence"]
+    assert v["evidence"].endswith("; recent: t4 worker_lost: rank 1 gone")
+    assert v["verdict"] == "WARN"  # a restart in the last hour
