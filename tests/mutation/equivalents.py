@@ -70,4 +70,23 @@ EQUIVALENTS = [
         "mutation": "2 -> 1",
         "why": "the slice then starts at the space after ')', which split() drops",
     },
+    # plugins/plugin_utils/day2_checks.py
+    {
+        "module": "plugins/plugin_utils/day2_checks.py",
+        "line": 'got = {h: r for h, r in (reads or {}).items() if isinstance(r, dict) and r.get("ports") is not None}',
+        "mutation": "clause dropped: `{}` from `reads or {}`",
+        "why": "build_verdicts, the one caller, always passes a dict of the nodes' reads",
+    },
+    {
+        "module": "plugins/plugin_utils/day2_checks.py",
+        "line": 'alive, gpus = int(ray.get("nodes_alive", 0)), float(ray.get("gpus_total", 0) or 0)',
+        "mutation": "clause dropped: `0` from `ray.get('gpus_total', 0) or 0`",
+        "why": "ray_cluster_status always gives gpus_total as a number (0.0 without GPUs), never None",
+    },
+    {
+        "module": "plugins/plugin_utils/day2_checks.py",
+        "line": 'out.append(check_allowed_rules(inputs.get("allowed_rules") or []))',
+        "mutation": "clause dropped: `[]` from `inputs.get('allowed_rules') or []`",
+        "why": "check_allowed_rules takes None as it takes []: every rule enforced, PASS",
+    },
 ]

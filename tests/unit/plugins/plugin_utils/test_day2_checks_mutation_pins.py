@@ -1,5 +1,14 @@
 """day2_checks.py at its edges: the overall verdict of a doctor run where nothing applied, the report's
-order (worst first, N/A last), the memory plan's bounds (a floor of 0, a plan that leaves exactly the floor)."""
+order (worst first, N/A last), the memory plan's bounds (a floor of 0, a plan that leaves exactly the floor),
+the checks that apply only on Sparks, the watchdog's last hour.
+
+Equivalent mutants (tests/mutation/equivalents.py lists them; `make mutation` does not run them):
+- check_cabling's `(reads or {})` without `or {}`: build_verdicts, its one caller, always passes a dict.
+- build_verdicts' `inputs.get("allowed_rules") or []` without `or []`: check_allowed_rules takes None as
+  it takes [] (no rule let through: PASS).
+- check_ray's `ray.get("gpus_total", 0) or 0` without `or 0`: ray_cluster_status gives gpus_total as a
+  number (0.0 when Ray sees no GPU), never None; a missing key already gives 0.
+"""
 
 from __future__ import annotations
 
@@ -134,3 +143,32 @@ def test_the_watchdog_counts_the_group_restarts_of_the_last_hour_only():
     assert "1 group restart(s) in the last hour" in v["evidence"]
     assert v["evidence"].endswith("; recent: t4 worker_lost: rank 1 gone")
     assert v["verdict"] == "WARN"  # a restart in the last hour
+
+
+def test_an_unreachable_node_does_not_hide_the_checks_of_the_nodes_after_it():
+    settings = {
+        "hardware": "simulated",
+        "driver_branch": "580",
+        "memory_floor_gib": 0.25,
+        "disk_headroom_gib": 1,
+        "weights_path": "/w",
+        "cable_threshold_gbps": 190,
+        "expected_nodes": 2,
+        "expected_gpus": 0,
+        "serve_host": "10.0.0.1",
+        "mgmt_address": "192.168.0.1",
+    }
+    facts = {"kernel": "6.8.0", "gpu": {"gpu_present": False, "reason": "simulated node"}}
+    inputs = {"now_epoch": 0, "settings": settings, "nodes": {"spark-sim-1": {}, "spark-sim-2": facts}}
+    vs = d.build_verdicts(inputs)
+    assert [v["check"] for v in vs if v["scope"] == "spark-sim-1"] == ["node reachable"]
+    second = {v["check"]: v["verdict"] for v in vs if v["scope"] == "spark-sim-2"}
+    assert second["kernel"] == "PASS" and second["driver branch"] == "N/A"
+    (clocks,) = [v for v in vs if v["scope"] == "spark-sim-2" and v["check"] == "GPU clocks and throttle reasons"]
+    assert clocks["evidence"] == "not applicable: simulated node"  # the GPU probe's reason, not a guess
+
+
+def test_a_ray_reading_with_no_counts_reads_as_nothing_alive():
+    # A looped ray_cluster_status item Ansible skipped carries no counts: nothing is known alive.
+    v = d.check_ray({"skipped": True, "changed": False}, 2, 2.0)
+    assert (v["verdict"], v["evidence"]) == ("CRITICAL", "0 of 2 nodes alive, 0 of 2 GPUs")
