@@ -89,4 +89,17 @@ EQUIVALENTS = [
         "mutation": "clause dropped: `[]` from `inputs.get('allowed_rules') or []`",
         "why": "check_allowed_rules takes None as it takes []: every rule enforced, PASS",
     },
+    # plugins/plugin_utils/discovery.py
+    {
+        "module": "plugins/plugin_utils/discovery.py",
+        "line": 'for name in (h, node.get("hostname")):',
+        "mutation": "element dropped: `h` from `(h, node.get('hostname'))`",
+        "why": "fabric_discover always reports the hostname (what lldpd advertises); the inventory name adds a match only for a read without one",
+    },
+    {
+        "module": "plugins/plugin_utils/discovery.py",
+        "line": 'for nb in t.get("neighbours") or []:',
+        "mutation": "clause dropped: `[]` from `t.get('neighbours') or []`",
+        "why": "fabric_discovery always gives neighbours as a list",
+    },
 ]
