@@ -35,7 +35,8 @@ def test_problems_are_counted_and_numbered_from_one():
 def test_a_spark_without_a_cable_is_named_with_its_free_ports():
     names = names_of(4)
     assert refusal(World(names, ring_cables(names[:3]))).endswith(
-        f"  1. spark-4 has no cable up (spark-4 {P0}, spark-4 {P1}); on a ring every Spark has two cables, one per port."
+        f"  1. spark-4 has no cable up (spark-4 {P0}, spark-4 {P1}); "
+        "on a ring every Spark has two cables, one per port."
     )
 
 
