@@ -34,12 +34,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# The pure modules: controller logic, the target-side parsers, the filters. The module_utils left out
-# run commands or touch the filesystem of a node; their logic is tested through the modules.
+# The pure modules: controller logic, the target-side parsers and judgements, the filters. The module_utils
+# left out run commands or touch the filesystem of a node; their logic is tested through the modules
+# (gateway_reload is in: its clock, sleep, kill and /proc are injected).
 DEFAULT_GLOBS = ("plugins/plugin_utils/*.py", "plugins/filter/*.py")
 MODULE_UTILS_PARSERS = (
     "bench",
+    "capacity",
     "cuda_compat",
+    "firewall",
+    "gateway_reload",
     "hf_cache",
     "hw_links",
     "image_versions",
@@ -78,6 +82,9 @@ CMP_SWAP = {
 CMP_FLIP = {ast.Lt: ast.Gt, ast.LtE: ast.GtE, ast.Gt: ast.Lt, ast.GtE: ast.LtE}
 CALL_SWAP = {"max": "min", "min": "max", "any": "all", "all": "any"}
 PRAGMA = "pragma: no mutate"
+# Equivalent mutants, one by one (a pragma skips a whole line): each names the module, the stripped source
+# line and the mutation as --list prints them, and why no input can tell the mutant from the original.
+EQUIVALENTS = "tests/mutation/equivalents.py"
 SELF_TEST = "test_mutation_tool.py"  # the mutator's own tests name modules; they run the mutator
 
 
@@ -89,6 +96,7 @@ class Mutant:
     arg: int
     lineno: int
     desc: str
+    why: str = ""  # a listed equivalent: why no input tells it apart (not run, not scored)
 
 
 def _short(node: ast.AST, width: int = 70) -> str:
@@ -176,16 +184,36 @@ def _candidates(node: ast.AST) -> list[tuple[str, int, str]]:
     return out
 
 
+def equivalents(root: Path = ROOT) -> list[dict]:
+    """The entries of EQUIVALENTS (module, line, mutation, why); none when the file is absent."""
+    file = root / EQUIVALENTS
+    if not file.is_file():
+        return []
+    namespace: dict = {}
+    exec(compile(file.read_text(), str(file), "exec"), namespace)  # noqa: S102 - the checkout's own list
+    entries = namespace.get("EQUIVALENTS", [])
+    for e in entries:
+        missing = {"module", "line", "mutation", "why"} - set(e)
+        if missing or not str(e.get("why", "")).strip():
+            raise ValueError(f"{EQUIVALENTS}: an entry lacks {sorted(missing) or ['a why']}: {e}")
+    return entries
+
+
 def mutants_of(path: str, root: Path = ROOT) -> list[Mutant]:
+    """The module's mutants; those EQUIVALENTS lists carry their `why`."""
     source = (root / path).read_text()
     tree = ast.parse(source)
-    skip = _skipped_ids(tree, source.splitlines())
+    lines = source.splitlines()
+    skip = _skipped_ids(tree, lines)
+    known = {(e["line"].strip(), e["mutation"]): e["why"] for e in equivalents(root) if e["module"] == path}
     out = []
     for index, node in enumerate(ast.walk(tree)):
         if id(node) in skip:
             continue
+        lineno = getattr(node, "lineno", 0)
+        text = lines[lineno - 1].strip() if lineno else ""
         for kind, arg, desc in _candidates(node):
-            out.append(Mutant(path, index, kind, arg, getattr(node, "lineno", 0), desc))
+            out.append(Mutant(path, index, kind, arg, lineno, desc, known.get((text, desc), "")))
     return out
 
 
@@ -272,8 +300,12 @@ def tests_for(path: str, root: Path = ROOT) -> list[str]:
         text = test.read_text()
         if test.name != SELF_TEST and (pattern.search(text) or (on_path.search(text) and bare.search(text))):
             found.add(str(test.relative_to(root)))
-    # The module's own test file first: most mutants die there, and -x stops at the first failure.
-    return sorted((t for t in found if (root / t).exists()), key=lambda t: (Path(t).stem != f"test_{name}", t))
+    # The module's own test file first, then the others named after it (test_<name>_*.py): most mutants die
+    # there, and -x stops at the first failure, before a slow file that only plans a whole inventory.
+    return sorted(
+        (t for t in found if (root / t).exists()),
+        key=lambda t: (Path(t).stem != f"test_{name}", not Path(t).stem.startswith(f"test_{name}"), t),
+    )
 
 
 def default_modules() -> list[str]:
@@ -322,13 +354,18 @@ def check_module(path: str, workdir: Path, args) -> tuple[int, int, list[Mutant]
     tests = tests_for(path, root)
     every = [m for m in mutants_of(path, root) if lines is None or lines[0] <= m.lineno <= lines[1]]
     chosen = sorted(sample(every, args.sample, args.seed), key=lambda m: (m.lineno, m.index, m.kind, m.arg))
+    # Listed equivalents are sampled like the others (so listing one leaves the sample as it was) but not run.
+    equivalent = [m for m in chosen if m.why]
+    chosen = [m for m in chosen if not m.why]
     where = f" (lines {lines[0]}-{lines[1]})" if lines else ""
+    listed = f" ({len(equivalent)} listed equivalent, not run)" if equivalent else ""
     print(
-        f"\n== {path}{where}: {len(chosen)} of {len(every)} mutants, tests: {' '.join(tests) or '(none)'}", flush=True
+        f"\n== {path}{where}: {len(chosen)} of {len(every)} mutants{listed}, tests: {' '.join(tests) or '(none)'}",
+        flush=True,
     )
     if args.list:
-        for m in chosen:
-            print(f"  {m.path}:{m.lineno}: {m.desc}")
+        for m in sorted([*chosen, *equivalent], key=lambda m: (m.lineno, m.index, m.kind, m.arg)):
+            print(f"  {m.path}:{m.lineno}: {m.desc}" + (f"  [equivalent: {m.why}]" if m.why else ""))
         return None
     if not tests:
         print("   no unit test imports this module: not scored")

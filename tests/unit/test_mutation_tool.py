@@ -8,6 +8,7 @@ import importlib.util
 import subprocess
 import sys
 
+import pytest
 from conftest import ROOT
 
 spec = importlib.util.spec_from_file_location("sparkops_mutate", ROOT / "tests" / "mutation" / "mutate.py")
@@ -62,6 +63,46 @@ def test_annotations_docstrings_and_pragma_lines_are_not_mutated(tmp_path):
     assert not [m for m in found if m.lineno == 15 and m.kind != "earlyreturn"]  # the pragma line
     assert not [m for m in found if "int" in m.desc and m.kind == "dropelt"]  # list[int] is an annotation
     assert {m.lineno for m in found if m.kind == "earlyreturn"} == {4, 14}
+
+
+def test_equivalent_mutants_listed_by_line_and_mutation_are_not_made(tmp_path):
+    (tmp_path / "tests" / "mutation").mkdir(parents=True)
+    entry = {"module": "m.py", "line": "best = max(best or 0, v)", "mutation": "0 -> -1"}
+    listed = tmp_path / "tests" / "mutation" / "equivalents.py"
+    listed.write_text(f"EQUIVALENTS = [{dict(entry, why='values are never negative')!r}]\n")
+    found = mutants(tmp_path)
+    assert [m.why for m in found if m.lineno == 10 and m.desc == "0 -> -1"] == ["values are never negative"]
+    assert [m.why for m in found if m.lineno == 10 and m.desc == "0 -> 1"] == [""]  # only the one named
+    listed.write_text(f"EQUIVALENTS = [{entry!r}]\n")
+    with pytest.raises(ValueError, match="lacks"):  # an entry says why, or it is refused
+        mutants(tmp_path)
+
+
+def test_every_listed_equivalent_still_names_a_mutant():
+    """An entry whose line or mutation changed no longer matches anything: update it or drop it."""
+    entries = mutate.equivalents()
+    assert entries
+    for e in entries:
+        made = mutate.mutants_of(e["module"])
+        assert [m for m in made if m.why == e["why"] and m.desc == e["mutation"]], e
+
+
+def test_a_listed_equivalent_keeps_the_sample_and_is_not_run(capsys):
+    every = mutate.mutants_of("plugins/module_utils/capacity.py")
+    listed = [m for m in every if m.why]
+    assert listed and len(every) == len({(m.index, m.kind, m.arg) for m in every})
+    assert mutate.main(["--list", "plugins/module_utils/capacity.py"]) == 0
+    out = capsys.readouterr().out
+    assert f"{len(every) - len(listed)} of {len(every)} mutants ({len(listed)} listed equivalent, not run)" in out
+    assert f"  [equivalent: {listed[0].why}]" in out
+
+
+def test_the_pure_module_utils_and_plugin_utils_are_checked_by_default():
+    defaults = mutate.default_modules()
+    for path in ("capacity", "firewall", "gateway_reload"):
+        assert f"plugins/module_utils/{path}.py" in defaults
+    for path in ("serving", "discovery", "day2_checks", "gateway", "vllm_contract"):
+        assert f"plugins/plugin_utils/{path}.py" in defaults
 
 
 def test_a_sample_is_spread_over_the_module_and_repeatable():

@@ -1,0 +1,105 @@
+# ruff: noqa: E501 - the entries quote source lines and mutations verbatim
+"""Equivalent mutants: changes no input can tell apart from the original (tests/mutation/README.md).
+
+`make mutation` samples them like the others (so listing one leaves the sample as it was) but neither runs
+nor scores them. Each entry: the module, its source line (stripped) and the mutation as `mutate.py --list`
+prints them, and why. The test file of the module says the same next to its tests.
+"""
+
+EQUIVALENTS = [
+    # plugins/module_utils/capacity.py
+    {
+        "module": "plugins/module_utils/capacity.py",
+        "line": "for r, e2e in zip(good, e2els, strict=True)",
+        "mutation": "True -> False",
+        "why": "e2els is built from good: the lengths are always equal",
+    },
+    {
+        "module": "plugins/module_utils/capacity.py",
+        "line": "for name, values in zip(METRICS, (ttfts, tpots, itls, e2els), strict=True):",
+        "mutation": "True -> False",
+        "why": "METRICS names four metrics and the tuple holds four lists",
+    },
+    {
+        "module": "plugins/module_utils/capacity.py",
+        "line": "return {k: (round(v, 4) if isinstance(v, float) and math.isfinite(v) else v) for k, v in run.items()}",
+        "mutation": "clause dropped: `math.isfinite(v)` from `isinstance(v, float) and math.isfinite(v)`",
+        "why": "round(nan, 4) is nan and round(inf, 4) is inf",
+    },
+    {
+        "module": "plugins/module_utils/capacity.py",
+        "line": 'out_tokens = sum(r.get("completion_tokens") or 0 for r in good)',
+        "mutation": "clause dropped: `0` from `r.get('completion_tokens') or 0`",
+        "why": "the records are bench.RequestResult.as_dict(): completion_tokens is an int, never None",
+    },
+    {
+        "module": "plugins/module_utils/capacity.py",
+        "line": 'dur = duration_s if duration_s and duration_s > 0 else float("nan")',
+        "mutation": "clause dropped: `duration_s` from `duration_s and duration_s > 0`",
+        "why": "the level's duration is the measured wall clock (a float), never None; 0 gives nan either way",
+    },
+    {
+        "module": "plugins/module_utils/capacity.py",
+        "line": 'run["completed"] == 0',
+        "mutation": "clause dropped: `run['completed'] == 0` from `run['completed'] == 0 or tok_s * break_factor < target['min_tok_s_p...`",
+        "why": "no success means per_user_tok_s 0.0, below any SLO (slo() refuses <= 0): the next clause holds",
+    },
+    {
+        "module": "plugins/module_utils/capacity.py",
+        "line": 'peak = max(runs, key=lambda r: r["output_throughput"] or 0, default=None)',
+        "mutation": "0 -> -1",
+        "why": "every falsy throughput maps to the same constant; real ones are >= 0 or nan (truthy)",
+    },
+    # plugins/module_utils/firewall.py
+    {
+        "module": "plugins/module_utils/firewall.py",
+        "line": "ok = 0 < len(parts) <= 2 and all(x.isdigit() and 1 <= int(x) <= 65535 for x in parts)  # noqa: PLR2004",
+        "mutation": "`0 < len(parts) <= 2` -> `0 <= len(parts) <= 2`",
+        "why": "str.split(':') returns at least one part: len(parts) is never 0",
+    },
+    {
+        "module": "plugins/module_utils/firewall.py",
+        "line": 'return len(appended) == len(rules) and all(present) and bool(appended) and appended[-1].endswith("-j DROP")',
+        "mutation": "clause dropped: `bool(appended)` from `len(appended) == len(rules) and all(present) and bool(appended) and...`",
+        "why": "chain_rules always gives lo's RETURN and the DROP: len(appended) == len(rules) >= 2 already",
+    },
+    # plugins/module_utils/gateway_reload.py
+    {
+        "module": "plugins/module_utils/gateway_reload.py",
+        "line": 'fields = text[text.rindex(")") + 2 :].split()  # after "pid (comm) "; comm may hold spaces and ")"',
+        "mutation": "2 -> 1",
+        "why": "the slice then starts at the space after ')', which split() drops",
+    },
+    # plugins/plugin_utils/day2_checks.py
+    {
+        "module": "plugins/plugin_utils/day2_checks.py",
+        "line": 'got = {h: r for h, r in (reads or {}).items() if isinstance(r, dict) and r.get("ports") is not None}',
+        "mutation": "clause dropped: `{}` from `reads or {}`",
+        "why": "build_verdicts, the one caller, always passes a dict of the nodes' reads",
+    },
+    {
+        "module": "plugins/plugin_utils/day2_checks.py",
+        "line": 'alive, gpus = int(ray.get("nodes_alive", 0)), float(ray.get("gpus_total", 0) or 0)',
+        "mutation": "clause dropped: `0` from `ray.get('gpus_total', 0) or 0`",
+        "why": "ray_cluster_status always gives gpus_total as a number (0.0 without GPUs), never None",
+    },
+    {
+        "module": "plugins/plugin_utils/day2_checks.py",
+        "line": 'out.append(check_allowed_rules(inputs.get("allowed_rules") or []))',
+        "mutation": "clause dropped: `[]` from `inputs.get('allowed_rules') or []`",
+        "why": "check_allowed_rules takes None as it takes []: every rule enforced, PASS",
+    },
+    # plugins/plugin_utils/discovery.py
+    {
+        "module": "plugins/plugin_utils/discovery.py",
+        "line": 'for name in (h, node.get("hostname")):',
+        "mutation": "element dropped: `h` from `(h, node.get('hostname'))`",
+        "why": "fabric_discover always reports the hostname (what lldpd advertises); the inventory name adds a match only for a read without one",
+    },
+    {
+        "module": "plugins/plugin_utils/discovery.py",
+        "line": 'for nb in t.get("neighbours") or []:',
+        "mutation": "clause dropped: `[]` from `t.get('neighbours') or []`",
+        "why": "fabric_discovery always gives neighbours as a list",
+    },
+]

@@ -1,0 +1,69 @@
+"""discovery.py's refusals word for word, as a person re-cabling reads them: the numbered problem list, a
+Spark with no cable (naming its free ports), two loops and the two ends to swap to join them; and a
+neighbour that lldpd names by interface (not by MAC) with a stale system name, still placed by its chassis.
+
+Equivalent mutants (tests/mutation/equivalents.py lists them; `make mutation` does not run them):
+- `_Index`'s names from `(h, node.get("hostname"))` without `h`: fabric_discover always reports the node's
+  hostname (socket.gethostname(), what lldpd advertises as the system name), so the inventory name adds a
+  match only for a read without one.
+- `_observe`'s `t.get("neighbours") or []` without `or []`: fabric_discovery always gives a list.
+"""
+
+from __future__ import annotations
+
+import pytest
+from ansible_collections.sparkops.cluster.plugins.plugin_utils import discovery as d
+from discovery_world import World, names_of, ring_cables
+
+P0 = "port 0 (enp1s0f0np0/enP2p1s0f0np0)"
+P1 = "port 1 (enp1s0f1np1/enP2p1s0f1np1)"
+
+
+def refusal(world) -> str:
+    with pytest.raises(d.DiscoveryError) as err:
+        d.infer(world.nodes(), world.names, {"speed_mbps": 200000})
+    return str(err.value)
+
+
+def test_problems_are_counted_and_numbered_from_one():
+    assert str(d.DiscoveryError(["first", "second"])) == (
+        "The cabling makes no supported sparkops topology (2 problems):\n  1. first\n  2. second"
+    )
+    assert str(d.DiscoveryError(["only"])) == "The cabling makes no supported sparkops topology (1 problem):\n  1. only"
+
+
+def test_a_spark_without_a_cable_is_named_with_its_free_ports():
+    names = names_of(4)
+    assert refusal(World(names, ring_cables(names[:3]))).endswith(
+        f"  1. spark-4 has no cable up (spark-4 {P0}, spark-4 {P1}); "
+        "on a ring every Spark has two cables, one per port."
+    )
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["port0-first", "port1-first"])
+def test_two_loops_name_the_two_ends_to_swap_to_make_one_ring(reverse):
+    names = names_of(6)
+    cables = ring_cables(names[:3]) + ring_cables(names[3:])
+    if reverse:  # the same cables, each written from its other end
+        cables = [(b, a) for a, b in cables]
+    assert refusal(World(names, cables)).endswith(
+        "  1. the cables make 2 separate loops (spark-1 - spark-2 - spark-3; spark-4 - spark-5 - spark-6), not one "
+        f"ring. Two cables are crossed: swap the ends at spark-2 {P1} and spark-5 {P1} (so that spark-1 port 0 "
+        "meets spark-5 port 1 and spark-4 port 0 meets spark-2 port 1)."
+    )
+
+
+def test_a_neighbour_named_by_interface_with_a_stale_system_name_is_placed_by_its_chassis():
+    # lldpd configured with `portidsubtype ifname` sends the interface name as the port ID; a system name
+    # lldpd read before the hostname was set ("ubuntu") names no Spark: the chassis MAC still does.
+    names = names_of(3)
+    world = World(names, ring_cables(names))
+    expected = d.infer(world.nodes(), names, {"speed_mbps": 200000})
+    nodes = world.nodes()
+    for node in nodes.values():
+        for port in node["ports"]:
+            for nb in port["neighbours"]:
+                nb.update(port_id=nb["port_descr"], port_id_type="ifname", sysname="ubuntu")
+    got = d.infer(nodes, names, {"speed_mbps": 200000})
+    assert got["topology"] == expected["topology"] == "ring"
+    assert got["cables"] == expected["cables"]

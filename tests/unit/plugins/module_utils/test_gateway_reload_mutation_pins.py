@@ -1,0 +1,74 @@
+"""The reload's edges (plugins/module_utils/gateway_reload.py): the journal read for a failure's message
+(its exact argv and its 20 s bound), a worker pid the kernel reused after a retired worker exited, and the
+message of a run that finds the configuration already served.
+
+Equivalent mutant (tests/mutation/equivalents.py lists it; `make mutation` does not run it): proc_stat's
+`text[text.rindex(")") + 2 :]` -> `+ 1`: the slice then starts at the space after ")", which split() drops.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+
+import pytest
+from ansible_collections.sparkops.cluster.plugins.module_utils import gateway_reload as gr
+from gateway_reload_helpers import Master
+
+
+def test_the_journal_is_read_without_a_pager_bounded_to_20_s_for_the_last_30_lines():
+    seen = []
+
+    def run(argv, **kw):
+        seen.append((argv, kw))
+        return subprocess.CompletedProcess(argv, 0, stdout="journal\n")
+
+    assert gr.log_tail(unit="sparkops-gateway", run=run) == "journal\n"
+    assert seen == [
+        (
+            ["journalctl", "-u", "sparkops-gateway", "-n", "30", "--no-pager"],
+            {"capture_output": True, "text": True, "timeout": 20, "check": False},
+        )
+    ]
+
+
+def test_a_journal_that_does_not_answer_is_said_in_the_message(tmp_path):
+    def slow(argv, **kw):
+        raise subprocess.TimeoutExpired(argv, kw["timeout"])
+
+    assert gr.log_tail(unit="sparkops-gateway", run=slow).startswith("(cannot read the journal of sparkops-gateway:")
+    log = tmp_path / "g.log"
+    log.write_text("".join(f"line {i}\n" for i in range(100)))
+    assert gr.log_tail(log) == "".join(f"line {i}\n" for i in range(70, 100))  # the last 30 by default
+    assert gr.log_tail() == ""  # neither a file nor a unit: nothing to add
+
+
+def test_a_reused_pid_is_not_taken_for_the_retired_worker(tmp_path):
+    (tmp_path / "7.ready").write_text("abc\n")
+    (tmp_path / "7.retired").write_text("100\n")  # retired when pid 7 had started at tick 100
+    assert gr.read_worker_files(tmp_path, [(7, 100)]) == ({7: "abc"}, {7})
+    assert gr.read_worker_files(tmp_path, [(7, 250)]) == ({7: "abc"}, set())  # a new process with pid 7
+    assert gr.read_worker_files(tmp_path, [(8, 1)]) == ({}, set())
+
+
+@pytest.fixture
+def master(tmp_path):
+    m = Master(tmp_path)
+    yield m
+    m.stop()
+
+
+def test_a_run_that_finds_the_configuration_served_says_which_worker_serves_it(master):
+    [pid] = master.workers()
+    digest = hashlib.sha256(master.config.read_bytes()).hexdigest()
+    r = master.reloader().run(timeout=10)
+    assert r == {
+        "changed": False,
+        "digest": digest,
+        "master_pid": master.proc.pid,
+        "old_pids": [],
+        "new_pid": pid,
+        "switch_s": None,
+        "old_exited": None,
+        "msg": f"worker {pid} already serves this configuration (sha256 {digest[:12]})",
+    }
