@@ -16,9 +16,11 @@ hosts that do not make whole groups, a profile that does not fit its hosts, one 
 twice, malformed or repeated names, unknown hosts, and a group whose fast-link traffic to its head
 would be forwarded by a node outside it (a ring's routes, followed hop by hop). ``deployments[i]``
 keeps the keys consumers read (hosts, members, api_host, endpoint, executor) for its FIRST replica;
-``replicas`` and ``all_hosts`` hold every one. One image serves every deployment. The lock's
-``model`` is the first deployment's (a lock from before deployments loads unchanged); ``models.<name>``
-records each deployment's profile and revision.
+``replicas`` and ``all_hosts`` hold every one. One image serves every deployment. The lock records
+each deployment's profile, revision and resolved commit under ``models.<name>`` (``model`` is the
+first deployment's; a lock holding ``model`` alone is read as that deployment's record), and each
+deployment is held to its own. ``records`` is each deployment's record (profile, model commit, image)
+with the one deployment_state recorded before it; with ``rollback`` the plan is those records.
 
 A multi-node group's executor (``sparkops_executor``, or the deployment's ``executor``):
 

@@ -130,7 +130,7 @@ def test_the_forwarding_script_changes_nothing_in_check_mode(tmp_path):
 def test_the_upgrade_pauses_the_watchdog_by_its_quoted_name(tmp_path, hostile):
     mark = tmp_path / "pwned"
     name = hostile.format(mark=mark)
-    script = render_task(ROOT / "playbooks/tasks/upgrade-swap.yml", "Pause the watchdog on the head for the swap",
+    script = render_task(ROOT / "playbooks/tasks/upgrade-swap.yml", "Pause the watchdog on every node for the swap",
                          sparkops_container_names={"watchdog": name})  # fmt: skip
     calls = run_with_recorder(tmp_path, script, shell="/bin/sh")  # Ansible's shell module runs /bin/sh
     assert not mark.exists()
