@@ -77,6 +77,13 @@ if [ -f /sim/authorized_keys ]; then
     grep -qxF -f /sim/authorized_keys /root/.ssh/authorized_keys || cat /sim/authorized_keys >> /root/.ssh/authorized_keys
 fi
 
+# What a Spark's boot unit does before Docker starts (roles/firewall_boot: sparkops-firewall.service,
+# Before=docker.service): the SPARKOPS chains back from their rules files, for IPv4 and IPv6. This node
+# runs no init system, so its entrypoint runs the same script at the same point of its boot.
+if [ -x /etc/init.d/sparkops-firewall ]; then
+    /etc/init.d/sparkops-firewall start || echo "sim-node: the firewall restore failed" >&2
+fi
+
 # The node's own Docker engine (Docker-in-Docker); its data lives on a volume.
 mkdir -p /var/log
 # A cgroup parent of its own keeps this node's containers apart from the

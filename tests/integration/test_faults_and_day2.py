@@ -98,7 +98,7 @@ def test_ray_answers_on_the_fast_links_only_and_a_lost_rule_comes_back():
     assert reaches(HEAD_FAST), "the GCS port does not answer on the fast link"
     assert not reaches(mgmt), "Ray's GCS port answers on the management LAN"
     # A lost rule (someone's `iptables -D`): the management LAN reaches Ray until the next run.
-    drop = "-m comment --comment 'sparkops: Ray is unauthenticated; fast links only' -j DROP"
+    drop = "-m comment --comment 'sparkops: Ray: fast links and client networks only' -j DROP"
     node_sh("spark-sim-1", f"iptables -D SPARKOPS-RAY {drop}")
     assert reaches(mgmt)
     res = run_playbook("playbooks/serve.yml")
@@ -114,6 +114,12 @@ def test_head_node_restart_brings_serving_back():
     import subprocess
 
     subprocess.run(["docker", "restart", "-t", "5", "spark-sim-1"], check=True, capture_output=True)
+    # The boot restore ran before the node's Docker (and so Ray, vLLM, the watchdog) started: every chain is
+    # back, for IPv4 and IPv6, with its INPUT jump, before site.yml runs.
+    for tool in ("iptables", "ip6tables"):
+        rules = node_sh("spark-sim-1", f"{tool} -S").stdout
+        for chain in ("SPARKOPS-API", "SPARKOPS-RAY", "SPARKOPS-MONITORING"):
+            assert f"-N {chain}" in rules and f"-j {chain}" in rules, (tool, chain, rules)
     res = run_playbook("site.yml")
     assert res.returncode == 0, res.stdout[-4000:]
     assert not health().get("failed")
