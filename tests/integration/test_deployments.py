@@ -133,6 +133,47 @@ def day2_sees_every_replica():
     assert wrong.returncode != 0 and "it serves chat, code" in " ".join(wrong.stdout.split()), failure(wrong)
 
 
+# Both deployments moved at once by a whole-cluster upgrade: new profiles (fewer sequences) and an image whose
+# vLLM dies at its start (the stand-in repository's sim-broken).
+V2_BOTH = {
+    "sparkops_serving_profiles_extra": {
+        **EXTRA["sparkops_serving_profiles_extra"],
+        "sim-chat-v2": {**_ONE_GPU, "served_model_name": "sim-chat", "max_num_seqs": 8},
+        "sim-code-v2": {**_ONE_GPU, "served_model_name": "sim-code", "max_num_seqs": 8},
+    },
+    "sparkops_deployments": [{**CHAT, "profile": "sim-chat-v2"}, {**CODE, "profile": "sim-code-v2"}],
+}
+
+
+def a_failed_upgrade_of_both_deployments_rolls_both_back(tmp_path) -> None:
+    """A whole-cluster upgrade of two deployments that fails its health check rolls BOTH back to their
+    recorded profiles on the recorded image; the lock and the records are unchanged. From the two
+    deployments' shape, and back to it: no converge of its own."""
+    record = node_sh(HEAD, "cat /var/lib/sparkops/deployment.json").stdout
+    assert set(json.loads(record)["deployments"]) == {"chat", "code"}, record
+    before = {n: (container(n, "sparkops-vllm")["Config"]["Cmd"], container(n, "sparkops-vllm")["Config"]["Image"])
+              for n in (HEAD, WORKER)}  # fmt: skip
+    lock = tmp_path / "sparkops.lock.json"
+    lock.write_bytes((SIM_STATE / "sparkops.lock.json").read_bytes())
+    locked = lock.read_bytes()
+    assert {"chat", "code"} <= set(json.loads(locked)["models"])
+    for node in (HEAD, WORKER):
+        reset_watchdog(node)
+    extra = {**V2_BOTH, "spark_vllm_image_ref": "sim-broken", "sparkops_lock_file": str(lock)}
+    t0 = time.monotonic()
+    up = run_playbook("playbooks/upgrade.yml", extra_vars=extra, timeout=1800)
+    text = " ".join(up.stdout.split())
+    assert up.returncode != 0, text[-4000:]
+    assert "was rolled back" in text, text[-4000:]
+    print(f"[deployments] failed upgrade of both deployments rolled back in {time.monotonic() - t0:.0f} s")
+    for node in (HEAD, WORKER):  # profile (--max-num-seqs 16) and image back on both nodes
+        vllm = container(node, "sparkops-vllm")
+        assert vllm["State"]["Running"] and (vllm["Config"]["Cmd"], vllm["Config"]["Image"]) == before[node], node
+    assert completion(HEAD_FAST, "sim-chat") == 200 and completion(WORKER_FAST, "sim-code") == 200
+    assert node_sh(HEAD, "cat /var/lib/sparkops/deployment.json").stdout == record  # the records unchanged
+    assert lock.read_bytes() == locked  # the lock unchanged
+
+
 def test_two_deployments_serve_side_by_side_and_removing_one_leaves_the_other(tmp_path):
     out = tmp_path / "plan.json"
     shown = run_playbook("playbooks/plan.yml", extra_vars={**TWO, "sparkops_plan_file": str(out)})
@@ -157,6 +198,7 @@ def test_two_deployments_serve_side_by_side_and_removing_one_leaves_the_other(tm
     counts = recap(again.stdout)
     assert all(c["changed"] == 0 for c in counts.values()), counts
     day2_sees_every_replica()
+    a_failed_upgrade_of_both_deployments_rolls_both_back(tmp_path)
 
     # The code deployment's own watchdog (on its API host, spark-sim-2) restarts it; chat is untouched.
     chat_started = started_at(HEAD)
