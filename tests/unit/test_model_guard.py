@@ -42,6 +42,10 @@ PATTERNS = {
     "sparkops_image reads": re.compile(r"\bsparkops_image\b"),
     "vLLM and Ray argv variables": re.compile(r"\b(vllm_serve_argv|ray_cluster_command)\b"),
     "groups['spark_cluster'] reads": re.compile(r"groups\[\s*['\"]spark_cluster['\"]\s*\]"),
+    # How things change (transitions): YAML that asks which executor runs, and one-deployment reads. The plan's
+    # members say what runs where; these go down to 0 as the executors own their lifecycle.
+    "executor branches": re.compile(r"executor\s*[=!]=|\bray_used\b"),
+    "first-deployment reads": re.compile(r"deployments\s*\[\s*0\s*\]"),
 }
 BEFORE = {
     "sparkops_fast_links reads": 49,
@@ -54,6 +58,9 @@ BEFORE = {
     "sparkops_image reads": 42,
     "vLLM and Ray argv variables": 4,
     "groups['spark_cluster'] reads": 20,
+    # Counted on the landed main before the transitions work (14535e2), with these patterns.
+    "executor branches": 3,
+    "first-deployment reads": 9,
 }
 # After doctor, watchdog, fastpath, ray_cluster, weight_cache's sync, vllm_serve's container and
 # verify.yml read the model (others' roles and molecule not yet switched). tasks_from is above
@@ -74,6 +81,8 @@ CEILING = {
     "sparkops_image reads": 40,
     "vLLM and Ray argv variables": 0,
     "groups['spark_cluster'] reads": 19,
+    "executor branches": 3,
+    "first-deployment reads": 9,
 }
 
 
