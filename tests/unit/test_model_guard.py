@@ -132,4 +132,16 @@ def test_the_guard_sees_a_new_read():
         "sparkops_image reads": 0,
         "vLLM and Ray argv variables": 0,
         "groups['spark_cluster'] reads": 0,
+        "executor branches": 0,
+        "first-deployment reads": 0,
     }
+
+
+def test_the_guard_sees_an_executor_branch_and_a_first_deployment_read():
+    sample = (
+        "when: sparkops_cluster.serving.deployments[0].executor == 'mp'\n"
+        "when: not ray_used and d.executor != 'ray'\n"
+    )
+    found = {name: len(p.findall(sample)) for name, p in PATTERNS.items()}
+    assert found["executor branches"] == 3
+    assert found["first-deployment reads"] == 1
