@@ -6,8 +6,8 @@ to fix, and (3) no file under the paths sparkops writes changed on either node.
 
 The inventory checks themselves (groups, links, addresses, subnets, cables against the topology,
 MTU, driver branch, hardware kind) are unit tests of the cluster model
-(tests/unit/plugin_utils/test_cluster.py), and the serving profile's rules are unit tests of the
-serving plan (tests/unit/plugin_utils/test_serving_plan.py). The few kept here prove that a refusal by
+(tests/unit/plugins/plugin_utils/test_cluster.py), and the serving profile's rules are unit tests of the
+serving plan (tests/unit/plugins/plugin_utils/test_serving_plan.py). The few kept here prove that a refusal by
 the model or the plan changes nothing on a host; the missing interface needs a host to find out.
 """
 
@@ -89,7 +89,7 @@ VARS_CASES = {
 # One run per kind of refusal proves that kind changes no host: the cluster model's (on the controller), the
 # serving plan's (on the controller), and the two a node decides (its interfaces, its disk). The other cases'
 # messages are unit tests of the model and the plan, which need no host: ring on two nodes and two heads
-# (tests/unit/plugin_utils/test_cluster.py), a duplicate address, an unknown weights host, the API on a
+# (tests/unit/plugins/plugin_utils/test_cluster.py), a duplicate address, an unknown weights host, the API on a
 # worker, a newline in the env (test_plan_playbook.py, test_cluster_inputs.py), the management interface
 # (test_cluster_inputs.py), an unknown profile and a gated model without a token (test_serving_plan.py).
 @pytest.mark.parametrize("case", sorted(INVENTORY_CASES))

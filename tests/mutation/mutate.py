@@ -55,7 +55,7 @@ MODULE_UTILS_PARSERS = (
 )
 # Tests that exercise a module without importing it by name (through a module or a filter).
 EXTRA_TESTS = {
-    "plugins/plugin_utils/cluster.py": ["tests/unit/plugin_utils/test_cluster.py"],
+    "plugins/plugin_utils/cluster.py": ["tests/unit/plugins/plugin_utils/test_cluster.py"],
     "plugins/module_utils/hf_cache.py": ["tests/unit/plugins/modules/test_hf_cache_manifest.py"],
     "plugins/module_utils/image_versions.py": ["tests/unit/plugins/modules/test_image_versions_cache.py"],
     "plugins/module_utils/nccl_log.py": ["tests/unit/plugins/modules/test_nccl_transport.py"],

@@ -131,12 +131,12 @@ def test_a_module_may_be_limited_to_a_line_range(capsys):
 def test_tests_are_found_for_a_module():
     assert "tests/unit/plugins/plugin_utils/test_lockfile.py" in mutate.tests_for("plugins/plugin_utils/lockfile.py")
     assert "tests/unit/plugins/modules/test_nccl_transport.py" in mutate.tests_for("plugins/module_utils/nccl_log.py")
-    assert "tests/unit/plugin_utils/test_cluster.py" in mutate.tests_for("plugins/plugin_utils/cluster.py")
+    assert "tests/unit/plugins/plugin_utils/test_cluster.py" in mutate.tests_for("plugins/plugin_utils/cluster.py")
     # found by the import of the bare name from the folder put on sys.path, not only by EXTRA_TESTS
     cluster_tests = mutate.tests_for("plugins/plugin_utils/cluster.py")
-    assert "tests/unit/plugin_utils/test_cluster_inputs.py" in cluster_tests
-    assert "tests/unit/plugin_utils/test_ring_forwarding.py" in cluster_tests
-    assert cluster_tests[0] == "tests/unit/plugin_utils/test_cluster.py"
+    assert "tests/unit/plugins/plugin_utils/test_cluster_inputs.py" in cluster_tests
+    assert "tests/unit/plugins/plugin_utils/test_ring_forwarding.py" in cluster_tests
+    assert cluster_tests[0] == "tests/unit/plugins/plugin_utils/test_cluster.py"
     assert not any("test_discovery_world" in t or "cluster_inventories" in t for t in cluster_tests)
 
 

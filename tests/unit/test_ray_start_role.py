@@ -14,7 +14,7 @@ import yaml
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving import node_part
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests/unit/plugin_utils"))
+sys.path.insert(0, str(ROOT / "tests/unit/plugins/plugin_utils"))
 from cluster_inventories import switch  # noqa: E402
 from test_serving_plan import plan_of  # noqa: E402
 

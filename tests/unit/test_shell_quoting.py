@@ -4,7 +4,7 @@ The audit ran `enp1s0f1np1 -j ACCEPT; touch /tmp/x #` as a netdev in the firewal
 container names unquoted in upgrade-swap.yml and in the watchdog's remote script. Each test renders
 the real task (or calls the real function) with hostile values, runs the result with bash against
 stand-ins for iptables/docker that record their argv, and checks that nothing ran but them and that
-each value arrived as one argument. (The model refuses such names too: tests/unit/plugin_utils/
+each value arrived as one argument. (The model refuses such names too: tests/unit/plugins/plugin_utils/
 test_cluster_inputs.py; this is the second wall.)
 """
 

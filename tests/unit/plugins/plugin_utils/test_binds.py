@@ -11,7 +11,7 @@ import pytest
 import yaml
 from ansible_collections.sparkops.cluster.plugins.filter.cluster import FilterModule
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 bind_problem = FilterModule().filters()["bind_problem"]
 NODE = {"ips": ["192.168.100.12", "192.168.101.12"], "mgmt_address": "10.0.0.12"}
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[2] / "plugins" / "plugin_utils"))
+sys.path.insert(0, str(HERE.parents[3] / "plugins" / "plugin_utils"))
 sys.path.insert(0, str(HERE))
 
 import cluster_inventories as inv  # noqa: E402
@@ -105,7 +105,7 @@ def _forwarding_wanted(backend: str, mgmt: str) -> dict:
     from ansible.template import Templar  # noqa: PLC0415
 
     trusted = importlib.import_module("ansible._internal._datatag._tags").TrustedAsTemplate()
-    role = HERE.parents[2] / "roles" / "roce_network"
+    role = HERE.parents[3] / "roles" / "roce_network"
     names = yaml.safe_load((role / "defaults" / "main.yml").read_text())
     names["roce_network_forwarding_wanted"] = trusted.tag(
         yaml.safe_load((role / "vars" / "main.yml").read_text())["roce_network_forwarding_wanted"]

@@ -12,7 +12,7 @@ import jinja2
 import yaml
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[2]
+ROOT = HERE.parents[3]
 sys.path.insert(0, str(ROOT / "plugins" / "plugin_utils"))
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 PLAYBOOK = ROOT / "playbooks" / "plan.yml"
 TP2 = "qwen3-235b-a22b-gptq-int4-tp2"
 

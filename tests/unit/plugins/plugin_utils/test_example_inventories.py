@@ -19,7 +19,7 @@ import pytest
 import yaml
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.gateway import litellm_config
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 EXAMPLES = ROOT / "inventory" / "examples"
 PLAYBOOK = ROOT / "playbooks" / "plan.yml"
 NAMES = sorted(p.name for p in EXAMPLES.iterdir() if (p / "hosts.yml").is_file())

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[2] / "plugins" / "plugin_utils"))
+sys.path.insert(0, str(HERE.parents[3] / "plugins" / "plugin_utils"))
 sys.path.insert(0, str(HERE))
 
 import cluster_inventories as inv  # noqa: E402
@@ -60,7 +60,7 @@ def test_pair_model():
         "port": 8000,
         "url": "http://192.168.100.11:8000",
     }
-    # The image's name is the serving plan's (tests/unit/plugin_utils/test_serving_plan.py), not the model's.
+    # The image's name is the serving plan's (tests/unit/plugins/plugin_utils/test_serving_plan.py), not the model's.
     assert set(m["image"]) == {"repo", "ref", "build_host", "fanout"}
     assert m["weights"]["fanout"] == [{"from": "spark-1", "to": "spark-2", "ip": "192.168.100.12", "wave": 1}]
     assert m["paths"]["api_key_file"] == "/srv/inv-state/credentials/api_key"

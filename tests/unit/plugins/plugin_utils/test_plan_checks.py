@@ -16,7 +16,7 @@ from cluster_inventories import pair, ring, switch
 from test_cluster_inputs import problems_of
 from test_serving_plan import plan_of
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 TP2 = "qwen3-235b-a22b-gptq-int4-tp2"
 QWEN30 = "qwen3-30b-a3b"
 

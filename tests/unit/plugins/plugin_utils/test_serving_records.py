@@ -3,7 +3,7 @@
 from those records (plugins/plugin_utils/records.py, lockfile.py, serving.py).
 
 The lock files under tests/fixtures/locks were written by sparkops at 14535e2 (lockfile.merge as
-roles/deployment_state/tasks/lock_write.yml called it then, on the plans of tests/unit/plugin_utils):
+roles/deployment_state/tasks/lock_write.yml called it then, on the plans of tests/unit/plugins/plugin_utils):
 `model` alone for the default deployment; `model` for the first of two deployments and `models` without
 a resolved commit for both, the form in which deployments after the first followed the Hub.
 """
@@ -20,7 +20,7 @@ from ansible_collections.sparkops.cluster.plugins.plugin_utils import records as
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.cluster import ClusterError
 from test_serving_plan import PROFILES, REF, plan_of_only
 
-LOCKS = Path(__file__).resolve().parents[2] / "fixtures" / "locks"
+LOCKS = Path(__file__).resolve().parents[3] / "fixtures" / "locks"
 GPT_OSS, QWEN30 = "gpt-oss-120b-mxfp4", "qwen3-30b-a3b"
 # What an upgrade moves both deployments to (single-node profiles of other models).
 QWEN27, QWEN35 = "qwen3.6-27b-fp8", "qwen3.6-35b-a3b-fp8"

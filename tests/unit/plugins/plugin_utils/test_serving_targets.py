@@ -29,7 +29,7 @@ from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving import (
 from cluster_inventories import switch
 from test_serving_plan import plan_of
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 TP2 = "qwen3-235b-a22b-gptq-int4-tp2"
 GPT_OSS = "gpt-oss-120b-mxfp4"
 QWEN30 = "qwen3-30b-a3b"

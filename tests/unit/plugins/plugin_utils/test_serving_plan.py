@@ -21,7 +21,7 @@ from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving import (
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving_profile import vllm_serve_args
 from cluster_inventories import pair, ring, switch
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 DEFAULTS = ROOT / "roles/sparkops_defaults/defaults/main"
 PROFILES = yaml.safe_load((DEFAULTS / "serving_profiles.yml").read_text())["sparkops_serving_profiles"]
 VERSIONS = yaml.safe_load((DEFAULTS / "versions.yml").read_text())

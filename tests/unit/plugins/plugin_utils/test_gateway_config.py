@@ -10,7 +10,7 @@ import yaml
 from ansible_collections.sparkops.cluster.plugins.plugin_utils import gateway
 from test_serving_plan import plan_of_only
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 
 
 def test_todays_plan_gives_one_entry_at_the_deployments_endpoint():

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[2] / "plugins" / "plugin_utils"))
+sys.path.insert(0, str(HERE.parents[3] / "plugins" / "plugin_utils"))
 sys.path.insert(0, str(HERE))
 
 import cluster  # noqa: E402
