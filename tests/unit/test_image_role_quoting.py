@@ -98,6 +98,7 @@ def test_a_new_build_loads_its_compiled_code_and_a_refused_build_is_removed():
     ]
     assert compiled["gpus"] == "{{ sparkops_hardware == 'dgx_spark' }}"
     removed = [t["ansible.builtin.command"]["argv"] for t in check["rescue"] if "ansible.builtin.command" in t]
-    assert removed == [["docker", "image", "rm", "{{ sparkops_image }}"]]
+    assert removed == [["docker", "image", "rm", "{{ spark_vllm_image_new }}"]]
     assert any("ansible.builtin.fail" in t for t in check["rescue"])
     assert "spark_vllm_image_built.rc != 0" in check["when"]
+    assert check["vars"]["spark_vllm_image_new"] == "{{ sparkops_image }}"
