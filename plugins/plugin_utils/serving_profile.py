@@ -652,6 +652,15 @@ def _version_violations(p: dict, contract: dict) -> list[tuple[str | None, str]]
     ]
 
 
+def min_version_problems(profile, contract) -> list[str]:
+    """The profile's min_vllm_version against `contract`'s release: [] when that release is new enough (or the
+    profile has other problems, which profile_violations reports)."""
+    p, errors = _validate(profile)
+    if errors:
+        return []
+    return [m for _rule, m in _version_violations(p, contract)]
+
+
 def _findings(
     p: dict, gpus_total: int, node_memory_gib: float, gpus_per_node: int, *, contract, allowed: dict[str, str]
 ) -> dict:
