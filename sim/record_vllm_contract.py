@@ -19,8 +19,9 @@ For each version asked for, this script:
   4. writes plugins/plugin_utils/vllm_contracts/vllm-<version>.json (keys: vllm_version, source,
      serve_options, value_sets, env_vars, metrics, and speculative_config read from the installed
      vllm/config/speculative.py) and vllm-<version>.help.txt (the raw help text),
-     and copies the pinned version's fixture to sim/standin/vllm-contract.json so the simulated
-     cluster's test double loads the same contract.
+     and copies the pinned version's fixture to sim/standin/vllm-contract.json (and every recorded
+     release's to sim/standin/vllm-contract-<release>.json) so the simulated cluster's test double loads
+     the same contract as the release its image carries.
 
 Usage:
     python3 sim/record_vllm_contract.py 0.19.0 0.33.0 [--work /tmp/vllm-contract] [--pinned 0.19.0]
@@ -609,14 +610,26 @@ def add_speculative(version: str, pkg_dir: Path) -> None:
     log(f"{out.relative_to(ROOT)}: speculative_config from {pkg_dir}/config/speculative.py")
 
 
-def write_standin_copy(version: str) -> None:
-    """sim/standin/vllm-contract.json: the fixture of `version` plus its raw help text (`help_all`), which
-    the test double prints for `vllm serve --help=all`. simctl copies sim/standin/* into the stand-in
-    repository; its Dockerfile copies this file next to the double."""
+def _standin_contract(version: str) -> str:
     contract = json.loads((CONTRACTS / f"vllm-{version}.json").read_text())
     contract["help_all"] = (CONTRACTS / f"vllm-{version}.help.txt").read_text()
-    STANDIN_COPY.write_text(json.dumps(contract, indent=1) + "\n")
+    return json.dumps(contract, indent=1) + "\n"
+
+
+def write_standin_copy(version: str) -> None:
+    """sim/standin/vllm-contract.json: the fixture of `version` (the default stack's release) plus its raw
+    help text (`help_all`), which the test double prints for `vllm serve --help=all`; and
+    sim/standin/vllm-contract-<release>.json for every other recorded release, which the double loads when its
+    image carries that release (a stack's own image: vLLM's reports the release itself). simctl copies
+    sim/standin/* into the stand-in repository; its Dockerfile copies these files next to the double."""
+    STANDIN_COPY.write_text(_standin_contract(version))
     log(f"wrote {STANDIN_COPY.relative_to(ROOT)} (vLLM {version}) for the test double")
+    for release in sorted(p.name[len("vllm-") : -len(".json")] for p in CONTRACTS.glob("vllm-*.json")):
+        if release == version:
+            continue  # vllm-contract.json is that one already
+        out = STANDIN_COPY.with_name(f"vllm-contract-{release}.json")
+        out.write_text(_standin_contract(release))
+        log(f"wrote {out.relative_to(ROOT)} (vLLM {release}) for the test double")
 
 
 if __name__ == "__main__":

@@ -330,3 +330,22 @@ def test_plan_yml_refuses_a_profile_of_the_other_stack_naming_flag_and_release(t
     assert "--linear-backend: unrecognized argument for vLLM 0.19.0" in text
     assert "it is new in vLLM 0.33.0" in text
     assert "Stack vllm-0.33.0 serves it: set sparkops_stack: vllm-0.33.0" in text
+
+
+@pytest.mark.parametrize("stack", sorted(STACKS))
+def test_every_vllm_metric_the_alerts_and_dashboard_query_is_exported_by_every_stack(stack):
+    """A stack whose vLLM dropped a metric family the monitoring reads would show empty panels and silent alerts."""
+    import test_monitoring_queries as mq  # noqa: PLC0415 - tests/unit is on the path (conftest)
+
+    families = load_contract(STACKS[stack]["contract"])["metrics"]
+    series = set()
+    for fam in families:
+        suffixes = {"histogram": ("_bucket", "_sum", "_count"), "summary": ("", "_sum", "_count")}.get(
+            fam.get("type"), ("",)
+        )
+        series |= {fam["name"] + s for s in suffixes}
+    queried = {
+        name for exprs in (mq.rule_exprs, mq.dashboard_exprs) for _t, e in exprs() for name in mq.metric_names(e)
+    }
+    missing = sorted(n for n in queried if n.startswith("vllm:") and n not in series)
+    assert missing == [], f"{stack} (vLLM {STACKS[stack]['vllm_version']}) does not export {missing}"
