@@ -8,7 +8,8 @@ For each version asked for, this script:
      dependencies the wheel declares and a CPU torch (GPU-only packages are left out: nothing here
      runs a model);
   3. runs the release's OWN code in that virtualenv: its real `vllm serve` argument parser
-     (FlexibleArgumentParser + ServeSubcommand.subparser_init), `vllm serve --help=all`, the value
+     (FlexibleArgumentParser + ServeSubcommand.subparser_init; every option string it accepts, from its
+     `_option_string_actions`, help-hidden ones marked `hidden`), `vllm serve --help=all`, the value
      sets from the Literal types and enums the parser is built from, `vllm.envs.environment_variables`,
      and the Prometheus families that the API server process registers: the release's own
      PrometheusStatLogger and log_engine_initialized (fed a default ObservabilityConfig and CacheConfig
@@ -18,8 +19,9 @@ For each version asked for, this script:
   4. writes plugins/plugin_utils/vllm_contracts/vllm-<version>.json (keys: vllm_version, source,
      serve_options, value_sets, env_vars, metrics, and speculative_config read from the installed
      vllm/config/speculative.py) and vllm-<version>.help.txt (the raw help text),
-     and copies the pinned version's fixture to sim/standin/vllm-contract.json so the simulated
-     cluster's test double loads the same contract.
+     and copies the pinned version's fixture to sim/standin/vllm-contract.json (and every recorded
+     release's to sim/standin/vllm-contract-<release>.json) so the simulated cluster's test double loads
+     the same contract as the release its image carries.
 
 Usage:
     python3 sim/record_vllm_contract.py 0.19.0 0.33.0 [--work /tmp/vllm-contract] [--pinned 0.19.0]
@@ -33,6 +35,7 @@ from __future__ import annotations
 import argparse
 import ast
 import hashlib
+import inspect
 import json
 import os
 import re
@@ -89,6 +92,8 @@ main()
 # Runs inside the scratch virtualenv, with the release's own modules. Prints one JSON object.
 INNER = (
     SHIM
+    + "\n"
+    + "__SERVE_OPTIONS_SOURCE__"
     + r"""
 import argparse, json, os, sys, typing
 os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
@@ -99,60 +104,7 @@ top = FlexibleArgumentParser(prog="vllm")
 sub = top.add_subparsers(dest="subparser")
 serve = ServeSubcommand().subparser_init(sub)
 
-def kind(action):
-    name = type(action).__name__
-    return {
-        "_StoreAction": "store", "_StoreTrueAction": "store_true", "_StoreFalseAction": "store_false",
-        "_StoreConstAction": "store_const", "_AppendAction": "append", "_CountAction": "count",
-        "_HelpAction": "help", "_VersionAction": "version", "BooleanOptionalAction": "boolean_optional",
-        "_ExtendAction": "extend",
-    }.get(name, name)
-
-options = {}
-positionals = []
-for action in serve._actions:
-    if not action.option_strings:
-        positionals.append({"dest": action.dest, "nargs": action.nargs})
-        continue
-    longs = [o for o in action.option_strings if o.startswith("--")]
-    k = kind(action)
-    takes_value = action.nargs != 0
-    nargs = action.nargs if action.nargs not in (None, 0) else None
-    choices = [str(c) for c in action.choices] if action.choices is not None else None
-    typ = getattr(action.type, "__name__", None) if action.type is not None else None
-    # optional_type(json.loads) / parse_type(int) (vllm/engine/arg_utils.py) wrap the real converter
-    inner = None
-    for cell in getattr(action.type, "__closure__", None) or ():
-        if callable(cell.cell_contents):
-            inner = getattr(cell.cell_contents, "__name__", None)
-            break
-    group = next((g.title for g in serve._action_groups if action in g._group_actions), None)
-    # vllm/engine/arg_utils.py literal_to_kwargs: a field typed `Literal[...] | str` gets its Literal values
-    # as the metavar, not as choices: they are the known values, and the option takes any other string too.
-    metavar_values = None
-    if isinstance(action.metavar, (list, tuple)):
-        metavar_values = [str(v) for v in action.metavar]
-    elif isinstance(action.metavar, str) and action.metavar.startswith("["):
-        import ast
-        try:
-            metavar_values = [str(v) for v in ast.literal_eval(action.metavar)]
-        except (ValueError, SyntaxError):
-            metavar_values = None
-    for opt in longs:
-        options[opt] = {
-            "takes_value": takes_value,
-            "choices": choices,
-            "aliases": [o for o in action.option_strings if o != opt],
-            "dest": action.dest,
-            "action": k,
-            "nargs": nargs,
-            "type": typ,
-            "inner_type": inner,
-            "group": group,
-            "metavar_values": metavar_values,
-        }
-    if not longs:
-        raise SystemExit(f"option without a long form: {action.option_strings}")
+options, positionals = serve_options(serve)
 
 def choices_of(opt):
     c = options.get(opt, {}).get("choices")
@@ -223,6 +175,90 @@ print(json.dumps({
 }))
 """
 )
+
+
+def serve_options(serve) -> tuple[dict, list]:
+    """Every option string the `vllm serve` parser `serve` ACCEPTS, with what the contract keeps of it, and its
+    positionals. Runs inside the release's virtualenv (its source is pasted into INNER) and in the unit tests.
+
+    What the parser accepts is its option-string table, not what help prints: vLLM 0.33.0's EnableDisableAction
+    (vllm/utils/argparse_utils.py:120-145) pairs --enable-x with --disable-x and keeps --no-enable-x /
+    --no-disable-x registered in `_option_string_actions`, while `_register_action` (:148-152) trims
+    `action.option_strings` to the visible ones ("Hidden option strings stay registered with the parser but
+    leave help"). argparse matches an argument against `_option_string_actions` (argparse.py
+    `_parse_optional`), so that table is the contract; `hidden` marks the strings help does not print.
+    """
+    import ast  # noqa: PLC0415 - runs pasted into the recording script too
+
+    def kind(action):
+        name = type(action).__name__
+        return {
+            "_StoreAction": "store",
+            "_StoreTrueAction": "store_true",
+            "_StoreFalseAction": "store_false",
+            "_StoreConstAction": "store_const",
+            "_AppendAction": "append",
+            "_CountAction": "count",
+            "_HelpAction": "help",
+            "_VersionAction": "version",
+            "BooleanOptionalAction": "boolean_optional",
+            "_ExtendAction": "extend",
+        }.get(name, name)
+
+    options, positionals = {}, []
+    for action in serve._actions:
+        if not action.option_strings:
+            positionals.append({"dest": action.dest, "nargs": action.nargs})
+    accepted_by_action = {}
+    for opt, action in serve._option_string_actions.items():
+        accepted_by_action.setdefault(id(action), (action, []))[1].append(opt)
+    for action, accepted in accepted_by_action.values():
+        longs = [o for o in accepted if o.startswith("--")]
+        if not longs:
+            raise SystemExit(f"option without a long form: {accepted}")
+        visible = set(action.option_strings)
+        takes_value = action.nargs != 0
+        nargs = action.nargs if action.nargs not in (None, 0) else None
+        choices = [str(c) for c in action.choices] if action.choices is not None else None
+        typ = getattr(action.type, "__name__", None) if action.type is not None else None
+        # optional_type(json.loads) / parse_type(int) (vllm/engine/arg_utils.py) wrap the real converter
+        inner = None
+        for cell in getattr(action.type, "__closure__", None) or ():
+            if callable(cell.cell_contents):
+                inner = getattr(cell.cell_contents, "__name__", None)
+                break
+        group = next((g.title for g in serve._action_groups if action in g._group_actions), None)
+        # vllm/engine/arg_utils.py literal_to_kwargs: a field typed `Literal[...] | str` gets its Literal values
+        # as the metavar, not as choices: they are the known values, and the option takes any other string too.
+        metavar_values = None
+        if isinstance(action.metavar, (list, tuple)):
+            metavar_values = [str(v) for v in action.metavar]
+        elif isinstance(action.metavar, str) and action.metavar.startswith("["):
+            try:
+                metavar_values = [str(v) for v in ast.literal_eval(action.metavar)]
+            except (ValueError, SyntaxError):
+                metavar_values = None
+        for opt in longs:
+            options[opt] = {
+                "takes_value": takes_value,
+                "choices": choices,
+                "aliases": [o for o in accepted if o != opt],
+                # accepted by the parser but not printed by --help (registered, then dropped from option_strings)
+                "hidden": opt not in visible,
+                "dest": action.dest,
+                "action": kind(action),
+                "nargs": nargs,
+                "type": typ,
+                "inner_type": inner,
+                "group": group,
+                "metavar_values": metavar_values,
+            }
+    return options, positionals
+
+
+def inner_script() -> str:
+    """INNER with serve_options' own source pasted in (one implementation, run in the release's virtualenv)."""
+    return INNER.replace("__SERVE_OPTIONS_SOURCE__", inspect.getsource(serve_options))
 
 
 def log(msg: str) -> None:
@@ -466,7 +502,7 @@ def record(version: str, work: Path) -> dict:
     py = venv_for(version, wheel, work)
     env = {**os.environ, "COLUMNS": "100", "VLLM_LOGGING_LEVEL": "ERROR", "VLLM_CONFIGURE_LOGGING": "0"}
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    got = json.loads(run([str(py), "-c", INNER], capture_output=True, env=env).stdout.strip().splitlines()[-1])
+    got = json.loads(run([str(py), "-c", inner_script()], capture_output=True, env=env).stdout.strip().splitlines()[-1])
     help_text = run([str(py), "-c", HELP, "serve", "--help=all"], capture_output=True, env=env).stdout
     version_text = run([str(py), "-c", HELP, "--version"], capture_output=True, env=env).stdout.strip()
     if version_text != version:
@@ -490,8 +526,9 @@ def record(version: str, work: Path) -> dict:
             "pypi": f"https://pypi.org/project/vllm/{version}/",
             "how": (
                 "sim/record_vllm_contract.py: wheel installed --no-deps in a scratch virtualenv (CPU torch "
-                f"{TORCH.split('==')[1]}, the wheel's pure-Python requirements); serve_options read from the "
-                "release's own parser (ServeSubcommand.subparser_init on a FlexibleArgumentParser); value_sets "
+                f"{TORCH.split('==')[1]}, the wheel's pure-Python requirements); serve_options: every option string "
+                "the release's own parser accepts (ServeSubcommand.subparser_init on a FlexibleArgumentParser, its "
+                "_option_string_actions; `hidden` marks those help does not print); value_sets "
                 "from the parser's choices, else the config Literal/enum; env_vars from "
                 "vllm.envs.environment_variables; metrics from prometheus_client's exposition after the "
                 "release's PrometheusStatLogger (default ObservabilityConfig/CacheConfig, no spec decoding, "
@@ -573,14 +610,26 @@ def add_speculative(version: str, pkg_dir: Path) -> None:
     log(f"{out.relative_to(ROOT)}: speculative_config from {pkg_dir}/config/speculative.py")
 
 
-def write_standin_copy(version: str) -> None:
-    """sim/standin/vllm-contract.json: the fixture of `version` plus its raw help text (`help_all`), which
-    the test double prints for `vllm serve --help=all`. simctl copies sim/standin/* into the stand-in
-    repository; its Dockerfile copies this file next to the double."""
+def _standin_contract(version: str) -> str:
     contract = json.loads((CONTRACTS / f"vllm-{version}.json").read_text())
     contract["help_all"] = (CONTRACTS / f"vllm-{version}.help.txt").read_text()
-    STANDIN_COPY.write_text(json.dumps(contract, indent=1) + "\n")
+    return json.dumps(contract, indent=1) + "\n"
+
+
+def write_standin_copy(version: str) -> None:
+    """sim/standin/vllm-contract.json: the fixture of `version` (the default stack's release) plus its raw
+    help text (`help_all`), which the test double prints for `vllm serve --help=all`; and
+    sim/standin/vllm-contract-<release>.json for every other recorded release, which the double loads when its
+    image carries that release (a stack's own image: vLLM's reports the release itself). simctl copies
+    sim/standin/* into the stand-in repository; its Dockerfile copies these files next to the double."""
+    STANDIN_COPY.write_text(_standin_contract(version))
     log(f"wrote {STANDIN_COPY.relative_to(ROOT)} (vLLM {version}) for the test double")
+    for release in sorted(p.name[len("vllm-") : -len(".json")] for p in CONTRACTS.glob("vllm-*.json")):
+        if release == version:
+            continue  # vllm-contract.json is that one already
+        out = STANDIN_COPY.with_name(f"vllm-contract-{release}.json")
+        out.write_text(_standin_contract(release))
+        log(f"wrote {out.relative_to(ROOT)} (vLLM {release}) for the test double")
 
 
 if __name__ == "__main__":

@@ -66,11 +66,11 @@ from ansible_collections.sparkops.cluster.plugins.plugin_utils.records import (
 )
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving_profile import (
     allowed_rule_warnings,
-    contract_violations,
     normalize_profile,
     profile_violations,
     vllm_serve_args,
 )
+from ansible_collections.sparkops.cluster.plugins.plugin_utils.stacks import served_by_hint, stack_plan
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.vllm_contract import load_contract
 
 EXECUTORS = ("ray", "mp")
@@ -109,6 +109,9 @@ INPUT_VARIABLES = {
     "memory_floor_gib": "sparkops_memory_floor_gib",
     "allow_rules": "sparkops_allow_rules",
     "vllm_version": "sparkops_vllm_version",
+    # The named stack (image, vLLM, contract) and every stack (roles/sparkops_defaults/defaults/main/stacks.yml).
+    "stack_name": "sparkops_stack",
+    "stacks": "sparkops_stacks",
     "executor": "sparkops_executor",
     "mp_master_port": "sparkops_mp_master_port",
     "hf_home": "sparkops_hf_home",
@@ -321,23 +324,14 @@ def lock_wanted(image: dict, profile_name: str, profile: dict | None) -> dict:
 
 
 def _contract_problems(inputs: dict, profiles: dict, sizes: dict) -> tuple:
-    """Every profile (served or not) against the pinned vLLM's contract: the contract and the problems."""
-    problems = []
-    version = str(_get(inputs, "vllm_version", "0.19.0"))
-    contract = load_contract(version)
-    allow_rules = inputs.get("allow_rules") or []
-    refused = {}
-    for pname, prof in profiles.items():
-        found = contract_violations(prof, contract, gpus_per_node=sizes["gpus_per_node"], allow_rules=allow_rules)
-        if found:
-            refused[pname] = found
-    if refused:
-        text = "".join(f"{pname}: {'; '.join(found)}. " for pname, found in refused.items())
-        problems.append(
-            f"Serving profiles refused by vLLM {version} (sparkops_vllm_version): {text}"
-            "Fix the profile for this vLLM release or pin the release it was written for."
-        )
-    return contract, problems
+    """Every profile (served or not) against the selected stack's contract (plugin_utils/stacks.py): the
+    contract, the problems (a bad stack; a profile no stack's vLLM accepts) and the stack's summary with
+    the profiles it serves and those only another stack serves."""
+    found = stack_plan(inputs, profiles, sizes["gpus_per_node"])
+    stack = found["stack"]
+    if stack is None:
+        return None, found["problems"], None
+    return load_contract(stack["contract"]), found["problems"], stack
 
 
 def _profile_problems(inputs: dict, profiles: dict, name, gpus_total: int, sizes: dict, **ctx) -> tuple:
@@ -366,7 +360,7 @@ def _profile_problems(inputs: dict, profiles: dict, name, gpus_total: int, sizes
     )
     label = f"Serving profile '{name}'" + (f" ({where}{ctx.get('on', '')})" if ctx.get("where") else "")
     if rules:
-        problems.append(f"{label} is refused: {' | '.join(rules)}")
+        problems.append(f"{label} is refused: {' | '.join(rules)}" + served_by_hint(ctx.get("stack"), name))
         return None, None, problems
     p = normalize_profile(profile)
     if p["gated"] and str(_get(inputs, "weights_source", "hub")) == "hub" and not inputs.get("hf_token_set"):
@@ -620,7 +614,7 @@ def build_serving(cluster: dict, inputs: dict) -> dict:  # noqa: PLR0912, PLR091
             if spec["name"] in recorded:
                 spec["profile_name"] = recorded[spec["name"]]["profile_name"]
                 profiles = {**profiles, str(spec["profile_name"]): recorded[spec["name"]]["profile"]}
-    contract, contract_problems = _contract_problems(inputs, profiles, sizes)
+    contract, contract_problems, stack = _contract_problems(inputs, profiles, sizes)
     served, by_model = [], {}
     for spec in specs:
         gpus = len(spec["hosts"]) * sizes["gpus_per_node"]
@@ -638,6 +632,7 @@ def build_serving(cluster: dict, inputs: dict) -> dict:  # noqa: PLR0912, PLR091
             gpus,
             sizes,
             contract=contract,
+            stack=stack,
             where=where,
             on=f" on {len(spec['hosts'])} host(s)",
         )
@@ -793,6 +788,7 @@ def build_serving(cluster: dict, inputs: dict) -> dict:  # noqa: PLR0912, PLR091
     # Whether a replica runs under Ray: where Ray's membership is read (report, verify, doctor).
     plan["ray_used"] = bool(plan["ray_groups"])
     plan["image"] = image  # the cluster's one image (every deployment's)
+    plan["stack"] = stack  # the stack it comes from, the profiles it serves (plugin_utils/stacks.py)
     plan["gateway"] = gateway  # checked with the rest, above
     return plan
 

@@ -678,10 +678,20 @@ def _version_violations(p: dict, contract: dict) -> list[tuple[str | None, str]]
         (
             None,
             f"profile of {p['model']} needs vLLM {wanted} or newer{image}, but sparkops pins vLLM {version} "
-            f"(sparkops_vllm_version): it is refused until the pin moves to {wanted} or later "
-            "(playbooks/upgrade.yml moves the image and the pin together)",
+            f"(sparkops_vllm_version, from sparkops_stack): it is refused until the pin moves to {wanted} or later "
+            "(a stack of that release: sparkops_stack, docs/stacks.md; playbooks/upgrade.yml moves the image and "
+            "the pin together)",
         )
     ]
+
+
+def min_version_problems(profile, contract) -> list[str]:
+    """The profile's min_vllm_version against `contract`'s release: [] when that release is new enough (or the
+    profile has other problems, which profile_violations reports)."""
+    p, errors = _validate(profile)
+    if errors:
+        return []
+    return [m for _rule, m in _version_violations(p, contract)]
 
 
 def _findings(

@@ -20,7 +20,9 @@ API:
     contract_from_help(text, version)    a contract parsed from `vllm serve --help=all` output (the
                                          image's own vLLM, on real hardware)
     check_serve_args(argv, env, contract) -> list of problems, each naming the option (or variable)
-                                         and the version; [] when that vLLM accepts them
+                                         and the version; [] when that vLLM accepts them. An option or
+                                         variable another recorded release knows is named with that
+                                         release (option_history): removed, renamed (same dest) or new.
 """
 
 from __future__ import annotations
@@ -64,6 +66,75 @@ def load_contract(version) -> dict:
     if contract.get("vllm_version") != version:
         raise ValueError(f"{path.name} says vllm_version {contract.get('vllm_version')!r}, expected {version!r}")
     return contract
+
+
+_RECORDED_CACHE: dict[str, dict] = {}
+
+
+def _recorded(version: str) -> dict | None:
+    """The recorded contract of `version`, read once per process; None when it cannot be read."""
+    if version not in _RECORDED_CACHE:
+        try:
+            _RECORDED_CACHE[version] = load_contract(version)
+        except (ValueError, OSError):
+            return None
+    return _RECORDED_CACHE[version]
+
+
+def _version_key(version: str) -> list:
+    return [int(x) if x.isdigit() else x for x in re.split(r"[.+-]", str(version))]
+
+
+def option_history(name: str, contract: dict) -> str:
+    """What the OTHER recorded releases say about an option `contract`'s release does not accept: "" when
+    none knows it. An older release that took it: "vLLM 0.19.0 took it; 0.33.0 removed it", or "renamed
+    it to --new" when the new release has a visible option with the same argparse dest (the same setting
+    under another name). A newer release that takes it: "it is new in vLLM 0.33.0"."""
+    version = str(contract.get("vllm_version", "?"))
+    mine = contract.get("serve_options") or {}
+    older, newer = [], []
+    for other in recorded_versions():
+        if other == version:
+            continue
+        theirs = _recorded(other)
+        if theirs is None:
+            continue
+        spec = (theirs.get("serve_options") or {}).get(name)
+        if spec is None:
+            spec = next((s for s in theirs["serve_options"].values() if name in (s.get("aliases") or ())), None)
+        if spec is None:
+            continue
+        (older if _version_key(other) < _version_key(version) else newer).append((other, spec))
+    if older:
+        other, spec = older[-1]  # the newest release before this one that took it
+        dest = spec.get("dest")
+        renamed = sorted(
+            opt
+            for opt, s in mine.items()
+            if dest and s.get("dest") == dest and not s.get("hidden") and not opt.startswith("--no-")
+        )
+        if renamed:
+            return f"vLLM {other} took it; {version} renamed it to {' / '.join(renamed)}"
+        return f"vLLM {other} took it; {version} removed it"
+    if newer:
+        return f"it is new in vLLM {newer[0][0]}: {version} does not have it yet"
+    return ""
+
+
+def env_history(name: str, contract: dict) -> str:
+    """Which other recorded release reads VLLM_* variable `name` that `contract`'s release does not."""
+    version = str(contract.get("vllm_version", "?"))
+    readers = []
+    for other in recorded_versions():
+        theirs = _recorded(other) if other != version else None
+        if theirs and name in (theirs.get("env_vars") or ()):
+            readers.append(other)
+    if not readers:
+        return ""
+    older = [v for v in readers if _version_key(v) < _version_key(version)]
+    if older:
+        return f"vLLM {older[-1]} read it; {version} dropped it"
+    return f"it is new in vLLM {readers[0]}: {version} does not read it yet"
 
 
 # --- `vllm serve --help=all` --------------------------------------------------------------------------
@@ -258,9 +329,11 @@ def check_serve_args(argv, env, contract) -> list[str]:
             name, _sep, dotted = name.partition(".")
         canonical = aliases.get(name)
         if canonical is None:
-            near = _nearest(name, options)
+            history = option_history(name, contract)
+            near = None if history else _nearest(name, options)
             problems.append(
                 f"{name}: unrecognized argument for vLLM {version} `vllm serve` (it would exit 2)"
+                + (f"; {history}" if history else "")
                 + (f"; did you mean {near}?" if near else "")
             )
             # skip what looks like this unknown option's value
@@ -366,9 +439,11 @@ def _check_env(env, contract) -> list[str]:
     out = []
     for n in names:
         if n not in known_set:
-            near = _nearest(n, {k: None for k in known})
+            history = env_history(n, contract)
+            near = None if history else _nearest(n, {k: None for k in known})
             out.append(
                 f"{n}: vLLM {version} does not read this environment variable (not in its vllm/envs.py)"
+                + (f"; {history}" if history else "")
                 + (f"; did you mean {near}?" if near else "")
             )
     return out

@@ -4,7 +4,9 @@ It is installed as `vllm` in the stand-in image so the serving role can be run e
 machines without GPUs. Its command line, value sets, VLLM_* names and /metrics families are NOT
 written here: they come from the contract recorded from the official vLLM wheel
 (vllm-contract.json next to this file, a copy of plugins/plugin_utils/vllm_contracts/vllm-<v>.json
-made by sim/record_vllm_contract.py). What it proves, when a deployment passes against it:
+made by sim/record_vllm_contract.py for the default stack's release; vllm-contract-<release>.json for
+every other recorded release, loaded when the image's vLLM reports that release: contract_file()).
+What it proves, when a deployment passes against it:
   - the role passes a command line that real vLLM <v> accepts: every option of that release's parser
     is accepted (aliases, --no- forms, underscores, `--x.y` JSON keys, -O<n>), anything else exits 2
     with argparse's message, like vLLM's FlexibleArgumentParser; values vLLM only checks at engine
@@ -112,11 +114,34 @@ def installed_version(contract: dict) -> str:
         return contract["vllm_version"]
 
 
+_RELEASE_RE = re.compile(r"^(\d+\.\d+\.\d+)(\+[0-9A-Za-z.]+)?$")
+
+
+def contract_file(version: str | None = None) -> Path:
+    """The contract the double speaks: SPARKOPS_TEST_DOUBLE_CONTRACT when set; else the recording of the
+    release the image carries (vllm-contract-<release>.json, written by sim/record_vllm_contract.py for each
+    recorded release) when its vLLM reports a release, with or without a local label (vLLM's own image of a
+    stack: "0.33.0"); else vllm-contract.json, the default stack's release (eugr's dirty-tree build of
+    v0.19.0 reports "0.19.1.dev0+g2a69949bd.d<day>.cu132", no release of its own)."""
+    if os.environ.get("SPARKOPS_TEST_DOUBLE_CONTRACT"):
+        return CONTRACT_FILE
+    if version is None:
+        try:
+            version = md.version("vllm")
+        except md.PackageNotFoundError:
+            version = ""
+    match = _RELEASE_RE.match(version)
+    if match and (HERE / f"vllm-contract-{match.group(1)}.json").is_file():
+        return HERE / f"vllm-contract-{match.group(1)}.json"
+    return CONTRACT_FILE
+
+
 def load_contract() -> dict:
+    path = contract_file()
     try:
-        return json.loads(CONTRACT_FILE.read_text())
+        return json.loads(path.read_text())
     except (OSError, ValueError) as exc:
-        print(f"vllm test double: cannot read its contract {CONTRACT_FILE}: {exc}", file=sys.stderr)
+        print(f"vllm test double: cannot read its contract {path}: {exc}", file=sys.stderr)
         sys.exit(1)
 
 
@@ -224,6 +249,19 @@ def _nest(keys: list[str], value: str):
     return leaf
 
 
+class EnableDisable(argparse.Action):
+    """vLLM 0.33.0's EnableDisableAction (vllm/utils/argparse_utils.py:120-145): the option's own string sets its
+    dest True; the `--enable-`/`--disable-` inverse and the `--no-` forms (registered, hidden from help) set it
+    False (`option_string not in self.negative_option_strings`)."""
+
+    def __init__(self, option_strings, dest, positive=(), **kwargs):
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+        self.positive = set(positive)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, option_string in self.positive)
+
+
 def build_parser(contract: dict) -> argparse.ArgumentParser:
     version = installed_version(contract)
     top = argparse.ArgumentParser(prog="vllm", allow_abbrev=False)
@@ -243,6 +281,10 @@ def build_parser(contract: dict) -> argparse.ArgumentParser:
         elif kind == "boolean_optional":
             positive = [s for s in strings if not s.startswith("--no-")]
             serve.add_argument(*positive, dest=spec["dest"], action=argparse.BooleanOptionalAction, default=None)
+        elif kind == "EnableDisableAction":
+            # the field's own option (arg_utils names it after the dest) is the positive one
+            own = "--" + spec["dest"].replace("_", "-")
+            serve.add_argument(*strings, dest=spec["dest"], action=EnableDisable, positive=[own], default=None)
         elif kind in ("store_true", "store_false", "store_const", "count"):
             serve.add_argument(*strings, dest=spec["dest"], action="store_true", default=None)
         else:

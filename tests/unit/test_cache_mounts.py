@@ -80,7 +80,8 @@ def test_resolve_follows_shell_defaults():
 
 
 def test_fixture_is_the_pinned_release_with_sources():
-    pinned = yaml.safe_load((DEFAULTS / "versions.yml").read_text())["sparkops_vllm_version"]
+    stacks = yaml.safe_load((DEFAULTS / "stacks.yml").read_text())
+    pinned = stacks["sparkops_stacks"][stacks["sparkops_stack"]]["vllm_version"]
     assert FIXTURE["vllm_version"] == pinned
     assert "2d0e5fae45367bdbf111fcad68f4c0f8fdddd2f2fb643e52f0f2daebef7b41cf" in FIXTURE["source"]["vllm"]
     ids = [p["id"] for p in FIXTURE["paths"]]

@@ -139,8 +139,7 @@ def test_the_guard_sees_a_new_read():
 
 def test_the_guard_sees_an_executor_branch_and_a_first_deployment_read():
     sample = (
-        "when: sparkops_cluster.serving.deployments[0].executor == 'mp'\n"
-        "when: not ray_used and d.executor != 'ray'\n"
+        "when: sparkops_cluster.serving.deployments[0].executor == 'mp'\nwhen: not ray_used and d.executor != 'ray'\n"
     )
     found = {name: len(p.findall(sample)) for name, p in PATTERNS.items()}
     assert found["executor branches"] == 3

@@ -40,9 +40,8 @@ DOUBLE = ROOT / "sim" / "standin" / "vllm_test_double.py"
 PROFILES = yaml.safe_load(
     (ROOT / "roles" / "sparkops_defaults" / "defaults" / "main" / "serving_profiles.yml").read_text()
 )["sparkops_serving_profiles"]
-PINNED = yaml.safe_load((ROOT / "roles" / "sparkops_defaults" / "defaults" / "main" / "versions.yml").read_text())[
-    "sparkops_vllm_version"
-]
+_STACKS = yaml.safe_load((ROOT / "roles" / "sparkops_defaults" / "defaults" / "main" / "stacks.yml").read_text())
+PINNED = _STACKS["sparkops_stacks"][_STACKS["sparkops_stack"]]["vllm_version"]  # the default stack's vLLM
 SIM_GROUP_VARS = ROOT / "inventory" / "sim" / "group_vars" / "all"
 RAY_BIN = Path(sys.executable).parent / "ray"
 KEY = "sk-double-key"
@@ -292,7 +291,17 @@ def _profile_argv(profile: dict, port: int) -> list[str]:
     return argv[2:]
 
 
-@pytest.mark.parametrize("name", sorted(PROFILES))
+def _on_the_doubles_release(profile: dict) -> bool:
+    """The double carries the default stack's contract (PINNED); a profile written for another recorded release
+    (its min_vllm_version) is that stack's: its contract judges it (tests/unit/plugin_utils/test_stacks.py)."""
+    wanted = profile.get("min_vllm_version")
+    return wanted in (None, PINNED) or wanted not in recorded_versions()
+
+
+PINNED_PROFILES = sorted(n for n, p in PROFILES.items() if _on_the_doubles_release(p))
+
+
+@pytest.mark.parametrize("name", PINNED_PROFILES)
 def test_every_shipped_profile_passes_the_double_s_parser_and_engine_config(name):
     d = _load_double()
     contract = d.load_contract()
@@ -314,7 +323,7 @@ def test_the_sim_profile_fits_the_simulated_cluster():
 
 
 @pytest.mark.parametrize(
-    "name", sorted(n for n, p in PROFILES.items() if normalize_profile(p)["tensor_parallel_size"] == 1)
+    "name", sorted(n for n in PINNED_PROFILES if normalize_profile(PROFILES[n])["tensor_parallel_size"] == 1)
 )
 def test_every_single_gpu_shipped_profile_starts_under_the_double(name, tmp_path):
     """Each shipped one-GPU profile's real argv and env start the double and serve /health.
@@ -768,3 +777,58 @@ def test_a_stuck_tp_member_ends_the_engine_after_ray_cgraph_get_timeout(ray_head
         if pid:
             os.kill(pid, signal.SIGKILL)  # the stopped Ray actor this test stopped
         _stop(proc)
+
+
+# --- the double speaks each stack's release -------------------------------------------------------------
+
+
+def test_the_double_picks_the_contract_of_the_release_its_image_carries():
+    d = _load_double()
+    standin = DOUBLE.parent
+    assert d.contract_file("0.33.0") == standin / "vllm-contract-0.33.0.json"  # vLLM's own image of the stack
+    assert d.contract_file("0.33.0+cu130") == standin / "vllm-contract-0.33.0.json"
+    # eugr's dirty-tree build of v0.19.0, and a release with no recording: the default stack's contract
+    assert d.contract_file("0.19.1.dev0+g2a69949bd.d20260410.cu132") == standin / "vllm-contract.json"
+    assert d.contract_file("0.19.0") == standin / "vllm-contract.json"
+    assert d.contract_file("0.31.0") == standin / "vllm-contract.json"
+    # every recorded release has its copy, the recording plus its help text
+    for release in recorded_versions():
+        path = standin / ("vllm-contract.json" if release == PINNED else f"vllm-contract-{release}.json")
+        copy = json.loads(path.read_text())
+        help_text = (ROOT / "plugins" / "plugin_utils" / "vllm_contracts" / f"vllm-{release}.help.txt").read_text()
+        assert copy == {**load_contract(release), "help_all": help_text}, release
+
+
+@pytest.mark.parametrize("name", sorted(n for n in PROFILES if n not in PINNED_PROFILES))
+def test_the_double_on_0_33_0_takes_the_profiles_written_for_it(name):
+    d = _load_double()
+    newer = json.loads(d.contract_file("0.33.0").read_text())
+    allow = [{"rule": r, "reason": "argv check"} for r in ("not-recommended", "mxfp4-only-gpt-oss")]
+    argv = vllm_serve_args(PROFILES[name], "127.0.0.1", 8000, gpus_per_node=1, allow_rules=allow)[2:]
+    args = d.build_parser(newer).parse_args(d.flexible(["serve", *argv, "--no-enable-prefix-caching"]))
+    assert args.enable_prefix_caching is False  # the hidden form 0.33.0 still takes
+    assert d.engine_config_problems(args, newer) == []
+    with pytest.raises(SystemExit) as exc:  # the default stack's release refuses it
+        d.build_parser(d.load_contract()).parse_args(d.flexible(["serve", *argv]))
+    assert exc.value.code == 2
+
+
+def test_version_answers_from_the_selected_release(hf_home):
+    env = dict(env_for(hf_home), SPARKOPS_TEST_DOUBLE_CONTRACT=str(DOUBLE.parent / "vllm-contract-0.33.0.json"))
+    r = run_double(["--version"], env)
+    assert r.returncode == 0 and r.stdout.strip() == "0.33.0"
+
+
+def test_the_double_s_enable_disable_pairs_set_their_dest_like_0_33_0():
+    """vllm/utils/argparse_utils.py:120-145 of 0.33.0: the field's own option sets True, its inverse and --no- False."""
+    d = _load_double()
+    parser = d.build_parser(json.loads(d.contract_file("0.33.0").read_text()))
+    for argv, dest, value in (
+        (["--enable-prefix-caching"], "enable_prefix_caching", True),
+        (["--disable-prefix-caching"], "enable_prefix_caching", False),
+        (["--no-enable-prefix-caching"], "enable_prefix_caching", False),
+        (["--disable-custom-all-reduce"], "disable_custom_all_reduce", True),
+        (["--enable-custom-all-reduce"], "disable_custom_all_reduce", False),
+        (["--no-disable-custom-all-reduce"], "disable_custom_all_reduce", False),
+    ):
+        assert getattr(parser.parse_args(d.flexible(["serve", "m", *argv])), dest) is value, argv

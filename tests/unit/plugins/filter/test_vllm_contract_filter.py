@@ -27,7 +27,10 @@ def test_serve_problems_by_version_or_contract():
     assert F["vllm_serve_problems"](argv, {"VLLM_API_KEY": "k"}, "0.19.0") == []
     c = F["vllm_contract"]("0.19.0")
     found = F["vllm_serve_problems"]([*argv, "--linear-backend", "marlin"], {}, c)
-    assert found == ["--linear-backend: unrecognized argument for vLLM 0.19.0 `vllm serve` (it would exit 2)"]
+    assert found == [
+        "--linear-backend: unrecognized argument for vLLM 0.19.0 `vllm serve` (it would exit 2); "
+        "it is new in vLLM 0.33.0: 0.19.0 does not have it yet"
+    ]
 
 
 def test_profiles_contract_violations_names_each_refused_profile():
