@@ -155,8 +155,8 @@ def _plan(doubles) -> dict:
                 "api_host": "h0",
                 "endpoint": {"url": url("a-0")},
                 "replicas": [
-                    {"host": "h0", "endpoint": {"url": url("a-0")}},
-                    {"host": "h1", "endpoint": {"url": url("a-1")}},
+                    {"head": "h0", "endpoint": {"url": url("a-0")}},
+                    {"head": "h1", "endpoint": {"url": url("a-1")}},
                 ],
             },
             {"name": "b", "served_model_name": "tiny-b", "api_host": "h2", "endpoint": {"url": url("b-0")}},

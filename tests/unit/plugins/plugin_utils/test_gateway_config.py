@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import pytest
 import yaml
 from ansible_collections.sparkops.cluster.plugins.plugin_utils import gateway
+from conftest import ROOT
 from test_serving_plan import plan_of_only
-
-ROOT = Path(__file__).resolve().parents[4]
 
 
 def test_todays_plan_gives_one_entry_at_the_deployments_endpoint():
