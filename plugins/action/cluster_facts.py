@@ -188,7 +188,7 @@ class ActionModule(ActionBase):
     def _settings_problems(self, task_vars: dict) -> list:
         """The cluster-wide settings against roles/sparkops_defaults' spec (entry point `settings`), as Ansible
         checks a role's arguments, each error one problem (without the spec Ansible would print with it)."""
-        spec = settings_spec(COLLECTION)
+        spec = settings_spec(COLLECTION, HOST_VARS)
         args = {}
         for name in spec:
             if name in task_vars:

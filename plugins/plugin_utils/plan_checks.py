@@ -175,9 +175,9 @@ def declared_variables(root: str) -> frozenset:
 
 
 @functools.lru_cache(maxsize=4)
-def settings_spec(root: str) -> dict:
+def settings_spec(root: str, skip: tuple = ()) -> dict:
     """The cluster-wide settings' spec: roles/sparkops_defaults' entry point `settings` and roles/cluster_facts'
-    `inventory`, without sparkops_fast_links (the model judges each link, saying more than a type)."""
+    `inventory`, without the names in `skip` (the per-host variables the model judges, saying more than a type)."""
     import yaml  # noqa: PLC0415 - only the controller reads the roles
 
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -186,7 +186,8 @@ def settings_spec(root: str) -> dict:
         path = Path(root) / "roles" / role / "meta" / "argument_specs.yml"
         data = yaml.load(path.read_text(encoding="utf-8"), Loader=loader)  # noqa: S506 - a safe loader
         spec.update(((data or {}).get("argument_specs") or {}).get(entry, {}).get("options") or {})
-    spec.pop("sparkops_fast_links", None)
+    for name in skip:
+        spec.pop(name, None)
     return spec
 
 
