@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from ansible.errors import AnsibleError, AnsibleUndefinedVariable
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.plugins.action import ActionBase
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.cluster import ClusterError, build_cluster
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.controller_state import legacy_moves, move
@@ -23,6 +24,7 @@ from ansible_collections.sparkops.cluster.plugins.plugin_utils.plan_checks impor
     idle_warnings,
     inventory_names,
     role_prefixes,
+    settings_spec,
     unknown_variables,
     wheelhouse_warnings,
 )
@@ -130,6 +132,10 @@ class ActionModule(ActionBase):
         fail = str(task_args.get("fail_on_problems", True)).lower() in ("true", "yes", "1")
         warnings = []
         try:
+            # The settings' types and choices first: a wrong type would only bring follow-ons below.
+            spec_problems = self._settings_problems(task_vars)
+            if spec_problems:
+                raise ClusterError(spec_problems)
             model = build_cluster(inputs)
             # The controller's state out of the inventory folder (an older release's layout), before it is read.
             moved, pending = move(legacy_moves(model["paths"]), check_mode=bool(self._task.check_mode))
@@ -178,6 +184,26 @@ class ActionModule(ActionBase):
         # Never written to the fact cache: every play computes the model afresh.
         result["_ansible_facts_cacheable"] = False
         return result
+
+    def _settings_problems(self, task_vars: dict) -> list:
+        """The cluster-wide settings against roles/sparkops_defaults' spec (entry point `settings`), as Ansible
+        checks a role's arguments, each error one problem (without the spec Ansible would print with it)."""
+        spec = settings_spec(COLLECTION, HOST_VARS)
+        args = {}
+        for name in spec:
+            if name in task_vars:
+                try:
+                    value = self._value(task_vars, name)
+                except AnsibleError:
+                    continue  # a value that does not template is the model's (or its reader's) to report
+                if value is not None:
+                    args[name] = value
+        errors = ArgumentSpecValidator(spec).validate(args, validate_role_argument_spec=True).error_messages
+        return [
+            f"{error} (ansible-doc -t role sparkops.cluster.sparkops_defaults, entry point settings, lists each "
+            "variable with its type)"
+            for error in errors
+        ]
 
     def _override_problems(self, task_vars: dict) -> list:
         """sparkops_serving_overrides may change only profiles there are (a new name would be half a profile)."""

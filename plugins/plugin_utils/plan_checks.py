@@ -174,6 +174,23 @@ def declared_variables(root: str) -> frozenset:
     return frozenset(names)
 
 
+@functools.lru_cache(maxsize=4)
+def settings_spec(root: str, skip: tuple = ()) -> dict:
+    """The cluster-wide settings' spec: roles/sparkops_defaults' entry point `settings` and roles/cluster_facts'
+    `inventory`, without the names in `skip` (the per-host variables the model judges, saying more than a type)."""
+    import yaml  # noqa: PLC0415 - only the controller reads the roles
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    spec: dict = {}
+    for role, entry in (("sparkops_defaults", "settings"), ("cluster_facts", "inventory")):
+        path = Path(root) / "roles" / role / "meta" / "argument_specs.yml"
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=loader)  # noqa: S506 - a safe loader
+        spec.update(((data or {}).get("argument_specs") or {}).get(entry, {}).get("options") or {})
+    for name in skip:
+        spec.pop(name, None)
+    return spec
+
+
 def role_prefixes(root: str) -> tuple:
     roles = sorted(p.name for p in (Path(root) / "roles").iterdir() if p.is_dir())
     return tuple(dict.fromkeys([*BASE_PREFIXES, *(f"{r}_" for r in roles)]))

@@ -153,3 +153,16 @@ def test_sparks_that_serve_nothing_are_warned(tmp_path):
     rc, out = _plan(inv)
     assert rc == 0, out[-3000:]
     assert " ".join(out.split()).count("spark-3, spark-4 serve nothing") == 1, out[-3000:]
+
+
+def test_wrong_types_and_choices_are_listed_once_without_the_spec(tmp_path):
+    inv = _copy(tmp_path)
+    _settings(inv, sparkops_fast_mtu="abc", sparkops_executor="rya")
+    rc, out = _plan(inv)
+    assert rc != 0
+    flat = " ".join(out.split())
+    assert flat.count("argument 'sparkops_fast_mtu' is of type str and we were unable to convert to int") == 1, out
+    assert flat.count("value of sparkops_executor must be one of: ray, mp, got: rya") == 1, out
+    assert "The inventory describes no valid sparkops cluster (2 problems)" in flat
+    # Ansible's own check would print the whole spec with the error (about 830 lines).
+    assert "argument_spec_data" not in out and len(out.splitlines()) < 120, len(out.splitlines())
