@@ -72,3 +72,34 @@ def test_a_run_that_finds_the_configuration_served_says_which_worker_serves_it(m
         "old_exited": None,
         "msg": f"worker {pid} already serves this configuration (sha256 {digest[:12]})",
     }
+
+
+def test_a_run_that_finds_the_configuration_served_still_waits_for_the_retired_worker(tmp_path):
+    m = Master(tmp_path, drain_s=3.0)
+    try:
+        [old] = m.workers()
+        m.config.write_text("model_list: [b]\n")
+        first = m.reloader().run(timeout=10)
+        assert old in m.workers()  # still draining
+        second = m.reloader().run(timeout=10, wait_old_exit=True, old_exit_timeout=10)
+        assert second["changed"] is False and second["old_exited"] is True and second["drain_s"] >= 1.0
+        assert m.workers() == [first["new_pid"]]
+    finally:
+        m.stop()
+
+
+def test_a_worker_ready_after_its_run_gave_up_is_taken_without_a_new_one(tmp_path):
+    m = Master(tmp_path, boot_s=1.5)
+    try:
+        [old] = m.workers()
+        m.config.write_text("model_list: [slow]\n")
+        with pytest.raises(gr.ReloadError, match="not ready") as err:
+            m.reloader().run(timeout=0.6)
+        booting = err.value.details["new_pid"]
+        m.wait_for(lambda: booting in m.ready_pids(), "the late worker's ready file")
+        m.signals.clear()
+        r = m.reloader().run(timeout=10)
+        assert m.signals == ["SIGTTOU"]  # no TTIN: the worker that came up late serves the new file already
+        assert r["changed"] is True and r["new_pid"] == booting and r["old_pids"] == [old]
+    finally:
+        m.stop()
