@@ -67,3 +67,19 @@ def test_a_neighbour_named_by_interface_with_a_stale_system_name_is_placed_by_it
     got = d.infer(nodes, names, {"speed_mbps": 200000})
     assert got["topology"] == expected["topology"] == "ring"
     assert got["cables"] == expected["cables"]
+
+
+def test_a_ring_of_three_is_the_mesh_a_user_may_ask_for_and_a_ring_of_four_is_not():
+    three = names_of(3)
+    got = d.infer(World(three, ring_cables(three)).nodes(), three, {"speed_mbps": 200000, "topology": "mesh"})
+    assert got["topology"] == "ring"  # three Sparks in a ring: each meets both others
+    four = names_of(4)
+    assert refusal_with(World(four, ring_cables(four)), topology="mesh").endswith(
+        "  1. sparkops_discover_topology is mesh, but the cabling makes a ring."
+    )
+
+
+def refusal_with(world, **settings) -> str:
+    with pytest.raises(d.DiscoveryError) as err:
+        d.infer(world.nodes(), world.names, {"speed_mbps": 200000, **settings})
+    return str(err.value)
