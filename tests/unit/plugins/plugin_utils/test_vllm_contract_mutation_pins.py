@@ -1,0 +1,38 @@
+"""vllm_contract.py on the help lines argparse writes (plugins/plugin_utils/vllm_contract.py): an option whose
+short alias comes after it, on Python <= 3.12 ("--quantization {a,b}, -q {a,b}"), and one whose help text
+follows on the same line after two spaces."""
+
+from __future__ import annotations
+
+from ansible_collections.sparkops.cluster.plugins.plugin_utils.vllm_contract import contract_from_help
+
+HELP = """usage: vllm serve [model_tag] [options]
+
+options:
+  --model MODEL         Name or path of the Hugging Face model to use.
+  --quantization {awq,fp8,None}, -q {awq,fp8,None}
+                        Method used to quantize the weights.
+  -tp TENSOR_PARALLEL_SIZE, --tensor-parallel-size TENSOR_PARALLEL_SIZE
+                        Number of tensor parallel groups.
+  --enforce-eager, --no-enforce-eager  Always use eager-mode PyTorch.
+"""
+
+
+def test_a_short_alias_after_the_long_option_is_its_alias():
+    options = contract_from_help(HELP, "9.9.9", env_vars=[])["serve_options"]
+    assert options["--quantization"] == {
+        "takes_value": True,
+        "choices": ["awq", "fp8", "None"],
+        "aliases": ["-q"],
+        "nargs": None,
+        "metavar_values": None,
+    }
+    assert options["--tensor-parallel-size"]["aliases"] == ["-tp"]
+    assert options["--enforce-eager"] == {
+        "takes_value": False,
+        "choices": None,
+        "aliases": ["--no-enforce-eager"],
+        "nargs": None,
+        "metavar_values": None,
+    }
+    assert contract_from_help(HELP, "9.9.9", env_vars=[])["value_sets"]["quantization"] == ["awq", "fp8"]
