@@ -1,0 +1,71 @@
+"""The serving plan's settings at their bounds (plugins/plugin_utils/serving.py): the gateway's and the mp
+master's ports at 1 and 65535, a number or a switch given as text a user can't mean, each refusal naming its
+inventory variable; and the inventory variables the plan reads (renaming one silently ignores it in every
+inventory that sets it)."""
+
+from __future__ import annotations
+
+import pytest
+from ansible_collections.sparkops.cluster.plugins.plugin_utils import serving
+from ansible_collections.sparkops.cluster.plugins.plugin_utils.cluster import ClusterError
+from test_serving_plan import plan_of
+
+
+def refused(**inputs) -> list[str]:
+    with pytest.raises(ClusterError) as err:
+        plan_of(**inputs)
+    return err.value.problems
+
+
+@pytest.mark.parametrize("port", [1, 65535])
+def test_the_gateway_port_may_be_either_end_of_the_range(port):
+    _cluster, plan = plan_of(gateway_port=port)
+    assert plan["gateway"]["port"] == port and plan["gateway"]["url"].endswith(f":{port}")
+
+
+@pytest.mark.parametrize("port", [0, 65536])
+def test_a_gateway_port_out_of_the_range_is_refused_with_it(port):
+    assert f"sparkops_gateway_port must be within 1-65535, got {port}" in refused(gateway_port=port)
+
+
+@pytest.mark.parametrize("port", [1, 65535])
+def test_the_mp_master_port_may_be_either_end_of_the_range(port):
+    plan_of(mp_master_port=port)  # no refusal
+
+
+@pytest.mark.parametrize("port", [0, 65536])
+def test_an_mp_master_port_out_of_the_range_is_refused_with_it(port):
+    assert f"sparkops_mp_master_port must be within 1-65535, got {port}" in refused(mp_master_port=port)
+
+
+def test_settings_of_the_wrong_kind_are_refused_naming_the_variable_and_the_value():
+    assert "sparkops_gateway_port must be an integer, got True" in refused(gateway_port=True)
+    assert "sparkops_node_memory_gib must be a number, got 'lots'" in refused(node_memory_gib="lots")
+    assert "sparkops_gateway_enabled must be true or false, got 'maybe'" in refused(gateway_enabled="maybe")
+
+
+@pytest.mark.parametrize(("text", "on"), [("yes", True), ("On", True), ("1", True), ("no", False), ("off", False)])
+def test_a_switch_takes_the_words_yaml_and_ini_inventories_use(text, on):
+    assert plan_of(gateway_enabled=text)[1]["gateway"]["enabled"] is on
+
+
+def test_the_plan_reads_the_inventory_variables_the_docs_name():
+    expected = {
+        "profile_name": "sparkops_serving_profile",
+        "deployments": "sparkops_deployments",
+        "profiles": "sparkops_all_serving_profiles",
+        "gpus_per_node": "sparkops_gpus_per_node",
+        "node_memory_gib": "sparkops_node_memory_gib",
+        "memory_overhead_gib": "sparkops_memory_host_overhead_gib",
+        "memory_floor_gib": "sparkops_memory_floor_gib",
+        "allow_rules": "sparkops_allow_rules",
+        "vllm_version": "sparkops_vllm_version",
+        "executor": "sparkops_executor",
+        "mp_master_port": "sparkops_mp_master_port",
+        "hf_home": "sparkops_hf_home",
+        "gateway_enabled": "sparkops_gateway_enabled",
+        "gateway_port": "sparkops_gateway_port",
+        "gateway_bind": "sparkops_gateway_bind",
+        "upgrade_deployment": "sparkops_deployment",
+    }
+    assert {key: serving.INPUT_VARIABLES.get(key) for key in expected} == expected
