@@ -70,6 +70,19 @@ EQUIVALENTS = [
         "mutation": "2 -> 1",
         "why": "the slice then starts at the space after ')', which split() drops",
     },
+    {
+        "module": "plugins/module_utils/gateway_reload.py",
+        "function": "__init__",
+        "line": "self.ttin_sent = 0",
+        "mutation": "0 -> -1",
+        "why": "run() sets ttin_sent to 0 before anything reads it",
+    },
+    {
+        "module": "plugins/module_utils/gateway_reload.py",
+        "line": 'result["new_pid"] = live[-1][0]',
+        "mutation": "1 -> 0",
+        "why": "live[-0] is live[0], the same worker: this branch runs only when len(live) == 1",
+    },
     # plugins/plugin_utils/day2_checks.py
     {
         "module": "plugins/plugin_utils/day2_checks.py",

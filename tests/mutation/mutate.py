@@ -205,7 +205,17 @@ def mutants_of(path: str, root: Path = ROOT) -> list[Mutant]:
     tree = ast.parse(source)
     lines = source.splitlines()
     skip = _skipped_ids(tree, lines)
-    known = {(e["line"].strip(), e["mutation"]): e["why"] for e in equivalents(root) if e["module"] == path}
+    # An entry may name the function it is in (`function`), for a line written the same in two functions.
+    known = {
+        (e["line"].strip(), e["mutation"], e.get("function")): e["why"]
+        for e in equivalents(root)
+        if e["module"] == path
+    }
+    where: dict[int, str] = {}  # node -> the innermost function holding it
+    for func in ast.walk(tree):
+        if isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for inner in ast.walk(func):
+                where[id(inner)] = func.name  # walked outer first, so an inner function overwrites
     out = []
     for index, node in enumerate(ast.walk(tree)):
         if id(node) in skip:
@@ -213,7 +223,8 @@ def mutants_of(path: str, root: Path = ROOT) -> list[Mutant]:
         lineno = getattr(node, "lineno", 0)
         text = lines[lineno - 1].strip() if lineno else ""
         for kind, arg, desc in _candidates(node):
-            out.append(Mutant(path, index, kind, arg, lineno, desc, known.get((text, desc), "")))
+            why = known.get((text, desc, None)) or known.get((text, desc, where.get(id(node))), "")
+            out.append(Mutant(path, index, kind, arg, lineno, desc, why))
     return out
 
 

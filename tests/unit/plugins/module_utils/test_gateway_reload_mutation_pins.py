@@ -2,8 +2,12 @@
 (its exact argv and its 20 s bound), a worker pid the kernel reused after a retired worker exited, and the
 message of a run that finds the configuration already served.
 
-Equivalent mutant (tests/mutation/equivalents.py lists it; `make mutation` does not run it): proc_stat's
-`text[text.rindex(")") + 2 :]` -> `+ 1`: the slice then starts at the space after ")", which split() drops.
+Equivalent mutants (tests/mutation/equivalents.py lists them; `make mutation` does not run them):
+- proc_stat's `text[text.rindex(")") + 2 :]` -> `+ 1`: the slice then starts at the space after ")", which
+  split() drops.
+- Reloader.__init__'s `self.ttin_sent = 0` -> `-1`: run() sets it to 0 before anything reads it.
+- run()'s `result["new_pid"] = live[-1][0]` -> `live[-0][0]`: that branch runs only when len(live) == 1, so
+  live[0] is live[-1].
 """
 
 from __future__ import annotations
