@@ -115,4 +115,11 @@ EQUIVALENTS = [
         "mutation": "clause dropped: `[]` from `t.get('neighbours') or []`",
         "why": "fabric_discovery always gives neighbours as a list",
     },
+    # plugins/plugin_utils/vllm_contract.py
+    {
+        "module": "plugins/plugin_utils/vllm_contract.py",
+        "line": 'if not names or not any(n.startswith("--") for n in names):',
+        "mutation": "clause dropped: `not any((n.startswith('--') for n in names))` from `not names or not any((n.startswith('--') for n in names))`",
+        "why": "only the names starting with -- become options below: a line of short options alone adds none either way",
+    },
 ]

@@ -83,3 +83,15 @@ def refusal_with(world, **settings) -> str:
     with pytest.raises(d.DiscoveryError) as err:
         d.infer(world.nodes(), world.names, {"speed_mbps": 200000, **settings})
     return str(err.value)
+
+
+@pytest.mark.parametrize("word", ["true", "False", "null", "yes", "No", "on", "OFF"])
+def test_a_connection_value_yaml_would_read_as_a_boolean_or_null_stays_text(word):
+    import yaml  # noqa: PLC0415
+
+    names = names_of(3)
+    result = d.infer(World(names, ring_cables(names)).nodes(), names, {"speed_mbps": 200000})
+    conn = {h: {"ansible_host": f"10.0.0.{11 + i}", "ansible_user": word} for i, h in enumerate(names)}
+    data = yaml.safe_load(d.render_inventory(result, conn, source="test"))
+    hosts = data["all"]["children"]["spark_cluster"]["children"]["spark_head"]["hosts"]
+    assert [hv["ansible_user"] for hv in hosts.values()] == [word]

@@ -69,3 +69,12 @@ def test_the_plan_reads_the_inventory_variables_the_docs_name():
         "upgrade_deployment": "sparkops_deployment",
     }
     assert {key: serving.INPUT_VARIABLES.get(key) for key in expected} == expected
+    image = {
+        "source": "spark_vllm_image_source",
+        "name": "spark_vllm_image_name",
+        "repo": "spark_vllm_image_repo",
+        "ref": "spark_vllm_image_ref",
+        "build_args": "spark_vllm_image_build_args",
+        "registry_ref": "spark_vllm_image_registry_ref",
+    }
+    assert {key: serving.IMAGE_VARIABLES.get(key) for key in image} == image

@@ -1,6 +1,11 @@
 """vllm_contract.py on the help lines argparse writes (plugins/plugin_utils/vllm_contract.py): an option whose
 short alias comes after it, on Python <= 3.12 ("--quantization {a,b}, -q {a,b}"), and one whose help text
-follows on the same line after two spaces."""
+follows on the same line after two spaces.
+
+Equivalent mutant (tests/mutation/equivalents.py lists it; `make mutation` does not run it): contract_from_help's
+`if not names or not any(n.startswith("--") for n in names)` without its second clause: only the names that
+start with -- become options further down, so a line of short options alone adds none either way.
+"""
 
 from __future__ import annotations
 
