@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import subprocess
+import time
 
 import pytest
 from ansible_collections.sparkops.cluster.plugins.module_utils import gateway_reload as gr
@@ -107,3 +108,22 @@ def test_a_worker_ready_after_its_run_gave_up_is_taken_without_a_new_one(tmp_pat
         assert r["changed"] is True and r["new_pid"] == booting and r["old_pids"] == [old]
     finally:
         m.stop()
+
+
+def test_a_configuration_changed_during_the_reload_is_refused_and_nothing_retired(master):
+    [old] = master.workers()
+    master.config.write_text("model_list: [b]\n")
+    want = hashlib.sha256(master.config.read_bytes()).hexdigest()
+    edits = []
+
+    def sleep(seconds):
+        if not edits:  # the TTIN is out and the new worker boots: someone writes the file again
+            master.config.write_text("model_list: [c]\n")
+            edits.append(seconds)
+        time.sleep(seconds)
+
+    with pytest.raises(gr.ReloadError, match="changed during the reload. Nothing was retired; run again.") as err:
+        master.reloader(sleep=sleep).run(timeout=8)
+    assert f"wanted {want[:12]}" in str(err.value)
+    assert master.signals == ["SIGTTIN"] and old in master.workers()
+    assert err.value.details["old_pids"] == [old] and err.value.details["new_pid"] != old
