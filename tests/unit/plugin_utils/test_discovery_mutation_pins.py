@@ -95,3 +95,23 @@ def test_a_connection_value_yaml_would_read_as_a_boolean_or_null_stays_text(word
     data = yaml.safe_load(d.render_inventory(result, conn, source="test"))
     hosts = data["all"]["children"]["spark_cluster"]["children"]["spark_head"]["hosts"]
     assert [hv["ansible_user"] for hv in hosts.values()] == [word]
+
+
+def test_a_discovered_inventory_says_where_it_came_from_and_how_to_check_it():
+    names = names_of(3)
+    result = d.infer(World(names, ring_cables(names)).nodes(), names, {"speed_mbps": 200000})
+    text = d.render_inventory(result, {}, source="inventory/lab")
+    assert text.startswith(
+        "---\n# Written by playbooks/discover.yml from inventory/lab: the ring the cables make,\n"
+        "# both twins of every cabled port, one subnet per cable lane and twin. Check it with\n"
+        "#   ansible-playbook playbooks/plan.yml -i <this directory>\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("netdev", "port"), [("enp1s0f1np1", 1), ("enP2p1s0f0np0", 0), ("enp1s0f1", 1), ("enP2p1s0f0", 0), ("eth0", None)]
+)
+def test_the_port_of_a_netdev_the_read_no_longer_shows_comes_from_its_name(netdev, port):
+    # An inventory's link on a netdev that is gone from the node's read (renamed, or the port down): the QSFP
+    # port is read from the kernel's name, with or without the np<port> suffix.
+    assert d._port_of_netdev(netdev, []) == port
