@@ -115,3 +115,19 @@ def test_the_port_of_a_netdev_the_read_no_longer_shows_comes_from_its_name(netde
     # An inventory's link on a netdev that is gone from the node's read (renamed, or the port down): the QSFP
     # port is read from the kernel's name, with or without the np<port> suffix.
     assert d._port_of_netdev(netdev, []) == port
+
+
+def test_a_cable_the_inventory_does_not_have_is_named():
+    import yaml  # noqa: PLC0415
+    from conftest import ROOT  # noqa: PLC0415
+    from test_discovery import inputs_from_hosts_yml  # noqa: PLC0415
+
+    data = yaml.safe_load((ROOT / "inventory" / "examples" / "ring-4" / "hosts.yml").read_text())
+    links = {h: v["sparkops_fast_links"] for h, v in inputs_from_hosts_yml(data)["hostvars"].items()}
+    # The inventory lost the cable spark-4 port 0 - spark-1 port 1 (both twins of both ends).
+    links["spark-1"] = [lk for lk in links["spark-1"] if not lk["netdev"].endswith("f1np1")]
+    links["spark-4"] = [lk for lk in links["spark-4"] if not lk["netdev"].endswith("f0np0")]
+    names = names_of(4)
+    world = World(names, ring_cables(names))
+    got = d.moved_cables(links, d.infer(world.nodes(), names, {"speed_mbps": 200000}))
+    assert got == ["a cable spark-1 port 1 - spark-4 port 0 is not in the inventory."]
