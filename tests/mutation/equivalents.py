@@ -122,4 +122,10 @@ EQUIVALENTS = [
         "mutation": "clause dropped: `not any((n.startswith('--') for n in names))` from `not names or not any((n.startswith('--') for n in names))`",
         "why": "only the names starting with -- become options below: a line of short options alone adds none either way",
     },
+    {
+        "module": "plugins/plugin_utils/vllm_contract.py",
+        "line": "if isinstance(argv, str) or not isinstance(argv, (list, tuple)):",
+        "mutation": "clause dropped: `isinstance(argv, str)` from `isinstance(argv, str) or not isinstance(argv, (list, tuple))`",
+        "why": "a str is not a list or tuple: the second clause refuses it as well",
+    },
 ]

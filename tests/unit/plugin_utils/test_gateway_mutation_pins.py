@@ -42,3 +42,8 @@ def test_the_oldest_glibc_the_wheels_take_is_2_17():
         "manylinux_2_17_x86_64",
         "manylinux2014_x86_64",
     ]
+
+
+def test_a_gateway_without_any_key_yet_lists_no_usage_line():
+    # status.yml's keys section before the first key (the gateway_key module's `keys` is null then)
+    assert gateway.usage_lines(None) == [] and gateway.usage_lines([]) == []

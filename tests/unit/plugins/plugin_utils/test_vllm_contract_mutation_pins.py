@@ -2,9 +2,12 @@
 short alias comes after it, on Python <= 3.12 ("--quantization {a,b}, -q {a,b}"), and one whose help text
 follows on the same line after two spaces.
 
-Equivalent mutant (tests/mutation/equivalents.py lists it; `make mutation` does not run it): contract_from_help's
-`if not names or not any(n.startswith("--") for n in names)` without its second clause: only the names that
-start with -- become options further down, so a line of short options alone adds none either way.
+Equivalent mutants (tests/mutation/equivalents.py lists them; `make mutation` does not run them):
+- contract_from_help's `if not names or not any(n.startswith("--") for n in names)` without its second
+  clause: only the names that start with -- become options further down, so a line of short options alone
+  adds none either way.
+- check_serve_args' `isinstance(argv, str) or not isinstance(argv, (list, tuple))` without its first clause:
+  a str is not a list or a tuple, so the second clause refuses it too.
 """
 
 from __future__ import annotations
@@ -41,3 +44,18 @@ def test_a_short_alias_after_the_long_option_is_its_alias():
         "metavar_values": None,
     }
     assert contract_from_help(HELP, "9.9.9", env_vars=[])["value_sets"]["quantization"] == ["awq", "fp8"]
+
+
+def test_vllm_serve_takes_one_model_after_vllm_serve():
+    from ansible_collections.sparkops.cluster.plugins.plugin_utils.vllm_contract import (  # noqa: PLC0415
+        check_serve_args,
+        load_contract,
+    )
+
+    v019 = load_contract("0.19.0")
+    assert check_serve_args(["vllm", "serve", "org/model", "--tensor-parallel-size", "2"], {}, v019) == []
+    assert check_serve_args(["serve", "org/model"], {}, v019) == []
+    two = "vLLM 0.19.0 `vllm serve` takes one model, got 2 positional arguments"
+    assert check_serve_args(["vllm", "serve", "org/model", "other/model"], {}, v019) == [two]
+    # argparse takes "-5" for a positional, not an option, when no option looks like a negative number
+    assert check_serve_args(["org/model", "-5"], {}, v019) == [two]
