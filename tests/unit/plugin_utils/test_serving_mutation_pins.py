@@ -78,3 +78,13 @@ def test_the_plan_reads_the_inventory_variables_the_docs_name():
         "registry_ref": "spark_vllm_image_registry_ref",
     }
     assert {key: serving.IMAGE_VARIABLES.get(key) for key in image} == image
+
+
+def test_a_registry_image_without_a_reference_yet_is_unresolved_and_names_none():
+    out = serving.plan_image({"source": "registry", "name": "vllm-node"}, {}, upgrade=False)
+    assert out["registry_ref"] == "" and out["resolved"] is False and out["tag"] == ""
+    digest = "cd" * 32
+    locked = {"image": {"registry_ref": f"nvcr.io/nvidia/vllm@sha256:{digest}"}}
+    pinned = serving.plan_image({"source": "registry", "name": "vllm-node", "registry_ref": "x:1"}, locked, False)
+    assert pinned["registry_ref"] == f"nvcr.io/nvidia/vllm@sha256:{digest}"  # the lock's digest wins
+    assert pinned["resolved"] is True

@@ -59,3 +59,16 @@ def test_vllm_serve_takes_one_model_after_vllm_serve():
     assert check_serve_args(["vllm", "serve", "org/model", "other/model"], {}, v019) == [two]
     # argparse takes "-5" for a positional, not an option, when no option looks like a negative number
     assert check_serve_args(["org/model", "-5"], {}, v019) == [two]
+
+
+def test_a_bare_O_at_the_end_is_refused_not_crashed_on():
+    from ansible_collections.sparkops.cluster.plugins.plugin_utils.vllm_contract import (  # noqa: PLC0415
+        check_serve_args,
+        load_contract,
+    )
+
+    v019 = load_contract("0.19.0")
+    assert check_serve_args(["org/model", "-O"], {}, v019) == [
+        "-O: unrecognized argument for vLLM 0.19.0 `vllm serve` (it would exit 2)"
+    ]
+    assert check_serve_args(["org/model", "-O", "3"], {}, v019) == []
