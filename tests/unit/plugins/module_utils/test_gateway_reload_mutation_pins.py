@@ -129,3 +129,38 @@ def test_a_configuration_changed_during_the_reload_is_refused_and_nothing_retire
     new = master.workers()[-1]  # the worker that read the edited file
     assert err.value.details == {"new_pid": new, "old_pids": [old]}
     assert str(err.value).startswith(f"the new worker {new} loaded another configuration (sha256 ")
+
+
+def test_a_run_gives_up_at_its_deadline_exactly(master):
+    # The deadline is inclusive: with a clock that stands still at started + timeout (timeout 0), the run gives
+    # up at its first look, after its TTIN, without one more poll.
+    master.config.write_text("model_list: [late]\n")
+    sleeps = []
+    reloader = master.reloader(clock=lambda: 100.0, sleep=sleeps.append)
+    with pytest.raises(gr.ReloadError, match="in time"):
+        reloader.run(timeout=0)
+    assert sleeps == [] and master.signals == ["SIGTTIN"]
+
+
+def test_a_lost_ttin_is_sent_again_once_no_new_worker_showed_for_10_s(master):
+    [old] = master.workers()
+    master.config.write_text("model_list: [lost-ttin]\n")
+    lost = []
+
+    def kill(pid, sig):
+        if sig == gr.signal.SIGTTIN and not lost:  # the first TTIN never reaches the master
+            lost.append(sig)
+            master.signals.append("SIGTTIN (lost)")
+            return
+        master.kill(pid, sig)
+
+    now = [1000.0]
+
+    def clock():
+        now[0] += 0.25  # each look at the clock: a quarter second more (10 s pass in 20-40 polls)
+        return now[0]
+
+    r = gr.Reloader(master.pidfile, master.ready, master.config, kill=kill, clock=clock, tail=lambda: "")
+    result = r.run(timeout=120)
+    assert master.signals == ["SIGTTIN (lost)", "SIGTTIN", "SIGTTOU"]
+    assert result["old_pids"] == [old] and result["new_pid"] != old
