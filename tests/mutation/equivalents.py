@@ -111,6 +111,12 @@ EQUIVALENTS = [
     },
     {
         "module": "plugins/plugin_utils/discovery.py",
+        "line": 'twins.sort(key=lambda t: (t.get("domain") or 0, t["netdev"]))',
+        "mutation": "0 -> 1",
+        "why": "a Spark port's twins sit on PCI domains 0 and 2 (enp1s0..., enP2p1s0...): 0 or 1 sorts before 2 alike",
+    },
+    {
+        "module": "plugins/plugin_utils/discovery.py",
         "line": 'for nb in t.get("neighbours") or []:',
         "mutation": "clause dropped: `[]` from `t.get('neighbours') or []`",
         "why": "fabric_discovery always gives neighbours as a list",
