@@ -72,3 +72,23 @@ def test_a_bare_O_at_the_end_is_refused_not_crashed_on():
         "-O: unrecognized argument for vLLM 0.19.0 `vllm serve` (it would exit 2)"
     ]
     assert check_serve_args(["org/model", "-O", "3"], {}, v019) == []
+
+
+def test_an_unknown_option_written_with_its_value_does_not_swallow_the_model():
+    from ansible_collections.sparkops.cluster.plugins.plugin_utils.vllm_contract import (  # noqa: PLC0415
+        check_serve_args,
+        load_contract,
+    )
+
+    problems = check_serve_args(["--no-such-option=1", "org/model", "other/model"], {}, load_contract("0.19.0"))
+    assert problems[0].startswith("--no-such-option: unrecognized argument for vLLM 0.19.0 `vllm serve`")
+    assert problems[1:] == ["vLLM 0.19.0 `vllm serve` takes one model, got 2 positional arguments"]
+
+
+def test_a_contract_read_from_help_text_knows_no_types_and_refuses_no_json_key():
+    from ansible_collections.sparkops.cluster.plugins.plugin_utils.vllm_contract import (  # noqa: PLC0415
+        check_serve_args,
+    )
+
+    parsed = contract_from_help(HELP, "9.9.9", env_vars=[])
+    assert check_serve_args(["org/model", "--enforce-eager.level", "1"], {}, parsed) == []
