@@ -4,6 +4,7 @@ one may take), the settings that keep /metrics behind the key and the admin UI o
 
 from __future__ import annotations
 
+import pytest
 from ansible_collections.sparkops.cluster.plugins.plugin_utils import gateway
 from test_serving_plan import plan_of_only
 
@@ -47,3 +48,10 @@ def test_the_oldest_glibc_the_wheels_take_is_2_17():
 def test_a_gateway_without_any_key_yet_lists_no_usage_line():
     # status.yml's keys section before the first key (the gateway_key module's `keys` is null then)
     assert gateway.usage_lines(None) == [] and gateway.usage_lines([]) == []
+
+
+def test_the_wheelhouse_is_named_by_python_major_minor_only():
+    assert gateway.wheelhouse_name("aarch64", "3.13.0rc1") == "linux-aarch64-cp313"
+    for bad in ("3", "3.x", "x.12"):
+        with pytest.raises(gateway.WheelhouseError, match=r"^Python version .*: expected major\.minor\[\.micro\]$"):
+            gateway.wheelhouse_name("aarch64", bad)

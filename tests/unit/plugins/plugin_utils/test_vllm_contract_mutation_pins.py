@@ -92,3 +92,21 @@ def test_a_contract_read_from_help_text_knows_no_types_and_refuses_no_json_key()
 
     parsed = contract_from_help(HELP, "9.9.9", env_vars=[])
     assert check_serve_args(["org/model", "--enforce-eager.level", "1"], {}, parsed) == []
+
+
+def test_an_optional_value_and_a_negative_value_are_read_as_argparse_reads_them():
+    from ansible_collections.sparkops.cluster.plugins.plugin_utils.vllm_contract import (  # noqa: PLC0415
+        check_serve_args,
+        load_contract,
+    )
+
+    v019 = load_contract("0.19.0")
+    # --hf-token takes its value optionally (nargs '?'): alone, before another option, or with a value.
+    assert check_serve_args(["org/model", "--hf-token"], {}, v019) == []
+    assert check_serve_args(["--hf-token", "--tensor-parallel-size", "2", "org/model"], {}, v019) == []
+    assert check_serve_args(["--hf-token", "hf_x", "org/model"], {}, v019) == []
+    # a value that looks like a negative number is a value (vLLM's --max-model-len -1: the model's own length)
+    assert check_serve_args(["org/model", "--max-model-len", "-1"], {}, v019) == []
+    assert check_serve_args(["org/model", "--max-model-len"], {}, v019) == [
+        "--max-model-len: expects a value in vLLM 0.19.0, none given (it would exit 2)"
+    ]
