@@ -117,6 +117,13 @@ EQUIVALENTS = [
     },
     {
         "module": "plugins/plugin_utils/discovery.py",
+        "line": "first = port1_last([c for c in cables if c[0][0] in comps[0]][0])",
+        "mutation": "0 -> 1",
+        "nth": 4,
+        "why": "c[1][0] for c[0][0]: both ends of a cable of a loop are hosts of that loop, so the same cables are picked",
+    },
+    {
+        "module": "plugins/plugin_utils/discovery.py",
         "line": 'for nb in t.get("neighbours") or []:',
         "mutation": "clause dropped: `[]` from `t.get('neighbours') or []`",
         "why": "fabric_discovery always gives neighbours as a list",

@@ -206,8 +206,9 @@ def mutants_of(path: str, root: Path = ROOT) -> list[Mutant]:
     lines = source.splitlines()
     skip = _skipped_ids(tree, lines)
     # An entry may name the function it is in (`function`), for a line written the same in two functions.
+    # `nth` (optional, from 1) picks one of several mutants with the same line and mutation, in --list's order.
     known = {
-        (e["line"].strip(), e["mutation"], e.get("function")): e["why"]
+        (e["line"].strip(), e["mutation"], e.get("function"), e.get("nth")): e["why"]
         for e in equivalents(root)
         if e["module"] == path
     }
@@ -217,13 +218,17 @@ def mutants_of(path: str, root: Path = ROOT) -> list[Mutant]:
             for inner in ast.walk(func):
                 where[id(inner)] = func.name  # walked outer first, so an inner function overwrites
     out = []
+    seen: dict = {}
     for index, node in enumerate(ast.walk(tree)):
         if id(node) in skip:
             continue
         lineno = getattr(node, "lineno", 0)
         text = lines[lineno - 1].strip() if lineno else ""
+        func = where.get(id(node))
         for kind, arg, desc in _candidates(node):
-            why = known.get((text, desc, None)) or known.get((text, desc, where.get(id(node))), "")
+            nth = seen[(text, desc)] = seen.get((text, desc), 0) + 1
+            keys = [(text, desc, f, n) for f in (None, func) for n in (None, nth)]
+            why = next((known[k] for k in keys if k in known), "")
             out.append(Mutant(path, index, kind, arg, lineno, desc, why))
     return out
 

@@ -7,6 +7,8 @@ Equivalent mutants (tests/mutation/equivalents.py lists them; `make mutation` do
   hostname (socket.gethostname(), what lldpd advertises as the system name), so the inventory name adds a
   match only for a read without one.
 - `_observe`'s `t.get("neighbours") or []` without `or []`: fabric_discovery always gives a list.
+- `_merge_hint`'s `[c for c in cables if c[0][0] in comps[0]]` -> `c[1][0]`: both ends of a cable of a loop
+  are hosts of that loop, so the same cables are picked (the swap-hint test kills the line's other `0 -> 1`).
 - `_phys_ports`' twin order `(t.get("domain") or 0, ...)` -> `or 1`: a Spark port's twins are on PCI domains
   0 and 2 (enp1s0..., enP2p1s0...), and 0 or 1 sort before 2 alike.
 """
