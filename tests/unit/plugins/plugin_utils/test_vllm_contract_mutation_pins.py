@@ -110,3 +110,35 @@ def test_an_optional_value_and_a_negative_value_are_read_as_argparse_reads_them(
     assert check_serve_args(["org/model", "--max-model-len"], {}, v019) == [
         "--max-model-len: expects a value in vLLM 0.19.0, none given (it would exit 2)"
     ]
+
+
+def test_has_choice_answers_for_a_flag_a_free_value_and_a_value_set():
+    from ansible_collections.sparkops.cluster.plugins.plugin_utils.vllm_contract import (  # noqa: PLC0415
+        has_choice,
+        load_contract,
+    )
+
+    v019 = load_contract("0.19.0")
+    assert has_choice(v019, "--max-model-len", "4096") is True  # no choices: any value
+    assert has_choice(v019, "--kv-cache-dtype", "fp8") is True
+    assert has_choice(v019, "--kv-cache-dtype", "bogus") is False
+    assert has_choice(v019, "--enforce-eager", "x") is False  # a flag takes no value
+    assert has_choice(v019, "--no-such-option", "x") is False
+
+
+def test_a_typo_gets_its_nearest_option_and_an_executor_class_is_taken_by_its_qualname():
+    from ansible_collections.sparkops.cluster.plugins.plugin_utils.vllm_contract import (  # noqa: PLC0415
+        check_serve_args,
+        load_contract,
+    )
+
+    v019 = load_contract("0.19.0")
+    assert check_serve_args(["org/model", "--max-model-le", "1"], {}, v019) == [
+        "--max-model-le: unrecognized argument for vLLM 0.19.0 `vllm serve` (it would exit 2); "
+        "did you mean --max-model-len?"
+    ]
+    assert check_serve_args(["org/model", "--distributed-executor-backend", "my.pkg.Executor"], {}, v019) == []
+    assert check_serve_args(["org/model", "--distributed-executor-backend", "bogus"], {}, v019) == [
+        "--distributed-executor-backend bogus: not a value vLLM 0.19.0 knows (it would fail at engine config, "
+        "exit 1); known: external_launcher, mp, ray, uni"
+    ]
