@@ -55,3 +55,34 @@ def test_the_wheelhouse_is_named_by_python_major_minor_only():
     for bad in ("3", "3.x", "x.12"):
         with pytest.raises(gateway.WheelhouseError, match=r"^Python version .*: expected major\.minor\[\.micro\]$"):
             gateway.wheelhouse_name("aarch64", bad)
+
+
+def test_the_node_s_markers_are_those_of_cpython_on_linux_for_its_arch_and_exact_python():
+    assert gateway.marker_environment("aarch64", "3.11") == {
+        "implementation_name": "cpython",
+        "implementation_version": "3.11.0",
+        "os_name": "posix",
+        "platform_machine": "aarch64",
+        "platform_python_implementation": "CPython",
+        "platform_release": "",
+        "platform_system": "Linux",
+        "platform_version": "",
+        "python_full_version": "3.11.0",
+        "python_version": "3.11",
+        "sys_platform": "linux",
+    }
+
+
+def test_a_requirement_reached_twice_does_not_stop_the_walk(tmp_path):
+    # Two packages need `idna`: the second time it is met the walk goes on to what is still queued.
+    from test_gateway_config import _wheel  # noqa: PLC0415
+
+    _wheel(tmp_path, "app", "1.0", ["a", "b", 'uvloop; sys_platform == "linux" and platform_machine == "aarch64"'])
+    _wheel(tmp_path, "a", "1.0", ["idna"])
+    _wheel(tmp_path, "b", "1.0", ["idna", "certifi"])
+    _wheel(tmp_path, "idna", "3.10", [])
+    env = gateway.marker_environment("aarch64", "3.12.3")
+    assert gateway.missing_requirements(str(tmp_path), ["app"], env) == ["certifi", "uvloop"]
+    assert gateway.missing_requirements(str(tmp_path), ["app"], gateway.marker_environment("x86_64", "3.12.3")) == [
+        "certifi"
+    ]
