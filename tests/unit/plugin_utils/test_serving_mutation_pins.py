@@ -88,3 +88,23 @@ def test_a_registry_image_without_a_reference_yet_is_unresolved_and_names_none()
     pinned = serving.plan_image({"source": "registry", "name": "vllm-node", "registry_ref": "x:1"}, locked, False)
     assert pinned["registry_ref"] == f"nvcr.io/nvidia/vllm@sha256:{digest}"  # the lock's digest wins
     assert pinned["resolved"] is True
+
+
+def test_a_deployment_on_unknown_hosts_does_not_hide_the_next_deployments_problems():
+    problems = refused(
+        deployments=[
+            {"name": "a", "profile": "qwen3-235b-a22b-gptq-int4-tp2", "hosts": ["nope"]},
+            {"name": "b", "profile": "no-such-profile", "hosts": ["spark-1", "spark-2"]},
+        ]
+    )
+    assert problems[0] == (
+        "sparkops_deployments 'a': nope is not a host of group 'spark_cluster' (spark-1, spark-2): "
+        "name hosts of the inventory"
+    )
+    assert problems[1].startswith("sparkops_deployments 'b': profile 'no-such-profile' is not a known profile.")
+
+
+def test_every_ray_member_knows_the_nodes_of_its_ray_cluster():
+    _cluster, plan = plan_of()
+    dep = plan["deployments"][0]
+    assert [m["ray"]["hosts"] for m in dep["members"]] == [dep["hosts"]] * len(dep["members"])
