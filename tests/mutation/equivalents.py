@@ -141,4 +141,10 @@ EQUIVALENTS = [
         "mutation": "clause dropped: `isinstance(argv, str)` from `isinstance(argv, str) or not isinstance(argv, (list, tuple))`",
         "why": "a str is not a list or tuple: the second clause refuses it as well",
     },
+    {
+        "module": "plugins/plugin_utils/vllm_contract.py",
+        "line": 'if depth == 0 and text.startswith(", ", i) and i + 2 < len(text) and text[i + 2] == "-":',
+        "mutation": "clause dropped: `text[i + 2] == '-'` from `depth == 0 and text.startswith(', ', i) and (i + 2 < len(text)) and...`",
+        "why": "argparse joins option strings with ', ' and each starts with '-'; its help text starts after two spaces, where the split stops first",
+    },
 ]

@@ -6,6 +6,9 @@ Equivalent mutants (tests/mutation/equivalents.py lists them; `make mutation` do
 - contract_from_help's `if not names or not any(n.startswith("--") for n in names)` without its second
   clause: only the names that start with -- become options further down, so a line of short options alone
   adds none either way.
+- _split_invocation's split at ", " without `text[i + 2] == "-"`: argparse joins option strings with ", " and
+  each starts with "-"; a ", " not followed by "-" could only be in the help text, which starts after two
+  spaces, where the split stops first.
 - check_serve_args' `isinstance(argv, str) or not isinstance(argv, (list, tuple))` without its first clause:
   a str is not a list or a tuple, so the second clause refuses it too.
 """
@@ -142,3 +145,14 @@ def test_a_typo_gets_its_nearest_option_and_an_executor_class_is_taken_by_its_qu
         "--distributed-executor-backend bogus: not a value vLLM 0.19.0 knows (it would fail at engine config, "
         "exit 1); known: external_launcher, mp, ray, uni"
     ]
+
+
+def test_no_contract_is_refused_with_what_to_pass():
+    import pytest  # noqa: PLC0415
+    from ansible_collections.sparkops.cluster.plugins.plugin_utils.vllm_contract import (  # noqa: PLC0415
+        check_serve_args,
+    )
+
+    for contract in (None, [], {"vllm_version": "0.19.0"}):
+        with pytest.raises(ValueError, match=r"^contract must be a vLLM contract dict \(load_contract or contract_"):
+            check_serve_args(["org/model"], {}, contract)
