@@ -147,4 +147,11 @@ EQUIVALENTS = [
         "mutation": "clause dropped: `text[i + 2] == '-'` from `depth == 0 and text.startswith(', ', i) and (i + 2 < len(text)) and...`",
         "why": "argparse joins option strings with ', ' and each starts with '-'; its help text starts after two spaces, where the split stops first",
     },
+    # plugins/plugin_utils/gateway.py
+    {
+        "module": "plugins/plugin_utils/gateway.py",
+        "line": 'parts = [*str(python).split("."), "0", "0"][:3]',
+        "mutation": "element dropped: `'0'` from `[*str(python).split('.'), '0', '0']`",
+        "why": "the node's Python is major.minor at least (wheelhouse_name refuses less): one '0' fills the micro alike",
+    },
 ]

@@ -1,6 +1,12 @@
 """The gateway's LiteLLM config as LiteLLM reads it (plugins/plugin_utils/gateway.py): the router's exact
 settings (how soon a failing replica is cooled and for how long, how often a request is retried, how long
-one may take), the settings that keep /metrics behind the key and the admin UI off."""
+one may take), the settings that keep /metrics behind the key and the admin UI off; the offline wheelhouse's
+markers, rounds and bound.
+
+Equivalent mutant (tests/mutation/equivalents.py lists it; `make mutation` does not run it): marker_environment's
+`[*str(python).split("."), "0", "0"][:3]` with one "0" dropped: the node's Python is major.minor at least
+(wheelhouse_name refuses less), so one "0" fills the micro version alike.
+"""
 
 from __future__ import annotations
 
@@ -86,3 +92,49 @@ def test_a_requirement_reached_twice_does_not_stop_the_walk(tmp_path):
     assert gateway.missing_requirements(str(tmp_path), ["app"], gateway.marker_environment("x86_64", "3.12.3")) == [
         "certifi"
     ]
+
+
+def test_an_extra_among_several_brings_its_requirements():
+    import tempfile  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    from test_gateway_config import _wheel  # noqa: PLC0415
+
+    with tempfile.TemporaryDirectory() as tmp:
+        _wheel(Path(tmp), "app", "1.0", ['redis; extra == "proxy"', 'boto3; extra == "bedrock"'])
+        env = gateway.marker_environment("x86_64", "3.12.3")
+        assert gateway.missing_requirements(tmp, ["app[proxy,ui]"], env) == ["redis"]
+        assert gateway.missing_requirements(tmp, ["app[bedrock,proxy]"], env) == ["boto3", "redis"]
+
+
+def test_the_wheelhouse_download_adds_rounds_for_what_the_node_s_markers_add_and_gives_up_after_six(tmp_path):
+    from test_gateway_config import _wheel  # noqa: PLC0415
+
+    def pip(argv):  # a pip download that fetches what it is asked for (by name), and nothing else
+        dest = tmp_path
+        for req in argv[argv.index(str(dest)) + 1 :]:
+            name = req.split("[")[0].split(">")[0].split("=")[0].split(";")[0]
+            deps = ['async-timeout>=4; python_full_version < "3.11.3"'] if name == "redis" else []
+            _wheel(dest, name.replace("-", "_"), "1.0", deps)
+
+    rounds = gateway.download_wheelhouse(
+        ["pip"], str(tmp_path), ["redis"], arch="x86_64", python="3.11.2", glibc="2.36", run=pip
+    )
+    assert [r[r.index(str(tmp_path)) + 1 :] for r in rounds] == [["redis"], ["async-timeout>=4"]]
+    assert rounds[0][:7] == [
+        "pip",
+        "download",
+        "--only-binary=:all:",
+        "--implementation",
+        "cp",
+        "--python-version",
+        "3.11",
+    ]
+
+    calls = []
+    with pytest.raises(gateway.WheelhouseError, match=r"still lacks nothing-fetches-this for CPython 3.11.2 on x86_64"):
+        gateway.download_wheelhouse(
+            ["pip"], str(tmp_path), ["nothing-fetches-this"], arch="x86_64", python="3.11.2", glibc="2.36",
+            run=calls.append,
+        )  # fmt: skip
+    assert len(calls) == 6
