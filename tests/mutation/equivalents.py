@@ -147,6 +147,12 @@ EQUIVALENTS = [
         "mutation": "clause dropped: `text[i + 2] == '-'` from `depth == 0 and text.startswith(', ', i) and (i + 2 < len(text)) and...`",
         "why": "argparse joins option strings with ', ' and each starts with '-'; its help text starts after two spaces, where the split stops first",
     },
+    {
+        "module": "plugins/plugin_utils/vllm_contract.py",
+        "line": "continue  # a qualname of an Executor subclass (vllm/v1/executor/abstract.py get_class)",
+        "mutation": "continue -> break",
+        "why": "--distributed-executor-backend takes one value: check_serve_args, the one caller, passes a list of one",
+    },
     # plugins/plugin_utils/gateway.py
     {
         "module": "plugins/plugin_utils/gateway.py",

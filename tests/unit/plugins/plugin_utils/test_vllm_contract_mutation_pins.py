@@ -9,6 +9,8 @@ Equivalent mutants (tests/mutation/equivalents.py lists them; `make mutation` do
 - _split_invocation's split at ", " without `text[i + 2] == "-"`: argparse joins option strings with ", " and
   each starts with "-"; a ", " not followed by "-" could only be in the help text, which starts after two
   spaces, where the split stops first.
+- value_problems' `continue` for an executor's class qualname -> `break`: --distributed-executor-backend takes
+  one value, so check_serve_args (the one caller) passes a list of one and nothing follows it.
 - check_serve_args' `isinstance(argv, str) or not isinstance(argv, (list, tuple))` without its first clause:
   a str is not a list or a tuple, so the second clause refuses it too.
 """
