@@ -108,3 +108,21 @@ def test_every_ray_member_knows_the_nodes_of_its_ray_cluster():
     _cluster, plan = plan_of()
     dep = plan["deployments"][0]
     assert [m["ray"]["hosts"] for m in dep["members"]] == [dep["hosts"]] * len(dep["members"])
+
+
+def test_an_mp_worker_runs_without_the_api_s_host_and_port_and_with_one_executor_flag():
+    _cluster, plan = plan_of(executor="mp")
+    api, worker = plan["deployments"][0]["members"]
+    argv = worker["vllm"]["argv"]
+    assert "--host" not in argv and "--port" not in argv
+    assert "192.168.100.11" not in argv and "8000" not in argv  # their values went with them
+    assert api["vllm"]["argv"][api["vllm"]["argv"].index("--host") + 1] == "192.168.100.11"
+    for member in (api, worker):
+        assert member["vllm"]["argv"].count("--distributed-executor-backend") == 1
+
+
+def test_the_profile_as_given_is_the_inventory_s_with_the_revision_served():
+    from test_serving_plan import PROFILES  # noqa: PLC0415
+
+    dep = plan_of()[1]["deployments"][0]
+    assert dep["profile_as_given"] == {**PROFILES[dep["profile_name"]], "revision": dep["profile"]["revision"]}
