@@ -113,10 +113,11 @@ def test_every_ray_member_knows_the_nodes_of_its_ray_cluster():
 def test_an_mp_worker_runs_without_the_api_s_host_and_port_and_with_one_executor_flag():
     _cluster, plan = plan_of(executor="mp")
     api, worker = plan["deployments"][0]["members"]
-    argv = worker["vllm"]["argv"]
+    argv, api_argv = worker["vllm"]["argv"], api["vllm"]["argv"]
     assert "--host" not in argv and "--port" not in argv
-    assert "192.168.100.11" not in argv and "8000" not in argv  # their values went with them
-    assert api["vllm"]["argv"][api["vllm"]["argv"].index("--host") + 1] == "192.168.100.11"
+    at = api_argv.index("--host")
+    assert api_argv[at : at + 4] == ["--host", "192.168.100.11", "--port", "8000"]
+    assert argv[:at] == api_argv[:at] and argv[at] == api_argv[at + 4]  # their values went with them
     for member in (api, worker):
         assert member["vllm"]["argv"].count("--distributed-executor-backend") == 1
 
