@@ -70,6 +70,19 @@ EQUIVALENTS = [
         "mutation": "2 -> 1",
         "why": "the slice then starts at the space after ')', which split() drops",
     },
+    {
+        "module": "plugins/module_utils/gateway_reload.py",
+        "function": "__init__",
+        "line": "self.ttin_sent = 0",
+        "mutation": "0 -> -1",
+        "why": "run() sets ttin_sent to 0 before anything reads it",
+    },
+    {
+        "module": "plugins/module_utils/gateway_reload.py",
+        "line": 'result["new_pid"] = live[-1][0]',
+        "mutation": "1 -> 0",
+        "why": "live[-0] is live[0], the same worker: this branch runs only when len(live) == 1",
+    },
     # plugins/plugin_utils/day2_checks.py
     {
         "module": "plugins/plugin_utils/day2_checks.py",
@@ -98,8 +111,53 @@ EQUIVALENTS = [
     },
     {
         "module": "plugins/plugin_utils/discovery.py",
+        "line": 'twins.sort(key=lambda t: (t.get("domain") or 0, t["netdev"]))',
+        "mutation": "0 -> 1",
+        "why": "a Spark port's twins sit on PCI domains 0 and 2 (enp1s0..., enP2p1s0...): 0 or 1 sorts before 2 alike",
+    },
+    {
+        "module": "plugins/plugin_utils/discovery.py",
+        "line": "first = port1_last([c for c in cables if c[0][0] in comps[0]][0])",
+        "mutation": "0 -> 1",
+        "nth": 4,
+        "why": "c[1][0] for c[0][0]: both ends of a cable of a loop are hosts of that loop, so the same cables are picked",
+    },
+    {
+        "module": "plugins/plugin_utils/discovery.py",
         "line": 'for nb in t.get("neighbours") or []:',
         "mutation": "clause dropped: `[]` from `t.get('neighbours') or []`",
         "why": "fabric_discovery always gives neighbours as a list",
+    },
+    # plugins/plugin_utils/vllm_contract.py
+    {
+        "module": "plugins/plugin_utils/vllm_contract.py",
+        "line": 'if not names or not any(n.startswith("--") for n in names):',
+        "mutation": "clause dropped: `not any((n.startswith('--') for n in names))` from `not names or not any((n.startswith('--') for n in names))`",
+        "why": "only the names starting with -- become options below: a line of short options alone adds none either way",
+    },
+    {
+        "module": "plugins/plugin_utils/vllm_contract.py",
+        "line": "if isinstance(argv, str) or not isinstance(argv, (list, tuple)):",
+        "mutation": "clause dropped: `isinstance(argv, str)` from `isinstance(argv, str) or not isinstance(argv, (list, tuple))`",
+        "why": "a str is not a list or tuple: the second clause refuses it as well",
+    },
+    {
+        "module": "plugins/plugin_utils/vllm_contract.py",
+        "line": 'if depth == 0 and text.startswith(", ", i) and i + 2 < len(text) and text[i + 2] == "-":',
+        "mutation": "clause dropped: `text[i + 2] == '-'` from `depth == 0 and text.startswith(', ', i) and (i + 2 < len(text)) and...`",
+        "why": "argparse joins option strings with ', ' and each starts with '-'; its help text starts after two spaces, where the split stops first",
+    },
+    {
+        "module": "plugins/plugin_utils/vllm_contract.py",
+        "line": "continue  # a qualname of an Executor subclass (vllm/v1/executor/abstract.py get_class)",
+        "mutation": "continue -> break",
+        "why": "--distributed-executor-backend takes one value: check_serve_args, the one caller, passes a list of one",
+    },
+    # plugins/plugin_utils/gateway.py
+    {
+        "module": "plugins/plugin_utils/gateway.py",
+        "line": 'parts = [*str(python).split("."), "0", "0"][:3]',
+        "mutation": "element dropped: `'0'` from `[*str(python).split('.'), '0', '0']`",
+        "why": "the node's Python is major.minor at least (wheelhouse_name refuses less): one '0' fills the micro alike",
     },
 ]

@@ -205,15 +205,31 @@ def mutants_of(path: str, root: Path = ROOT) -> list[Mutant]:
     tree = ast.parse(source)
     lines = source.splitlines()
     skip = _skipped_ids(tree, lines)
-    known = {(e["line"].strip(), e["mutation"]): e["why"] for e in equivalents(root) if e["module"] == path}
+    # An entry may name the function it is in (`function`), for a line written the same in two functions.
+    # `nth` (optional, from 1) picks one of several mutants with the same line and mutation, in --list's order.
+    known = {
+        (e["line"].strip(), e["mutation"], e.get("function"), e.get("nth")): e["why"]
+        for e in equivalents(root)
+        if e["module"] == path
+    }
+    where: dict[int, str] = {}  # node -> the innermost function holding it
+    for func in ast.walk(tree):
+        if isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for inner in ast.walk(func):
+                where[id(inner)] = func.name  # walked outer first, so an inner function overwrites
     out = []
+    seen: dict = {}
     for index, node in enumerate(ast.walk(tree)):
         if id(node) in skip:
             continue
         lineno = getattr(node, "lineno", 0)
         text = lines[lineno - 1].strip() if lineno else ""
+        func = where.get(id(node))
         for kind, arg, desc in _candidates(node):
-            out.append(Mutant(path, index, kind, arg, lineno, desc, known.get((text, desc), "")))
+            nth = seen[(text, desc)] = seen.get((text, desc), 0) + 1
+            keys = [(text, desc, f, n) for f in (None, func) for n in (None, nth)]
+            why = next((known[k] for k in keys if k in known), "")
+            out.append(Mutant(path, index, kind, arg, lineno, desc, why))
     return out
 
 

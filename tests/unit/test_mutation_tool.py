@@ -73,6 +73,16 @@ def test_equivalent_mutants_listed_by_line_and_mutation_are_not_made(tmp_path):
     found = mutants(tmp_path)
     assert [m.why for m in found if m.lineno == 10 and m.desc == "0 -> -1"] == ["values are never negative"]
     assert [m.why for m in found if m.lineno == 10 and m.desc == "0 -> 1"] == [""]  # only the one named
+    # with the function named: only a mutant in that function
+    listed.write_text(f"EQUIVALENTS = [{dict(entry, function='flag', why='x')!r}]\n")
+    assert not [m for m in mutants(tmp_path) if m.why]
+    listed.write_text(f"EQUIVALENTS = [{dict(entry, function='pick', why='x')!r}]\n")
+    assert [m.desc for m in mutants(tmp_path) if m.why] == ["0 -> -1"]
+    # with nth: only that one of the line's mutants with this description (`best or 0` has one `0 -> -1`)
+    listed.write_text(f"EQUIVALENTS = [{dict(entry, nth=2, why='x')!r}]\n")
+    assert not [m for m in mutants(tmp_path) if m.why]
+    listed.write_text(f"EQUIVALENTS = [{dict(entry, nth=1, why='x')!r}]\n")
+    assert [m.desc for m in mutants(tmp_path) if m.why] == ["0 -> -1"]
     listed.write_text(f"EQUIVALENTS = [{entry!r}]\n")
     with pytest.raises(ValueError, match="lacks"):  # an entry says why, or it is refused
         mutants(tmp_path)

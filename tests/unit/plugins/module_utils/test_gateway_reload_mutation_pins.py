@@ -2,14 +2,19 @@
 (its exact argv and its 20 s bound), a worker pid the kernel reused after a retired worker exited, and the
 message of a run that finds the configuration already served.
 
-Equivalent mutant (tests/mutation/equivalents.py lists it; `make mutation` does not run it): proc_stat's
-`text[text.rindex(")") + 2 :]` -> `+ 1`: the slice then starts at the space after ")", which split() drops.
+Equivalent mutants (tests/mutation/equivalents.py lists them; `make mutation` does not run them):
+- proc_stat's `text[text.rindex(")") + 2 :]` -> `+ 1`: the slice then starts at the space after ")", which
+  split() drops.
+- Reloader.__init__'s `self.ttin_sent = 0` -> `-1`: run() sets it to 0 before anything reads it.
+- run()'s `result["new_pid"] = live[-1][0]` -> `live[-0][0]`: that branch runs only when len(live) == 1, so
+  live[0] is live[-1].
 """
 
 from __future__ import annotations
 
 import hashlib
 import subprocess
+import time
 
 import pytest
 from ansible_collections.sparkops.cluster.plugins.module_utils import gateway_reload as gr
@@ -72,3 +77,90 @@ def test_a_run_that_finds_the_configuration_served_says_which_worker_serves_it(m
         "old_exited": None,
         "msg": f"worker {pid} already serves this configuration (sha256 {digest[:12]})",
     }
+
+
+def test_a_run_that_finds_the_configuration_served_still_waits_for_the_retired_worker(tmp_path):
+    m = Master(tmp_path, drain_s=3.0)
+    try:
+        [old] = m.workers()
+        m.config.write_text("model_list: [b]\n")
+        first = m.reloader().run(timeout=10)
+        assert old in m.workers()  # still draining
+        second = m.reloader().run(timeout=10, wait_old_exit=True, old_exit_timeout=10)
+        assert second["changed"] is False and second["old_exited"] is True and second["drain_s"] >= 1.0
+        assert m.workers() == [first["new_pid"]]
+    finally:
+        m.stop()
+
+
+def test_a_worker_ready_after_its_run_gave_up_is_taken_without_a_new_one(tmp_path):
+    m = Master(tmp_path, boot_s=1.5)
+    try:
+        [old] = m.workers()
+        m.config.write_text("model_list: [slow]\n")
+        with pytest.raises(gr.ReloadError, match="not ready") as err:
+            m.reloader().run(timeout=0.6)
+        booting = err.value.details["new_pid"]
+        m.wait_for(lambda: booting in m.ready_pids(), "the late worker's ready file")
+        m.signals.clear()
+        r = m.reloader().run(timeout=10)
+        assert m.signals == ["SIGTTOU"]  # no TTIN: the worker that came up late serves the new file already
+        assert r["changed"] is True and r["new_pid"] == booting and r["old_pids"] == [old]
+    finally:
+        m.stop()
+
+
+def test_a_configuration_changed_during_the_reload_is_refused_and_nothing_retired(master):
+    [old] = master.workers()
+    master.config.write_text("model_list: [b]\n")
+    want = hashlib.sha256(master.config.read_bytes()).hexdigest()
+    edits = []
+
+    def sleep(seconds):
+        if not edits:  # the TTIN is out and the new worker boots: someone writes the file again
+            master.config.write_text("model_list: [c]\n")
+            edits.append(seconds)
+        time.sleep(seconds)
+
+    with pytest.raises(gr.ReloadError, match="changed during the reload. Nothing was retired; run again.") as err:
+        master.reloader(sleep=sleep).run(timeout=8)
+    assert f"wanted {want[:12]}" in str(err.value)
+    assert master.signals == ["SIGTTIN"] and old in master.workers()
+    new = master.workers()[-1]  # the worker that read the edited file
+    assert err.value.details == {"new_pid": new, "old_pids": [old]}
+    assert str(err.value).startswith(f"the new worker {new} loaded another configuration (sha256 ")
+
+
+def test_a_run_gives_up_at_its_deadline_exactly(master):
+    # The deadline is inclusive: with a clock that stands still at started + timeout (timeout 0), the run gives
+    # up at its first look, after its TTIN, without one more poll.
+    master.config.write_text("model_list: [late]\n")
+    sleeps = []
+    reloader = master.reloader(clock=lambda: 100.0, sleep=sleeps.append)
+    with pytest.raises(gr.ReloadError, match="in time"):
+        reloader.run(timeout=0)
+    assert sleeps == [] and master.signals == ["SIGTTIN"]
+
+
+def test_a_lost_ttin_is_sent_again_once_no_new_worker_showed_for_10_s(master):
+    [old] = master.workers()
+    master.config.write_text("model_list: [lost-ttin]\n")
+    lost = []
+
+    def kill(pid, sig):
+        if sig == gr.signal.SIGTTIN and not lost:  # the first TTIN never reaches the master
+            lost.append(sig)
+            master.signals.append("SIGTTIN (lost)")
+            return
+        master.kill(pid, sig)
+
+    now = [1000.0]
+
+    def clock():
+        now[0] += 0.25  # each look at the clock: a quarter second more (10 s pass in 20-40 polls)
+        return now[0]
+
+    r = gr.Reloader(master.pidfile, master.ready, master.config, kill=kill, clock=clock, tail=lambda: "")
+    result = r.run(timeout=120)
+    assert master.signals == ["SIGTTIN (lost)", "SIGTTIN", "SIGTTOU"]
+    assert result["old_pids"] == [old] and result["new_pid"] != old

@@ -1,0 +1,129 @@
+"""The serving plan's settings at their bounds (plugins/plugin_utils/serving.py): the gateway's and the mp
+master's ports at 1 and 65535, a number or a switch given as text a user can't mean, each refusal naming its
+inventory variable; and the inventory variables the plan reads (renaming one silently ignores it in every
+inventory that sets it)."""
+
+from __future__ import annotations
+
+import pytest
+from ansible_collections.sparkops.cluster.plugins.plugin_utils import serving
+from ansible_collections.sparkops.cluster.plugins.plugin_utils.cluster import ClusterError
+from test_serving_plan import plan_of
+
+
+def refused(**inputs) -> list[str]:
+    with pytest.raises(ClusterError) as err:
+        plan_of(**inputs)
+    return err.value.problems
+
+
+@pytest.mark.parametrize("port", [1, 65535])
+def test_the_gateway_port_may_be_either_end_of_the_range(port):
+    _cluster, plan = plan_of(gateway_port=port)
+    assert plan["gateway"]["port"] == port and plan["gateway"]["url"].endswith(f":{port}")
+
+
+@pytest.mark.parametrize("port", [0, 65536])
+def test_a_gateway_port_out_of_the_range_is_refused_with_it(port):
+    assert f"sparkops_gateway_port must be within 1-65535, got {port}" in refused(gateway_port=port)
+
+
+@pytest.mark.parametrize("port", [1, 65535])
+def test_the_mp_master_port_may_be_either_end_of_the_range(port):
+    plan_of(mp_master_port=port)  # no refusal
+
+
+@pytest.mark.parametrize("port", [0, 65536])
+def test_an_mp_master_port_out_of_the_range_is_refused_with_it(port):
+    assert f"sparkops_mp_master_port must be within 1-65535, got {port}" in refused(mp_master_port=port)
+
+
+def test_settings_of_the_wrong_kind_are_refused_naming_the_variable_and_the_value():
+    assert "sparkops_gateway_port must be an integer, got True" in refused(gateway_port=True)
+    assert "sparkops_node_memory_gib must be a number, got 'lots'" in refused(node_memory_gib="lots")
+    assert "sparkops_gateway_enabled must be true or false, got 'maybe'" in refused(gateway_enabled="maybe")
+
+
+@pytest.mark.parametrize(("text", "on"), [("yes", True), ("On", True), ("1", True), ("no", False), ("off", False)])
+def test_a_switch_takes_the_words_yaml_and_ini_inventories_use(text, on):
+    assert plan_of(gateway_enabled=text)[1]["gateway"]["enabled"] is on
+
+
+def test_the_plan_reads_the_inventory_variables_the_docs_name():
+    expected = {
+        "profile_name": "sparkops_serving_profile",
+        "deployments": "sparkops_deployments",
+        "profiles": "sparkops_all_serving_profiles",
+        "gpus_per_node": "sparkops_gpus_per_node",
+        "node_memory_gib": "sparkops_node_memory_gib",
+        "memory_overhead_gib": "sparkops_memory_host_overhead_gib",
+        "memory_floor_gib": "sparkops_memory_floor_gib",
+        "allow_rules": "sparkops_allow_rules",
+        "vllm_version": "sparkops_vllm_version",
+        "executor": "sparkops_executor",
+        "mp_master_port": "sparkops_mp_master_port",
+        "hf_home": "sparkops_hf_home",
+        "gateway_enabled": "sparkops_gateway_enabled",
+        "gateway_port": "sparkops_gateway_port",
+        "gateway_bind": "sparkops_gateway_bind",
+        "upgrade_deployment": "sparkops_deployment",
+    }
+    assert {key: serving.INPUT_VARIABLES.get(key) for key in expected} == expected
+    image = {
+        "source": "spark_vllm_image_source",
+        "name": "spark_vllm_image_name",
+        "repo": "spark_vllm_image_repo",
+        "ref": "spark_vllm_image_ref",
+        "build_args": "spark_vllm_image_build_args",
+        "registry_ref": "spark_vllm_image_registry_ref",
+    }
+    assert {key: serving.IMAGE_VARIABLES.get(key) for key in image} == image
+
+
+def test_a_registry_image_without_a_reference_yet_is_unresolved_and_names_none():
+    out = serving.plan_image({"source": "registry", "name": "vllm-node"}, {}, upgrade=False)
+    assert out["registry_ref"] == "" and out["resolved"] is False and out["tag"] == ""
+    digest = "cd" * 32
+    locked = {"image": {"registry_ref": f"nvcr.io/nvidia/vllm@sha256:{digest}"}}
+    pinned = serving.plan_image({"source": "registry", "name": "vllm-node", "registry_ref": "x:1"}, locked, False)
+    assert pinned["registry_ref"] == f"nvcr.io/nvidia/vllm@sha256:{digest}"  # the lock's digest wins
+    assert pinned["resolved"] is True
+
+
+def test_a_deployment_on_unknown_hosts_does_not_hide_the_next_deployments_problems():
+    problems = refused(
+        deployments=[
+            {"name": "a", "profile": "qwen3-235b-a22b-gptq-int4-tp2", "hosts": ["nope"]},
+            {"name": "b", "profile": "no-such-profile", "hosts": ["spark-1", "spark-2"]},
+        ]
+    )
+    assert problems[0] == (
+        "sparkops_deployments 'a': nope is not a host of group 'spark_cluster' (spark-1, spark-2): "
+        "name hosts of the inventory"
+    )
+    assert problems[1].startswith("sparkops_deployments 'b': profile 'no-such-profile' is not a known profile.")
+
+
+def test_every_ray_member_knows_the_nodes_of_its_ray_cluster():
+    _cluster, plan = plan_of()
+    dep = plan["deployments"][0]
+    assert [m["ray"]["hosts"] for m in dep["members"]] == [dep["hosts"]] * len(dep["members"])
+
+
+def test_an_mp_worker_runs_without_the_api_s_host_and_port_and_with_one_executor_flag():
+    _cluster, plan = plan_of(executor="mp")
+    api, worker = plan["deployments"][0]["members"]
+    argv, api_argv = worker["vllm"]["argv"], api["vllm"]["argv"]
+    assert "--host" not in argv and "--port" not in argv
+    at = api_argv.index("--host")
+    assert api_argv[at : at + 4] == ["--host", "192.168.100.11", "--port", "8000"]
+    assert argv[:at] == api_argv[:at] and argv[at] == api_argv[at + 4]  # their values went with them
+    for member in (api, worker):
+        assert member["vllm"]["argv"].count("--distributed-executor-backend") == 1
+
+
+def test_the_profile_as_given_is_the_inventory_s_with_the_revision_served():
+    from test_serving_plan import PROFILES  # noqa: PLC0415
+
+    dep = plan_of()[1]["deployments"][0]
+    assert dep["profile_as_given"] == {**PROFILES[dep["profile_name"]], "revision": dep["profile"]["revision"]}
