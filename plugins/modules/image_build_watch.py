@@ -40,8 +40,8 @@ options:
   wait_s:
     description:
       - Wait up to this many seconds for the build to end before returning, reading the log again every 2 seconds;
-        it returns as soon as the build has ended. With an C(until) loop, this is the poll: the loop's C(delay)
-        can then be short, and the build's end is seen within 2 seconds instead of up to a whole delay later.
+        it returns as soon as the build has ended. With an C(until) loop, this is the poll, so the loop's C(delay)
+        can be short, and the build's end is seen within 2 seconds instead of up to a whole delay later.
       - C(0) reads the log once.
     type: int
     default: 0

@@ -8,7 +8,8 @@ stacks.yml, `sparkops_stacks`; `sparkops_stack` names the one deployed):
     contract       "0.19.0"            the recorded `vllm serve` contract (vllm_contracts/vllm-<contract>.json)
     ray            "2.52.1"            the Ray the image must carry where Ray runs
     pins           {flashinfer, cuda, torch, nccl}: a version, or null (recorded in the lock at the first
-                   deployment and held afterwards)
+                   deployment and held afterwards); optionally flashinfer_cutlass, the CUTLASS headers'
+                   digest FlashInfer must ship (null: its own release's, where the image check knows it)
     image          {source: eugr, repo, ref, name, build_args}       a build of eugr/spark-vllm-docker, or
                    {source: registry, name, registry_image, registry_digest}   an image by tag, its digest
                    once known (empty: read at the first pull and recorded in the lock)
@@ -38,6 +39,7 @@ from ansible_collections.sparkops.cluster.plugins.plugin_utils.vllm_contract imp
 DEFAULT_STACK = "vllm-0.19.0"
 STACK_KEYS = ("vllm_version", "vllm_commit", "contract", "ray", "pins", "image", "notes")
 PIN_KEYS = ("flashinfer", "cuda", "torch", "nccl")
+OPTIONAL_PIN_KEYS = ("flashinfer_cutlass",)
 IMAGE_KEYS = {
     "eugr": ("source", "repo", "ref", "name", "build_args"),
     "registry": ("source", "name", "registry_image", "registry_digest"),
@@ -76,8 +78,11 @@ def check_stack(name, spec) -> list[str]:
     if not (isinstance(spec.get("ray"), str) and _VERSION_RE.match(spec["ray"])):
         out.append(f"{where}.ray must be a Ray release like '2.52.1', got {spec.get('ray')!r}")
     pins = spec.get("pins")
-    if not isinstance(pins, dict) or sorted(pins) != sorted(PIN_KEYS):
-        out.append(f"{where}.pins must map exactly {', '.join(PIN_KEYS)} to a version or null, got {pins!r}")
+    if not isinstance(pins, dict) or sorted(set(pins) - set(OPTIONAL_PIN_KEYS)) != sorted(PIN_KEYS):
+        out.append(
+            f"{where}.pins must map exactly {', '.join(PIN_KEYS)} (and optionally {', '.join(OPTIONAL_PIN_KEYS)})"
+            f" to a version or null, got {pins!r}"
+        )
     else:
         out += [
             f"{where}.pins.{k} must be a version string or null, got {v!r}"
