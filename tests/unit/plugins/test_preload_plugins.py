@@ -1,6 +1,6 @@
 """preload_plugins imports every filter, action plugin and controller helper of the collection.
 
-What it buys is measured by a whole run (README, "Installing the collection"); what can break is
+What it buys is measured by a whole run (docs/collection.md, "Faster runs"); what can break is
 the list: a new filter file that does not import, or a package left out. The first test runs in a
 fresh interpreter, so that modules other tests imported cannot make it pass.
 """
