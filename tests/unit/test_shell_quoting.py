@@ -24,7 +24,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "plugins" / "plugin_utils"))
-sys.path.insert(0, str(ROOT / "tests" / "unit" / "plugin_utils"))
+sys.path.insert(0, str(ROOT / "tests" / "unit" / "plugins" / "plugin_utils"))
 
 import cluster_inventories as inv  # noqa: E402
 from cluster import FORWARD_CHAIN, _forward_rules, build_cluster  # noqa: E402

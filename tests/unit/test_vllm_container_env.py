@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1].parent
-sys.path.insert(0, str(ROOT / "tests" / "unit" / "plugin_utils"))
+sys.path.insert(0, str(ROOT / "tests" / "unit" / "plugins" / "plugin_utils"))
 from test_serving_plan import CLUSTER_DEFAULTS, plan_of  # noqa: E402
 
 # Its tasks, the block that starts them (not for upgrade.yml's plan alone) flattened.

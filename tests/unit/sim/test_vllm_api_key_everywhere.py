@@ -300,7 +300,7 @@ def test_the_role_mounts_the_key_and_the_middleware_and_keeps_the_key_out_of_env
     import yaml  # noqa: PLC0415
     from ansible_collections.sparkops.cluster.plugins.plugin_utils import serving  # noqa: PLC0415
 
-    sys.path.insert(0, str(ROOT / "tests" / "unit" / "plugin_utils"))
+    sys.path.insert(0, str(ROOT / "tests" / "unit" / "plugins" / "plugin_utils"))
     from test_serving_plan import plan_of  # noqa: PLC0415
 
     role = ROOT / "roles" / "vllm_serve"

@@ -10,7 +10,7 @@ import pytest
 from ansible_collections.sparkops.cluster.plugins.filter.weight_fanout import FanoutError, weight_senders
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.cluster import build_cluster
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "plugin_utils"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugin_utils"))
 import cluster_inventories as inv  # noqa: E402
 
 

@@ -18,7 +18,7 @@ from ansible_collections.sparkops.cluster.plugins.modules import image_fanout as
 
 ROOT = Path(__file__).resolve().parents[4]
 sys.path.insert(0, str(ROOT / "plugins" / "plugin_utils"))
-sys.path.insert(0, str(ROOT / "tests" / "unit" / "plugin_utils"))
+sys.path.insert(0, str(ROOT / "tests" / "unit" / "plugins" / "plugin_utils"))
 sys.path.insert(0, str(ROOT / "tests" / "unit"))
 
 import cluster_inventories as inv  # noqa: E402
