@@ -164,3 +164,27 @@ def test_a_lost_ttin_is_sent_again_once_no_new_worker_showed_for_10_s(master):
     result = r.run(timeout=120)
     assert master.signals == ["SIGTTIN (lost)", "SIGTTIN", "SIGTTOU"]
     assert result["old_pids"] == [old] and result["new_pid"] != old
+
+
+def test_an_awaited_worker_that_comes_up_with_another_configuration_is_replaced(tmp_path):
+    # A run awaits the worker an earlier run asked for; it comes up with another file than the one wanted
+    # now (the file was changed back meanwhile): the run asks for a new worker instead of waiting for nothing.
+    m = Master(tmp_path, boot_s=1.5)
+    try:
+        m.config.write_text("model_list: [b]\n")
+        with pytest.raises(gr.ReloadError, match="not ready"):
+            m.reloader().run(timeout=0.3)  # its worker still boots (it reads the file at the end of its boot)
+        m.config.write_text("model_list: [c]\n")
+        flips = []
+
+        def sleep(seconds):
+            if not flips:
+                m.config.write_text("model_list: [b]\n")  # written back before the booting worker reads it
+                flips.append(seconds)
+            time.sleep(seconds)
+
+        with pytest.raises(gr.ReloadError, match="changed during the reload"):
+            m.reloader(sleep=sleep).run(timeout=10)
+        assert m.signals == ["SIGTTIN", "SIGTTIN"]  # the second run asked for a worker of its own
+    finally:
+        m.stop()
