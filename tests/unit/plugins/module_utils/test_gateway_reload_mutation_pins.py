@@ -188,3 +188,30 @@ def test_an_awaited_worker_that_comes_up_with_another_configuration_is_replaced(
         assert m.signals == ["SIGTTIN", "SIGTTIN"]  # the second run asked for a worker of its own
     finally:
         m.stop()
+
+
+def test_a_retired_worker_still_serving_gets_one_more_ttou_after_3_s_and_is_reported_after_10_s(master):
+    [old] = master.workers()
+    master.config.write_text("model_list: [deaf]\n")
+    now = [0.0]
+
+    def clock():
+        now[0] += 0.5
+        return now[0]
+
+    sent = []
+
+    def kill(pid, sig):
+        if sig == gr.signal.SIGTTOU:  # every TTOU lost: the old worker keeps serving
+            sent.append(now[0])
+            return
+        master.kill(pid, sig)
+
+    reloader = gr.Reloader(master.pidfile, master.ready, master.config, kill=kill, clock=clock, tail=lambda: "")
+    with pytest.raises(
+        gr.ReloadError, match=r"were retired \(SIGTTOU to gunicorn's master \d+\) but still serve"
+    ) as err:
+        reloader.run(timeout=120)
+    new = master.workers()[-1]
+    assert err.value.details == {"new_pid": new, "old_pids": [old]}
+    assert len(sent) == 2 and sent[1] - sent[0] >= 3.0  # the one TTOU sent again only once 3 s passed
