@@ -13,6 +13,7 @@ Equivalent mutants (tests/mutation/equivalents.py lists them; `make mutation` do
 from __future__ import annotations
 
 import hashlib
+import json
 import subprocess
 import time
 
@@ -215,3 +216,25 @@ def test_a_retired_worker_still_serving_gets_one_more_ttou_after_3_s_and_is_repo
     new = master.workers()[-1]
     assert err.value.details == {"new_pid": new, "old_pids": [old]}
     assert len(sent) == 2 and sent[1] - sent[0] >= 3.0  # the one TTOU sent again only once 3 s passed
+
+
+def test_the_service_s_reload_action_exits_1_and_says_why_when_it_fails(tmp_path, capsys):
+    config = tmp_path / "config.yaml"
+    config.write_text("model_list: []\n")
+    args = ["--pidfile", str(tmp_path / "none.pid"), "--ready-dir", str(tmp_path), "--config", str(config)]
+    assert gr.main(args) == 1
+    assert capsys.readouterr().out.startswith(f"reload failed: {tmp_path / 'none.pid'} does not exist")
+
+
+def test_the_reload_action_s_help_says_what_it_does(capsys):
+    with pytest.raises(SystemExit) as done:
+        gr.main(["--help"])
+    assert done.value.code == 0
+    assert "Reload the gateway's configuration with no moment without a ready worker" in capsys.readouterr().out
+
+
+def test_a_reload_action_that_succeeds_prints_its_result_as_json(master, capsys):
+    args = ["--pidfile", str(master.pidfile), "--ready-dir", str(master.ready), "--config", str(master.config)]
+    assert gr.main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["changed"] is False and out["new_pid"] == master.workers()[0]
