@@ -238,3 +238,14 @@ def test_a_reload_action_that_succeeds_prints_its_result_as_json(master, capsys)
     assert gr.main(args) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["changed"] is False and out["new_pid"] == master.workers()[0]
+
+
+def test_the_drain_time_is_reported_to_the_hundredth_of_a_second(master):
+    now = [0.0]
+
+    def clock():
+        now[0] += 0.25
+        return now[0]
+
+    r = master.reloader(clock=clock).run(timeout=10, wait_old_exit=True, old_exit_timeout=10)
+    assert r["changed"] is False and r["old_exited"] is True and r["drain_s"] == 0.25
