@@ -153,6 +153,25 @@ EQUIVALENTS = [
         "mutation": "continue -> break",
         "why": "--distributed-executor-backend takes one value: check_serve_args, the one caller, passes a list of one",
     },
+    {
+        "module": "plugins/plugin_utils/vllm_contract.py",
+        "line": 'if depth == 0 and text.startswith(", ", i) and i + 2 < len(text) and text[i + 2] == "-":',
+        "mutation": "2 -> 3",
+        "nth": 1,
+        "why": "i + 3 < len(text) for i + 2: an option string after ', ' is two characters at least ('-q'), so both hold",
+    },
+    {
+        "module": "plugins/plugin_utils/vllm_contract.py",
+        "line": "elif isinstance(nargs, int) and nargs > 1:",
+        "mutation": "1 -> 0",
+        "why": "no contract has an integer nargs: the recorded ones keep None, '?' or '+', and help text gives none",
+    },
+    {
+        "module": "plugins/plugin_utils/vllm_contract.py",
+        "line": "return found[0] if found else None",
+        "mutation": "0 -> -1",
+        "why": "get_close_matches(n=1) returns one match at most: found[-1] is found[0]",
+    },
     # plugins/plugin_utils/gateway.py
     {
         "module": "plugins/plugin_utils/gateway.py",

@@ -13,6 +13,7 @@ Equivalent mutants (tests/mutation/equivalents.py lists them; `make mutation` do
 from __future__ import annotations
 
 import hashlib
+import json
 import subprocess
 import time
 
@@ -164,3 +165,87 @@ def test_a_lost_ttin_is_sent_again_once_no_new_worker_showed_for_10_s(master):
     result = r.run(timeout=120)
     assert master.signals == ["SIGTTIN (lost)", "SIGTTIN", "SIGTTOU"]
     assert result["old_pids"] == [old] and result["new_pid"] != old
+
+
+def test_an_awaited_worker_that_comes_up_with_another_configuration_is_replaced(tmp_path):
+    # A run awaits the worker an earlier run asked for; it comes up with another file than the one wanted
+    # now (the file was changed back meanwhile): the run asks for a new worker instead of waiting for nothing.
+    m = Master(tmp_path, boot_s=1.5)
+    try:
+        m.config.write_text("model_list: [b]\n")
+        with pytest.raises(gr.ReloadError, match="not ready"):
+            m.reloader().run(timeout=0.3)  # its worker still boots (it reads the file at the end of its boot)
+        m.config.write_text("model_list: [c]\n")
+        flips = []
+
+        def sleep(seconds):
+            if not flips:
+                m.config.write_text("model_list: [b]\n")  # written back before the booting worker reads it
+                flips.append(seconds)
+            time.sleep(seconds)
+
+        with pytest.raises(gr.ReloadError, match="changed during the reload"):
+            m.reloader(sleep=sleep).run(timeout=10)
+        assert m.signals == ["SIGTTIN", "SIGTTIN"]  # the second run asked for a worker of its own
+    finally:
+        m.stop()
+
+
+def test_a_retired_worker_still_serving_gets_one_more_ttou_after_3_s_and_is_reported_after_10_s(master):
+    [old] = master.workers()
+    master.config.write_text("model_list: [deaf]\n")
+    now = [0.0]
+
+    def clock():
+        now[0] += 0.5
+        return now[0]
+
+    sent = []
+
+    def kill(pid, sig):
+        if sig == gr.signal.SIGTTOU:  # every TTOU lost: the old worker keeps serving
+            sent.append(now[0])
+            return
+        master.kill(pid, sig)
+
+    reloader = gr.Reloader(master.pidfile, master.ready, master.config, kill=kill, clock=clock, tail=lambda: "")
+    with pytest.raises(
+        gr.ReloadError, match=r"were retired \(SIGTTOU to gunicorn's master \d+\) but still serve"
+    ) as err:
+        reloader.run(timeout=120)
+    new = master.workers()[-1]
+    assert err.value.details == {"new_pid": new, "old_pids": [old]}
+    assert len(sent) == 2 and sent[1] - sent[0] >= 3.0  # the one TTOU sent again only once 3 s passed
+
+
+def test_the_service_s_reload_action_exits_1_and_says_why_when_it_fails(tmp_path, capsys):
+    config = tmp_path / "config.yaml"
+    config.write_text("model_list: []\n")
+    args = ["--pidfile", str(tmp_path / "none.pid"), "--ready-dir", str(tmp_path), "--config", str(config)]
+    assert gr.main(args) == 1
+    assert capsys.readouterr().out.startswith(f"reload failed: {tmp_path / 'none.pid'} does not exist")
+
+
+def test_the_reload_action_s_help_says_what_it_does(capsys):
+    with pytest.raises(SystemExit) as done:
+        gr.main(["--help"])
+    assert done.value.code == 0
+    assert "Reload the gateway's configuration with no moment without a ready worker" in capsys.readouterr().out
+
+
+def test_a_reload_action_that_succeeds_prints_its_result_as_json(master, capsys):
+    args = ["--pidfile", str(master.pidfile), "--ready-dir", str(master.ready), "--config", str(master.config)]
+    assert gr.main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["changed"] is False and out["new_pid"] == master.workers()[0]
+
+
+def test_the_drain_time_is_reported_to_the_hundredth_of_a_second(master):
+    now = [0.0]
+
+    def clock():
+        now[0] += 0.25
+        return now[0]
+
+    r = master.reloader(clock=clock).run(timeout=10, wait_old_exit=True, old_exit_timeout=10)
+    assert r["changed"] is False and r["old_exited"] is True and r["drain_s"] == 0.25

@@ -127,3 +127,19 @@ def test_the_profile_as_given_is_the_inventory_s_with_the_revision_served():
 
     dep = plan_of()[1]["deployments"][0]
     assert dep["profile_as_given"] == {**PROFILES[dep["profile_name"]], "revision": dep["profile"]["revision"]}
+
+
+def test_a_replica_binds_its_primary_address_when_the_heads_bind_names_no_address_of_the_head():
+    # vllm_serve_host set to an address the head does not hold (a VIP, say): a replica elsewhere binds its
+    # own primary fast-link address, not an error.
+    cluster, _plan = plan_of()
+    cluster = dict(cluster, endpoint=dict(cluster["endpoint"], bind="10.9.9.9"))
+    other = next(h for h in cluster["nodes"] if h != cluster["head"])
+    ip = cluster["nodes"][other]["primary"]["ip"]
+    port = cluster["endpoint"]["port"]
+    assert serving._endpoint_on(cluster, other) == {
+        "host": other,
+        "bind": ip,
+        "port": port,
+        "url": f"http://{ip}:{port}",
+    }

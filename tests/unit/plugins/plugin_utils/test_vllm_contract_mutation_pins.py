@@ -9,6 +9,10 @@ Equivalent mutants (tests/mutation/equivalents.py lists them; `make mutation` do
 - _split_invocation's split at ", " without `text[i + 2] == "-"`: argparse joins option strings with ", " and
   each starts with "-"; a ", " not followed by "-" could only be in the help text, which starts after two
   spaces, where the split stops first.
+- the same split's `i + 2 < len(text)` -> `i + 3`: an option string after ", " is two characters at least.
+- check_serve_args' `isinstance(nargs, int) and nargs > 1` -> `nargs > 0`: no contract has an integer nargs
+  (the recorded ones keep None, "?" or "+"; help text gives none).
+- _nearest's `found[0]` -> `found[-1]`: get_close_matches(n=1) returns one match at most.
 - value_problems' `continue` for an executor's class qualname -> `break`: --distributed-executor-backend takes
   one value, so check_serve_args (the one caller) passes a list of one and nothing follows it.
 - check_serve_args' `isinstance(argv, str) or not isinstance(argv, (list, tuple))` without its first clause:
