@@ -636,13 +636,13 @@ def call_as(uid: int, gid: int, fn):
     return out["result"]
 
 
-def reload(pidfile, ready_dir, config, *, user, tail=lambda: "", app: str = APP_SPEC, **run_kw) -> dict:
+def reload(pidfile, ready_dir, config, *, user, timeout: float, tail=lambda: "", app: str = APP_SPEC, **run_kw) -> dict:
     """The reload as the gateway's user (call_as); the log's end, for a failure, read by the caller's rights."""
     uid, gid = service_ids(user)
 
     def work():
         reloader = Reloader(pidfile, ready_dir, config, uid=uid, app=app, tail=lambda: _LOG_FROM_PARENT)
-        return reloader.run(**run_kw)
+        return reloader.run(timeout=timeout, **run_kw)
 
     try:
         return call_as(uid, gid, work)

@@ -100,7 +100,7 @@ def rollback_problems(names: list, recorded: Mapping) -> list:
 
 def rollback_image(image: Mapping, record: Mapping) -> dict:
     """The plan's image (serving.plan_image's keys) named by a recorded deployment: the image it ran."""
-    name, _, tag = str(record.get("image") or "").rpartition(":")
+    name, _colon, tag = str(record.get("image") or "").rpartition(":")
     return {
         **_plain(image),
         "name": name or image.get("name"),

@@ -389,7 +389,7 @@ def test_a_spent_budget_is_not_down_for_the_rest_of_the_hour(tmp_path, monkeypat
     clock = [1000.0]
     monkeypatch.setattr(wd.time, "time", lambda: clock[0])
     dog, last = FakeDog(tmp_path), None
-    for _ in range(3):  # two restarts (the budget), then the third failure gives up
+    for _round in range(3):  # two restarts (the budget), then the third failure gives up
         last = dog.round(last)
         clock[0] += 10
     assert last == "gave_up" and len(dog.restarts) == 2
@@ -424,7 +424,7 @@ def test_a_completion_that_answers_while_given_up_ends_it(tmp_path, monkeypatch)
     clock = [1000.0]
     monkeypatch.setattr(wd.time, "time", lambda: clock[0])
     dog, last = FakeDog(tmp_path), None
-    for _ in range(3):
+    for _round in range(3):
         last = dog.round(last)
     assert last == "gave_up"
     dog.probe = "ok"

@@ -271,8 +271,8 @@ def parse_firewall_check(node: str, res: subprocess.CompletedProcess) -> list[st
         return [f"{node}: could not read its firewall ({(res.stderr or '').strip()[:120] or res.returncode})"]
     out = []
     for line in res.stdout.split():
-        tool, _, rest = line.partition(":")
-        chain, _, what = rest.partition(":")
+        tool, _colon, rest = line.partition(":")
+        chain, _colon, what = rest.partition(":")
         if tool in ("iptables", "ip6tables") and CHAIN_NAME.match(chain) and what in ("chain", "jump"):
             out.append(
                 f"{node}: {tool} chain {chain} " + ("is missing" if what == "chain" else "has no jump from INPUT")

@@ -117,7 +117,7 @@ def start_recorder(uid=None):
 
 def signals_seen(proc) -> bytes:
     proc.kill()  # SIGKILL: no handler, nothing more on stdout
-    out, _ = proc.communicate(timeout=10)
+    out, _err = proc.communicate(timeout=10)
     return out
 
 

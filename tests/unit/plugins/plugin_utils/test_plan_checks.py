@@ -177,7 +177,7 @@ def test_a_piece_in_both_places_is_left_and_said(tmp_path):
     (inv / "credentials").mkdir(parents=True)
     (state / "credentials").mkdir(parents=True)
     model = build_cluster(pair(inventory_dir=str(inv)))
-    said, _ = cs.move(cs.legacy_moves(model["paths"]))
+    said, _warned = cs.move(cs.legacy_moves(model["paths"]))
     assert len(said) == 1 and "sparkops uses" in said[0] and (inv / "credentials").exists()
 
 

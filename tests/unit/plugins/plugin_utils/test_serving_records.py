@@ -42,9 +42,10 @@ def image_in(ref=REF):
     }
 
 
-def readings(wanted, hub=HUB, missing=()):
+def readings(wanted, hub=None, missing=()):
     """ansible.builtin.slurp's results for lock_write.yml's loop over lockfile.model_refs(wanted): each the
     refs file's content in base64 with its loop item, or a failure (failed_when: false) for a missing file."""
+    hub = HUB if hub is None else hub
     by_model = {PROFILES[name]["model"]: commit for name, commit in hub.items()}
     out = []
     for item in lf.model_refs(wanted):
@@ -56,9 +57,10 @@ def readings(wanted, hub=HUB, missing=()):
     return out
 
 
-def lock_write(lock, plan, hub=HUB, upgrade=False, missing=()):
+def lock_write(lock, plan, hub=None, upgrade=False, missing=()):
     """roles/deployment_state/tasks/lock_write.yml: the wanted values, the image resolved, every deployment's
     model commit, and the file as written (parsed back as the next run reads it)."""
+    hub = HUB if hub is None else hub
     wanted = plan["lock"]["wanted"]
     image = {"image": {"commit": plan["image"]["commit"] or None, "tag": plan["image"]["image"] or None}}
     new = lf.resolve_models(lf.merge(lf.merge(lock, wanted), image), readings(wanted, hub, missing), upgrade)
@@ -77,8 +79,9 @@ def profiles_with(**revisions):
     return {**PROFILES, **{name: {**PROFILES[name], "revision": rev} for name, rev in revisions.items()}}
 
 
-def site(lock=None, deployments=TWO, **inputs):
+def site(lock=None, deployments=None, **inputs):
     """site.yml twice on a pair: the first run writes the lock, the second serves what it pins."""
+    deployments = TWO if deployments is None else deployments
     first = plan_of_only(deployments=deployments, lock=lock or {}, **inputs)
     lock = lock_write(lock or {}, first)
     return lock, plan_of_only(deployments=deployments, lock=lock, **inputs)
