@@ -383,7 +383,9 @@ def test_the_role_reads_every_other_ranks_container_under_mp():
     tasks = yaml.safe_load((ROOT / "roles/vllm_serve/tasks/phases.yml").read_text())
     block = next(t for t in tasks if "block" in t)["block"]
     read = next(t for t in block if t.get("register") == "vllm_serve_rank_logs")
-    assert read["delegate_to"] == "{{ item.host }}" and "executor == 'mp'" in read["loop"]
+    # every other member the plan gives a vLLM container (only mp ranks have one besides the head): no executor named
+    assert read["delegate_to"] == "{{ item.host }}" and "selectattr('vllm')" in read["loop"]
+    assert "rejectattr('host', 'equalto', inventory_hostname)" in read["loop"] and "executor" not in read["loop"]
     assert read["ansible.builtin.command"]["argv"][:3] == ["docker", "logs", "--timestamps"]
     work = next(t for t in block if "vllm_serve_startup" in t.get("ansible.builtin.set_fact", {}))
     assert "rank_logs=vllm_serve_rank_logs.results" in work["ansible.builtin.set_fact"]["vllm_serve_startup"]
