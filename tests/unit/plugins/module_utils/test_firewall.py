@@ -302,23 +302,3 @@ def test_every_input_chain_goes_through_the_module_for_both_families_and_a_rules
     assert "families" not in found[0] and "rules_dir" not in found[0]
     if chain == "SPARKOPS-MP":  # the ranks' ephemeral ports: everything to the fast-link addresses
         assert found[0]["destinations"] == "{{ sparkops_node.ips }}"
-
-
-def test_a_rules_file_from_the_models_rules_holds_only_its_chain_and_the_built_in_hooks():
-    from ansible_collections.sparkops.cluster.plugins.filter.firewall import firewall_rules_file  # noqa: PLC0415
-    from ansible_collections.sparkops.cluster.plugins.plugin_utils.cluster import _forward_rules  # noqa: PLC0415
-
-    text = firewall_rules_file(_forward_rules(["eth1", "eth2"]), "SPARKOPS-FWD", 6, "roles/roce_network")
-    lines = text.splitlines()
-    assert lines[0].startswith("# SPARKOPS-FWD (IPv6): written by roles/roce_network")
-    assert lines[1:3] == ["*filter", ":SPARKOPS-FWD - [0:0]"] and lines[-1] == "COMMIT"
-    assert (
-        '-I SPARKOPS-FWD 1 -i eth1 -o eth2 -m comment --comment "sparkops: ring forwarding eth1 to eth2" -j ACCEPT'
-        in lines
-    )
-    assert lines[-2] == '-I FORWARD 1 -o eth2 -m comment --comment "sparkops: forwarding to eth2" -j SPARKOPS-FWD'
-    for where in (["-A", "OUTPUT"], ["-I", "OTHER", "1"], ["-F", "SPARKOPS-FWD"], ["-I", "FORWARD", "x"]):
-        with pytest.raises(Exception, match="not one this file may hold"):
-            firewall_rules_file([{"where": where, "rule": ["-j", "ACCEPT"]}], "SPARKOPS-FWD")
-    with pytest.raises(Exception, match="not one this file may hold"):
-        firewall_rules_file([{"where": ["-A", "SPARKOPS-FWD"], "rule": ["-j", "DROP\nCOMMIT"]}], "SPARKOPS-FWD")
