@@ -66,7 +66,9 @@ def _inventory_with_state_next_to_it(tmp_path: Path) -> Path:
     kept = [
         line
         for line in conn.read_text().splitlines()
-        if not re.match(r"(sparkops_credentials_dir|sparkops_reports_dir|sparkops_lock_file):", line)
+        if not re.match(
+            r"(sparkops_controller_state_dir|sparkops_credentials_dir|sparkops_reports_dir|sparkops_lock_file):", line
+        )
     ]
     conn.write_text("\n".join(kept) + "\n")
     return inv
@@ -90,7 +92,8 @@ def test_report_and_status_by_fqcn_write_nothing_inside_the_collection(installed
     before = _listing(collection)
     assert "playbooks/report.yml" in before and "playbooks/site.yml" in before
     inv = _inventory_with_state_next_to_it(tmp_path)
-    key_file = inv / "credentials" / "api_key"
+    state = inv.parent / f"{inv.name}-state"  # the controller's state folder beside the inventory
+    key_file = state / "credentials" / "api_key"
 
     # No key yet: the read-only playbooks must not make one, in check mode or not.
     res = _run_fqcn(installed, "report", inv)
@@ -101,18 +104,18 @@ def test_report_and_status_by_fqcn_write_nothing_inside_the_collection(installed
     res = _run_fqcn(installed, "status", inv)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
     assert not key_file.exists(), "a read-only playbook created the API key"
-    assert not (inv / "credentials").exists()
+    assert not (state / "credentials").exists() and not (inv / "credentials").exists()
 
     # With the cluster's key next to the inventory, report and status work and leave it alone.
-    key_file.parent.mkdir(mode=0o700)
+    key_file.parent.mkdir(mode=0o700, parents=True)
     key_file.write_text(api_key() + "\n")
     key_file.chmod(0o600)
     key_before = (key_file.read_bytes(), key_file.stat().st_mtime_ns)
 
     res = _run_fqcn(installed, "report", inv)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
-    health = inv / "reports" / "health.md"
-    assert health.is_file(), "the report did not land next to the inventory"
+    health = state / "reports" / "health.md"
+    assert health.is_file(), "the report did not land in the state folder beside the inventory"
     assert re.search(r"\| healthy \| (yes|true|True)", health.read_text(), re.I), health.read_text()[:1500]
 
     res = _run_fqcn(installed, "status", inv)
