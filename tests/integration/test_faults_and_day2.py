@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
+import time
 
 import pytest
 from conftest import (
@@ -115,7 +116,12 @@ def test_head_node_restart_brings_serving_back():
 
     subprocess.run(["docker", "restart", "-t", "5", "spark-sim-1"], check=True, capture_output=True)
     # The boot restore ran before the node's Docker (and so Ray, vLLM, the watchdog) started: every chain is
-    # back, for IPv4 and IPv6, with its INPUT jump, before site.yml runs.
+    # back, for IPv4 and IPv6, with its INPUT jump, before site.yml runs. The node's boot is over when its
+    # entrypoint hands over to sshd (sim/node/entrypoint.sh: the restore, then dockerd, then sshd).
+    deadline = time.monotonic() + 90
+    while node_sh("spark-sim-1", "pgrep -x sshd", check=False).returncode != 0:
+        assert time.monotonic() < deadline, "the restarted head did not finish its boot in 90 s"
+        time.sleep(0.5)
     for tool in ("iptables", "ip6tables"):
         rules = node_sh("spark-sim-1", f"{tool} -S").stdout
         for chain in ("SPARKOPS-API", "SPARKOPS-RAY", "SPARKOPS-MONITORING"):
