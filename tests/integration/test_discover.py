@@ -18,7 +18,8 @@ from conftest import ROOT, links_by_host, run_playbook, subnet_ends
 pytestmark = pytest.mark.usefixtures("sim_cluster")
 
 
-def test_discovery_writes_the_hand_written_pair_and_plan_takes_it(tmp_path):
+def discover_pair(out: Path):
+    """discover.yml on the pair's hosts-only inventory, writing out/hosts.yml (the pool: the test bed's subnets)."""
     hosts_only = (
         subprocess.run(
             [sys.executable, str(ROOT / "sim" / "simctl.py"), "hosts-only", "--nodes", "2", "--topology", "pair"],
@@ -30,13 +31,13 @@ def test_discovery_writes_the_hand_written_pair_and_plan_takes_it(tmp_path):
         .stdout.strip()
         .splitlines()[-1]
     )
+    extra = {"sparkops_discover_out": str(out), "sparkops_discover_pool": "10.213.0.0/23"}
+    return hosts_only, run_playbook("playbooks/discover.yml", inventory=hosts_only, extra_vars=extra, timeout=300)
+
+
+def test_discovery_writes_the_hand_written_pair_and_plan_takes_it(tmp_path):
     out = tmp_path / "discovered"
-    res = run_playbook(
-        "playbooks/discover.yml",
-        inventory=hosts_only,
-        extra_vars={"sparkops_discover_out": str(out), "sparkops_discover_pool": "10.213.0.0/23"},
-        timeout=300,
-    )
+    hosts_only, res = discover_pair(out)
     assert res.returncode == 0, res.stdout[-4000:]
     print(f"\ndiscover.yml on the pair: {res.elapsed:.1f} s")
     written = yaml.safe_load((out / "hosts.yml").read_text())
@@ -88,24 +89,8 @@ def test_a_hostile_lldp_neighbour_writes_nothing_into_the_inventory(tmp_path):
             else:
                 pytest.fail(f"lldpcli {' '.join(argv[:3])} failed in the hostile neighbour's container")
         time.sleep(4)  # a few LLDP frames reach both nodes
-        hosts_only = (
-            subprocess.run(
-                [sys.executable, str(ROOT / "sim" / "simctl.py"), "hosts-only", "--nodes", "2", "--topology", "pair"],
-                capture_output=True,
-                text=True,
-                check=True,
-                timeout=60,
-            )
-            .stdout.strip()
-            .splitlines()[-1]
-        )
         out = tmp_path / "discovered"
-        res = run_playbook(
-            "playbooks/discover.yml",
-            inventory=hosts_only,
-            extra_vars={"sparkops_discover_out": str(out), "sparkops_discover_pool": "10.213.0.0/23"},
-            timeout=300,
-        )
+        _hosts_only, res = discover_pair(out)
     finally:
         subprocess.run(["docker", "rm", "-f", name], capture_output=True, check=False)
     said = res.stdout + res.stderr
