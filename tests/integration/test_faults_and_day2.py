@@ -27,6 +27,7 @@ from conftest import (
     run_playbook,
 )
 from test_image_lock import standin_commit
+from test_serving_plan import failure
 
 pytestmark = pytest.mark.usefixtures("sim_cluster")
 
@@ -214,7 +215,7 @@ def test_secrets_never_reach_output_or_files(tmp_path):
     token, key = "hf_" + secrets.token_hex(16), "sk-" + secrets.token_hex(20)
     try:
         res = run_playbook("site.yml", extra_vars={"sparkops_api_key": key, "sparkops_hf_token": token}, args=["-v"])
-        assert res.returncode == 0, res.stdout[-4000:]
+        assert res.returncode == 0, failure(res).replace(key, "<key>").replace(token, "<token>")
         out = res.stdout + res.stderr
         assert token not in out, "the HF token reached Ansible's output"
         assert key not in out, "the API key reached Ansible's output"
