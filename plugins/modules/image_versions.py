@@ -154,9 +154,9 @@ import json
 import os
 import re
 import subprocess
-import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.sparkops.cluster.plugins.module_utils.files import write_text_atomic
 from ansible_collections.sparkops.cluster.plugins.module_utils.image_versions import (
     LOCK_KEYS,
     PIN_KEYS,
@@ -204,24 +204,8 @@ def read_cache(path: str) -> dict | None:
     return versions
 
 
-def write_text(path: str, text: str) -> None:
-    """Replace `path` with `text` at once (a temporary file in the same folder, then a rename), mode 0644."""
-    folder = os.path.dirname(path)
-    os.makedirs(folder, mode=0o755, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".sparkops-probe-")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def write_cache(path: str, versions: dict) -> None:
-    write_text(path, json.dumps(versions, sort_keys=True))
+    write_text_atomic(path, json.dumps(versions, sort_keys=True))
 
 
 def probe(module) -> dict:
@@ -287,7 +271,7 @@ def serve_help(module, image_id_hex: str | None) -> tuple[str, bool]:
         )
     if cache and not module.check_mode:
         try:
-            write_text(cache, res.stdout)
+            write_text_atomic(cache, res.stdout)
         except OSError as exc:
             module.warn(f"could not keep vLLM's options in {cache} ({exc}); the next run asks the image again")
     return res.stdout, False

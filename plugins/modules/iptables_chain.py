@@ -131,9 +131,9 @@ msg:
 
 import os
 import shlex
-import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.sparkops.cluster.plugins.module_utils.files import write_text_atomic
 from ansible_collections.sparkops.cluster.plugins.module_utils.firewall import (
     FAMILY_SUFFIX,
     chain_rules,
@@ -153,22 +153,6 @@ def _read(path: str) -> str | None:
             return fh.read()
     except OSError:
         return None
-
-
-def _write(path: str, text: str) -> None:
-    """Atomically, root's file 0644 (the rules are no secret), in a folder created 0755."""
-    folder = os.path.dirname(path)
-    os.makedirs(folder, mode=0o755, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".sparkops-")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def converge(module: AnsibleModule, family: int, chain: str, want: dict, done: list[str]) -> None:
@@ -248,7 +232,7 @@ def main() -> None:
             if _read(path) != text:
                 done.append(f"wrote {path}")
                 if not module.check_mode:
-                    _write(path, text)
+                    write_text_atomic(path, text)  # root's file 0644: the rules are no secret
         result["families"]["ipv4" if fam == 4 else "ipv6"] = entry  # noqa: PLR2004
     msg = "; ".join(done) if done else f"chain {chain}, INPUT's jumps and the rules files already in place"
     module.exit_json(changed=bool(done), msg=("would have: " + msg) if done and module.check_mode else msg, **result)
