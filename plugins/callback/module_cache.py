@@ -120,9 +120,9 @@ def attach(local_tmp: str, key: str) -> str | None:
     return kept
 
 
-def legacy_folders(playbook_dir: str, module_paths, module_utils_paths, roles_paths) -> list[str]:
+def legacy_folders(playbook_base: str, module_paths, module_utils_paths, roles_paths) -> list[str]:
     folders = [os.path.expanduser(p) for p in list(module_paths) + list(module_utils_paths)]
-    for base in [playbook_dir] + [os.path.expanduser(p) for p in roles_paths] + [os.path.join(playbook_dir, "roles")]:
+    for base in [playbook_base] + [os.path.expanduser(p) for p in roles_paths] + [os.path.join(playbook_base, "roles")]:
         folders += [os.path.join(base, "library"), os.path.join(base, "module_utils")]
         folders += sorted(glob.glob(os.path.join(base, "*", "library")))
         folders += sorted(glob.glob(os.path.join(base, "*", "module_utils")))
@@ -140,12 +140,12 @@ class CallbackModule(CallbackBase):
             from ansible import constants as C  # noqa: PLC0415, N812 - read when the run starts
             from ansible.release import __version__ as core_version  # noqa: PLC0415
 
-            playbook_dir = os.path.abspath(getattr(playbook, "_basedir", None) or os.getcwd())
+            playbook_base = os.path.abspath(getattr(playbook, "_basedir", None) or os.getcwd())
             key = fingerprint(
                 versions=(core_version, sys.version, CACHE_NAME),
                 collection_roots=collection_roots(C.COLLECTIONS_PATHS, sys.path),
                 legacy_folders=legacy_folders(
-                    playbook_dir, C.DEFAULT_MODULE_PATH, C.DEFAULT_MODULE_UTILS_PATH, C.DEFAULT_ROLES_PATH
+                    playbook_base, C.DEFAULT_MODULE_PATH, C.DEFAULT_MODULE_UTILS_PATH, C.DEFAULT_ROLES_PATH
                 ),
             )
             kept = attach(C.DEFAULT_LOCAL_TMP, key)

@@ -1,0 +1,178 @@
+#!/usr/bin/python
+# Copyright: sparkops maintainers
+# Apache-2.0
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: http_probes
+short_description: Send the same request to several URLs at once and say which answered and how
+description:
+  - Sends one HTTP request to each of I(urls), all at the same time, and returns for each whether a
+    TCP connection was made to its host and port and the HTTP status it answered (C(-1) for none).
+  - Made for questions whose expected answer is silence, such as "does this port answer without the
+    API key from the management LAN?". A firewall that drops the packets makes each such request wait
+    for its whole timeout; asked one after another, N dropped URLs cost N timeouts, asked at once one.
+  - No API key or other credential is sent; the request carries only I(body). Read-only; never changes
+    anything on the host it runs on or on the servers it asks (use it with requests that change
+    nothing, or with servers that refuse them).
+version_added: "0.1.0"
+author:
+  - sparkops maintainers (!UNKNOWN)
+options:
+  urls:
+    description: The URLs to ask (C(http://) or C(https://)), each once. Duplicates are asked once.
+    type: list
+    elements: str
+    required: true
+  method:
+    description: HTTP method of every request.
+    type: str
+    choices: [GET, POST]
+    default: GET
+  body:
+    description: JSON body sent with every C(POST) (ignored for C(GET)).
+    type: dict
+  timeout_s:
+    description: Seconds each URL may take, connection and answer together; all URLs are asked at once.
+    type: float
+    default: 5
+attributes:
+  check_mode:
+    support: full
+    details: Read-only; asks the same in check mode.
+notes:
+  - An answer with an HTTP error status (4xx, 5xx) is an answer; its status is returned, not a failure.
+"""
+
+EXAMPLES = r"""
+- name: Ask /tokenize without the key at the management and the fast-link addresses
+  sparkops.cluster.http_probes:
+    urls:
+      - http://192.168.1.10:8000/tokenize
+      - http://10.0.0.1:8000/tokenize
+    method: POST
+    body: {prompt: doctor, max_tokens: 1}
+    timeout_s: 5
+  register: keyless
+
+- name: Fail when any of them answered with something other than 401
+  ansible.builtin.assert:
+    that: keyless.probes | rejectattr('status', 'in', [-1, 401]) | list | length == 0
+"""
+
+RETURN = r"""
+probes:
+  description: One entry per distinct URL, in the order of I(urls).
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    url:
+      description: The URL asked.
+      type: str
+    connected:
+      description: Whether a TCP connection to the URL's host and port was made.
+      type: bool
+    status:
+      description: The HTTP status of the answer, or C(-1) when none came (refused, dropped, timed out, reset).
+      type: int
+    msg:
+      description: What happened, for example C(HTTP 401) or C(timed out after 5.0 s).
+      type: str
+    elapsed_s:
+      description: Seconds the request took.
+      type: float
+elapsed_s:
+  description: Seconds all requests took together.
+  returned: always
+  type: float
+"""
+
+import json
+import socket
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+from ansible.module_utils.basic import AnsibleModule
+
+
+def url_problems(urls: list) -> list:
+    out = []
+    for url in urls:
+        parts = urllib.parse.urlsplit(str(url))
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            out.append(f"{url!r} is not an http:// or https:// URL with a host")
+    return out
+
+
+def _host_port(url: str) -> tuple:
+    parts = urllib.parse.urlsplit(url)
+    return parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
+
+
+def probe(url: str, method: str, body: dict | None, timeout_s: float) -> dict:
+    """Ask one URL; never raises. The connection is made once to learn `connected`, then the request."""
+    start = time.monotonic()
+    out = {"url": url, "connected": False, "status": -1, "msg": ""}
+    try:
+        with socket.create_connection(_host_port(url), timeout=timeout_s):
+            out["connected"] = True
+    except OSError as exc:
+        out["msg"] = f"no connection: {exc}"
+    if out["connected"]:
+        left = max(0.1, timeout_s - (time.monotonic() - start))
+        data = json.dumps(body).encode() if method == "POST" and body is not None else None
+        req = urllib.request.Request(url, data=data, method=method)  # noqa: S310 - http(s) only, checked by url_problems
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(req, timeout=left) as resp:  # noqa: S310 - http(s) only, checked above
+                out["status"] = int(resp.status)
+        except urllib.error.HTTPError as exc:
+            out["status"] = int(exc.code)
+        except (OSError, ValueError) as exc:  # URLError, timeouts, resets
+            out["msg"] = f"no answer: {exc}"
+        if out["status"] > 0:
+            out["msg"] = f"HTTP {out['status']}"
+    out["elapsed_s"] = round(time.monotonic() - start, 3)
+    return out
+
+
+def probe_all(urls: list, method: str = "GET", body: dict | None = None, timeout_s: float = 5) -> list:
+    """Every URL (each once, in order) asked at the same time."""
+    unique = list(dict.fromkeys(str(u) for u in urls))
+    if not unique:
+        return []
+    with ThreadPoolExecutor(max_workers=min(32, len(unique))) as pool:
+        return list(pool.map(lambda u: probe(u, method, body, timeout_s), unique))
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "urls": {"type": "list", "elements": "str", "required": True},
+            "method": {"type": "str", "choices": ["GET", "POST"], "default": "GET"},
+            "body": {"type": "dict"},
+            "timeout_s": {"type": "float", "default": 5},
+        },
+        supports_check_mode=True,
+    )
+    p = module.params
+    problems = url_problems(p["urls"])
+    if p["timeout_s"] <= 0:
+        problems.append(f"timeout_s must be more than 0 seconds, not {p['timeout_s']}")
+    if problems:
+        module.fail_json(
+            msg="Cannot ask these URLs: " + "; ".join(problems) + ". Give http(s) URLs and a positive timeout_s."
+        )
+    start = time.monotonic()
+    probes = probe_all(p["urls"], p["method"], p["body"], p["timeout_s"])
+    module.exit_json(changed=False, probes=probes, elapsed_s=round(time.monotonic() - start, 3))
+
+
+if __name__ == "__main__":
+    main()
