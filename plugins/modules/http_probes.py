@@ -41,6 +41,9 @@ attributes:
   check_mode:
     support: full
     details: Read-only; asks the same in check mode.
+  diff_mode:
+    support: none
+    details: Changes nothing, so there is nothing to show.
 notes:
   - An answer with an HTTP error status (4xx, 5xx) is an answer; its status is returned, not a failure.
 """
