@@ -1862,13 +1862,28 @@ def main(argv: list[str] | None = None) -> int:
     srv.server_activate()
     srv.daemon_threads = True
     engine.server = srv
+
+    # vLLM 0.19.0's API server ends on SIGTERM and SIGINT (launcher.py:97-104, serve_http): the engine is shut
+    # down at once (shutdown_timeout defaults to 0, config/vllm.py:336), which ends the streams in flight, and
+    # the HTTP server stops (launcher.py:137, "Shutting down FastAPI HTTP server."). Without it this process,
+    # PID 1 of its container, would ignore `docker stop`'s SIGTERM until the kill. Under the Ray executor this
+    # one process is also Ray's driver, whose handler (ray.init) ends it at once; that is left as it was.
+    stopped = []
+
+    def on_stop_signal(signum, frame):
+        stopped.append(signum)
+        engine.shutdown()
+
+    if "ray" not in sys.modules:
+        signal.signal(signal.SIGTERM, on_stop_signal)
+        signal.signal(signal.SIGINT, on_stop_signal)
     log(f"Starting vLLM API server 0 on http://{args.host or '0.0.0.0'}:{srv.server_port}")
     log("Application startup complete.")
     try:
         srv.serve_forever(poll_interval=0.2)
     except KeyboardInterrupt:
         log("Shutting down")
-    if engine.dead:
+    if engine.dead or stopped:
         log("Application shutdown complete.")
     return 0
 

@@ -832,3 +832,26 @@ def test_the_double_s_enable_disable_pairs_set_their_dest_like_0_33_0():
         (["--no-disable-custom-all-reduce"], "disable_custom_all_reduce", False),
     ):
         assert getattr(parser.parse_args(d.flexible(["serve", "m", *argv])), dest) is value, argv
+
+
+def test_sigterm_ends_the_api_server_with_a_stream_in_flight_and_exit_status_0(hf_home, tmp_path):
+    """vLLM 0.19.0's serve_http turns SIGTERM into a shutdown (launcher.py:97-104): the engine stops at once
+    (shutdown_timeout 0), the stream in flight ends, the process exits 0 with uvicorn's last line. A double
+    without the handler dies of the signal here (status -15) and, as PID 1 of a container, ignores
+    `docker stop` until its timeout kills it."""
+    port, logf = free_port(), tmp_path / "double.log"
+    proc = _start(["--port", str(port)], env_for(hf_home), logf)
+    try:
+        _wait_healthy(proc, f"http://127.0.0.1:{port}", logf)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        body = json.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 4000, "stream": True})
+        conn.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        assert resp.status == 200
+        assert resp.fp.readline()  # the stream has begun
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0, logf.read_text()
+    finally:
+        _stop(proc)
+    log = logf.read_text()
+    assert "Shutting down FastAPI HTTP server." in log and "Application shutdown complete." in log, log
