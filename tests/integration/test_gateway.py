@@ -20,7 +20,9 @@ import urllib.error
 import urllib.request
 
 import pytest
-from conftest import HEAD_FAST, NODES, SIM_STATE, WORKER_FAST, node_sh, recap, run_playbook
+import yaml
+from conftest import HEAD_FAST, NODES, ROOT, SIM_STATE, WORKER_FAST, node_sh, recap, run_playbook
+from gateway_routes import ROUTES, SWEEP, client_paths, operations
 from test_deployments import CHAT as CHAT_DEPLOYMENT
 from test_deployments import CODE, EXTRA, completion
 from test_monitoring import query, targets_by_job, wait_for
@@ -217,6 +219,47 @@ def test_every_path_asks_for_a_key_from_the_fast_link(gateway):
     got = probe(NODES[1], calls)
     assert got and all(status == 401 for status in got.values()), got
     assert probe(NODES[1], [("/v1/models", key)]) == {"/v1/models key": 200}
+
+
+def test_every_route_of_the_installed_litellm_asks_a_key_and_a_client_key_gets_the_openai_routes_only(gateway):
+    """The route sweep against the gateway site.yml installed on the head (the real LiteLLM 1.108.7, as users run
+    it). The route list is the installed app's own, read by the gateway venv's Python; without a key every
+    operation answers 401; with a client key every one answers 404 except the OpenAI routes the gateway is for,
+    which neither refuse the key nor are missing."""
+    role_env = yaml.safe_load((ROOT / "roles" / "gateway" / "vars" / "main.yml").read_text())["gateway_environment"]
+    env = {
+        k: str(role_env[k]) for k in ("DISABLE_ADMIN_UI", "LITELLM_TELEMETRY_DISABLED", "LITELLM_LOCAL_MODEL_COST_MAP")
+    }
+    env_words = " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
+    routes = node_sh(
+        NODES[0],
+        # A master key nobody is given (LiteLLM will not import its app without one); nothing else of the service's.
+        "master=sk-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \\n'); "
+        f"env -i PATH=/usr/bin:/bin {env_words} LITELLM_MASTER_KEY=$master {VENV_PY} -c {shlex.quote(ROUTES)}",
+        timeout=300,
+    )
+    ops = operations(json.loads(routes.stdout.strip().splitlines()[-1]))
+    assert len(ops) > 500, len(ops)  # 966 operations in litellm 1.108.7
+    node_sh(NODES[0], f"cat > /root/.itest-routes.json <<'EOF'\n{json.dumps(ops)}\nEOF")
+    key_file = key_on_head((KEYS_DIR / KEY_NAME).read_text().strip())
+
+    def sweep(key_path: str) -> dict:
+        cmd = f"python3 -c {shlex.quote(SWEEP)} {GATEWAY} /root/.itest-routes.json {shlex.quote(key_path)}"
+        return json.loads(node_sh(NODES[0], cmd, timeout=600).stdout.strip().splitlines()[-1])
+
+    keyless = sweep("")
+    assert len(keyless) == len(ops)
+    assert {op: status for op, status in keyless.items() if status != 401} == {}
+    allowed = client_paths()
+    client = sweep(key_file)
+    leaked = {op: status for op, status in client.items() if status != 404 and op.split(" ", 1)[1] not in allowed}
+    assert leaked == {}
+    served = {op: status for op, status in client.items() if op.split(" ", 1)[1] in allowed}
+    assert served and all(status not in (401, 404) for status in served.values()), served
+    print(
+        f"\ngateway route sweep: {len(ops)} operations, 401 without a key; a client key: {len(served)} served, "
+        f"{sum(s == 404 for s in client.values())} answered 404"
+    )
 
 
 def get(url: str, key: str | None) -> int | None:

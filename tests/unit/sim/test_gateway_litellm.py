@@ -10,7 +10,6 @@ replicas killed requests still succeed; per-key requests and tokens are on /metr
 
 from __future__ import annotations
 
-import ast
 import http.client
 import importlib.util
 import json
@@ -28,6 +27,7 @@ import pytest
 import yaml
 from conftest import ROOT
 from double_fixtures import MODEL, free_port, tiny_hf_home
+from gateway_routes import ROUTES, client_paths, operations
 
 openai = pytest.importorskip("openai")
 psycopg = pytest.importorskip("psycopg")
@@ -169,18 +169,6 @@ def _plan(doubles) -> dict:
 _ROLE_ENV = yaml.safe_load((ROOT / "roles" / "gateway" / "vars" / "main.yml").read_text())["gateway_environment"]
 ROLE_ENV = {k: _ROLE_ENV[k] for k in ("DISABLE_ADMIN_UI", "LITELLM_TELEMETRY_DISABLED")}
 ROLE_ENV["SPARKOPS_GATEWAY_METRICS_KEYS"] = PROMETHEUS = "sparkops-prometheus"
-# The app's own route list, read in a process of its own (the proxy answers /openapi.json to no key now): every
-# operation of its OpenAPI plus the routes it does not document (mounts, the UI, its static files).
-ROUTES = r"""
-import json, os
-from litellm.proxy.proxy_server import app
-paths = {p: sorted(ops) for p, ops in app.openapi()["paths"].items()}
-for route in app.routes:
-    path = getattr(route, "path", None)
-    if path and path not in paths:
-        paths[path] = sorted(m.lower() for m in (getattr(route, "methods", None) or {"GET"}))
-print(json.dumps(paths))
-"""
 
 
 @pytest.fixture(scope="module")
@@ -191,11 +179,6 @@ def app_routes(tmp_path_factory):
         [sys.executable, "-c", ROUTES], env=env, capture_output=True, text=True, timeout=240, check=True
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def _operations(paths: dict) -> list[tuple[str, str]]:
-    tried = [(m.upper(), p.replace("{", "x").replace("}", "")) for p, ops in paths.items() for m in ops]
-    return [(m, p) for m, p in tried if m in {"GET", "POST", "PUT", "PATCH", "DELETE"}]
 
 
 @pytest.fixture(scope="module")
@@ -274,23 +257,11 @@ def test_models_lists_both_served_models(gw, db):
     assert sorted(m.id for m in _client(port, key).models.list()) == ["tiny", "tiny-b"]
 
 
-def _client_paths() -> set:
-    """sparkops_gateway_auth.CLIENT_PATHS, read from its source (importing it here would import LiteLLM)."""
-    tree = ast.parse((GW_FILES / "sparkops_gateway_auth.py").read_text())
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "CLIENT_PATHS":
-            return set(ast.literal_eval(node.value.args[0]))
-    raise AssertionError("CLIENT_PATHS not found")
-
-
-HIDDEN = ["/", "/metrics", "/metrics/", "/ui", "/ui/", "/docs", "/redoc", "/health/liveliness", "/nope"]
-
-
 def test_without_a_key_every_path_of_the_app_is_refused(gw, db, app_routes):
     """Every route the app has (its own OpenAPI and route table) plus the hidden and unknown ones: 401."""
     port, _proc = gw
     key = gateway_keys.create(db, "prober") or pytest.fail("key not made")
-    tried = _operations(app_routes) + [("GET", p) for p in HIDDEN]
+    tried = operations(app_routes)
     assert len(tried) > 500  # the proxy's many routes (966 operations in litellm 1.108.7)
     for bad_key in (None, "sk-sparkops-not-a-key", gateway_keys.digest(key)):
         answered = {(m, p): _status(port, m, p, bad_key) for m, p in tried[:: 1 if bad_key is None else 25]}
@@ -305,10 +276,10 @@ def test_a_client_key_reaches_the_openai_routes_only(gw, db, app_routes):
     port, _proc = gw
     key = _key(db, "sweeper")
     prometheus = _metrics_key(db)
-    allowed = _client_paths()
+    allowed = client_paths()
     assert allowed <= set(app_routes)  # each allowed path is one of the app's real routes
     assert {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models"} <= allowed
-    tried = _operations(app_routes) + [("GET", p) for p in HIDDEN]
+    tried = operations(app_routes)
     answered = {(m, p): _status(port, m, p, key) for m, p in tried}
     leaked = {k: v for k, v in answered.items() if v != 404 and k[1] not in allowed}
     assert leaked == {}
