@@ -98,7 +98,7 @@ def prune(parent: str, keep: int = KEEP) -> list[str]:
         except OSError:
             continue
     removed = []
-    for _, path in sorted(found, reverse=True)[keep:]:
+    for _mtime, path in sorted(found, reverse=True)[keep:]:
         shutil.rmtree(path, ignore_errors=True)
         removed.append(path)
     return removed

@@ -37,6 +37,8 @@ options:
     description: Seconds each URL may take, connection and answer together; all URLs are asked at once.
     type: float
     default: 5
+extends_documentation_fragment:
+  - sparkops.cluster.attributes
 attributes:
   check_mode:
     support: full
@@ -92,12 +94,11 @@ elapsed_s:
   type: float
 """
 
+import http.client
 import json
 import socket
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 from ansible.module_utils.basic import AnsibleModule
@@ -128,19 +129,21 @@ def probe(url: str, method: str, body: dict | None, timeout_s: float) -> dict:
         out["msg"] = f"no connection: {exc}"
     if out["connected"]:
         left = max(0.1, timeout_s - (time.monotonic() - start))
+        parts = urllib.parse.urlsplit(url)
+        kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
         data = json.dumps(body).encode() if method == "POST" and body is not None else None
-        req = urllib.request.Request(url, data=data, method=method)  # noqa: S310 - http(s) only, checked by url_problems
-        if data is not None:
-            req.add_header("Content-Type", "application/json")
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        # http.client, not urllib: no proxy from the environment, the request goes to the address named.
+        conn = kind(parts.hostname, parts.port, timeout=left)
         try:
-            with urllib.request.urlopen(req, timeout=left) as resp:  # noqa: S310 - http(s) only, checked above
-                out["status"] = int(resp.status)
-        except urllib.error.HTTPError as exc:
-            out["status"] = int(exc.code)
-        except (OSError, ValueError) as exc:  # URLError, timeouts, resets
-            out["msg"] = f"no answer: {exc}"
-        if out["status"] > 0:
+            conn.request(method, path, body=data, headers=headers)
+            out["status"] = int(conn.getresponse().status)
             out["msg"] = f"HTTP {out['status']}"
+        except (OSError, http.client.HTTPException) as exc:  # timeouts, resets, garbage instead of HTTP
+            out["msg"] = f"no answer: {exc}"
+        finally:
+            conn.close()
     out["elapsed_s"] = round(time.monotonic() - start, 3)
     return out
 
