@@ -18,8 +18,9 @@ description:
     against I(baseline) (the figures this module returned on the first verified deployment of the same model
     revision and stack) with I(tolerance) on the mean log-likelihood; a known answer that was right in the
     baseline and is wrong now fails.
-  - The whole probe costs 4 requests, about 330 prompt tokens and a few generated ones; the passage is computed
-    in full every time (vLLM does not read its prefix cache for a request with C(prompt_logprobs)).
+  - The whole probe costs 4 requests, 218 words of prompt (some 250 tokens) and at most 25 generated tokens; the
+    passage is computed in full every time (vLLM does not read its prefix cache for a request with
+    C(prompt_logprobs)).
   - Read-only. The API key never appears in results or messages.
 version_added: "0.1.0"
 author:

@@ -52,7 +52,10 @@ What it proves, when a deployment passes against it:
     max_num_seqs and KV blocks make requests wait); prefix-cache hits counted per 16-token block;
     with --speculative-config, what 0.19.0's SpeculativeConfig refuses exits 1, a drafter must be in the
     cache like the model, and the vllm:spec_decode_* counters count drafts at the same pace (see
-    "speculative decoding" below: the double never decodes faster with a drafter).
+    "speculative decoding" below: the double never decodes faster with a drafter);
+  - /v1/completions' prompt_logprobs as vLLM 0.19.0 answers it, from a deterministic text model that answers
+    simple known-answer questions right, and a fault switch that makes it answer fluently but wrongly with
+    /health still 200 (SIGUSR1, or SPARKOPS_TEST_DOUBLE_ANSWERS=wrong; see "answers" below).
 What it CANNOT prove: anything about GPUs, CUDA, NCCL/RDMA, model quality or real speed, memory
 fit, quantization or attention backends actually working, or that real vLLM's defaults match. Its
 "tokens" are words. Only the standard library and `ray` are used. Logs go to stdout.
