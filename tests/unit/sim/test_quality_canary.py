@@ -167,8 +167,9 @@ def test_honest_spread_over_20_probes_and_3_restarts_stays_inside_the_tolerance_
     d.signal(signal.SIGUSR2)  # and honest again
     assert qp.judge(d.probe()["figures"], baseline, tol["tolerance"])["ok"]
     print(  # noqa: T201 - the figures the report quotes (pytest -s)
-        f"\n[canary] {len(figures)} honest probes over {d.starts} starts: mean_logprob {min(means):.5f}..{max(means):.5f}"
-        f" (spread {spread:.5f}), proposed {tol}; probe cost {cost}; wrong mode: mean_logprob "
+        f"\n[canary] {len(figures)} honest probes over {d.starts} starts: mean_logprob "
+        f"{min(means):.5f}..{max(means):.5f} (spread {spread:.5f}), proposed {tol}; probe cost {cost}; "
+        f"wrong mode: mean_logprob "
         f"{wrong['mean_logprob']}, perplexity {wrong['perplexity']}, delta {verdict['delta_mean_logprob']}, "
         f"known answers {wrong['known_answers']}"
     )
