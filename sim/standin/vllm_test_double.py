@@ -52,7 +52,10 @@ What it proves, when a deployment passes against it:
     max_num_seqs and KV blocks make requests wait); prefix-cache hits counted per 16-token block;
     with --speculative-config, what 0.19.0's SpeculativeConfig refuses exits 1, a drafter must be in the
     cache like the model, and the vllm:spec_decode_* counters count drafts at the same pace (see
-    "speculative decoding" below: the double never decodes faster with a drafter).
+    "speculative decoding" below: the double never decodes faster with a drafter);
+  - /v1/completions' prompt_logprobs as vLLM 0.19.0 answers it, from a deterministic text model that answers
+    simple known-answer questions right, and a fault switch that makes it answer fluently but wrongly with
+    /health still 200 (SIGUSR1, or SPARKOPS_TEST_DOUBLE_ANSWERS=wrong; see "answers" below).
 What it CANNOT prove: anything about GPUs, CUDA, NCCL/RDMA, model quality or real speed, memory
 fit, quantization or attention backends actually working, or that real vLLM's defaults match. Its
 "tokens" are words. Only the standard library and `ray` are used. Logs go to stdout.
@@ -70,7 +73,9 @@ import importlib
 import importlib.metadata as md
 import inspect
 import json
+import math
 import os
+import random
 import re
 import resource
 import signal
@@ -811,6 +816,120 @@ class Scheduler:
                 self.on_decode(decoded)
 
 
+# --- answers: a deterministic text model, honest or wrong on purpose -----------------------------------
+# The quality canary (plugins/module_utils/quality_probe.py) scores a reference passage with vLLM's
+# prompt_logprobs and asks a few greedy known-answer questions. vLLM 0.19.0's CompletionRequest takes
+# prompt_logprobs: int | None (vllm/entrypoints/openai/completion/protocol.py:83); check_logprobs refuses a
+# positive value (or -1) with stream=true and a negative one other than -1, as 400s (protocol.py:384-397);
+# the answer's choices[0].prompt_logprobs (protocol.py:469, set at completion/serving.py:527) is a list whose
+# first element is None (vllm/logprobs.py:162-167) and then one {token id: Logprob} per prompt token: the
+# prompt token with its rank, then the top-k with ranks 1..k (vllm/logprobs.py:175-205); Logprob is
+# {logprob, rank, decoded_token} (vllm/logprobs.py:12-25); JSON makes the ids strings. A streamed choice has
+# no prompt_logprobs field (CompletionResponseStreamChoice, protocol.py:489-504): none is streamed here.
+# HONEST (default): a token's logprob is a fixed function of (previous word, word), in [-0.2, -5], so the
+# passage's mean is the same on every probe and every restart, plus a per-token jitter of +-JITTER_NATS drawn
+# afresh for each request: real kernels are not batch-invariant, so real logprobs move in their last digits
+# from one batch to the next. Known-answer prompts ("Q: What is 17 + 25?\nA:", the capital of a country,
+# 'Write the JSON object whose key "k" is N.') are answered right; every other prompt gets WORDS as before.
+# WRONG (SPARKOPS_TEST_DOUBLE_ANSWERS=wrong at start, or SIGUSR1 while serving; SIGUSR2 back to honest): what
+# a broken kernel or garbage weights give while /health stays 200: fluent-looking output made of the
+# prompt's own words shuffled, and near-uniform logprobs, -ln(vocab_size) (config.json's, else 32000) +-0.05.
+ANSWER_MODES = ("honest", "wrong")
+JITTER_NATS = 0.02
+TOP_LOGPROBS_CAP = 20  # prompt_logprobs -1 (the whole vocabulary in vLLM) is answered with this many
+FACTS = {"france": "Paris", "italy": "Rome", "germany": "Berlin", "japan": "Tokyo", "spain": "Madrid"}
+_LAST_Q = re.compile(r"Q:\s*(?P<q>[^\n]*)\nA:\s*$")
+_ARITH = re.compile(r"What is (-?\d{1,9}) ?([-+*x]|plus|minus|times) ?(-?\d{1,9})\s*\?", re.IGNORECASE)
+_CAPITAL = re.compile(r"What is the capital of ([A-Za-z ]+)\?", re.IGNORECASE)
+_JSON_KEY = re.compile(r'Write the JSON object whose key "(\w{1,40})" is (-?\d{1,9})\.')
+
+
+def token_id(word: str) -> int:
+    """The double's token id of a word (as /tokenize answers)."""
+    return int(hashlib.sha256(word.encode()).hexdigest()[:5], 16)
+
+
+def _unit(*parts: str) -> float:
+    return int(hashlib.sha256("\0".join(parts).encode()).hexdigest()[:8], 16) / 16**8
+
+
+class TextModel:
+    """The double's deterministic language model: prompt logprobs and continuations, honest or wrong."""
+
+    def __init__(self, snap: Path | None):
+        mode = os.environ.get("SPARKOPS_TEST_DOUBLE_ANSWERS", "honest")
+        if mode not in ANSWER_MODES:
+            die(f"SPARKOPS_TEST_DOUBLE_ANSWERS={mode!r}: one of {', '.join(ANSWER_MODES)}")
+        self.mode = mode
+        self.vocab = 32000
+        try:
+            vocab = json.loads((snap / "config.json").read_text()).get("vocab_size") if snap else None
+            if isinstance(vocab, int) and vocab > 1:
+                self.vocab = vocab
+        except (OSError, ValueError, AttributeError):
+            pass
+
+    def set_mode(self, mode: str) -> None:
+        if mode != self.mode:
+            log(f"TEST DOUBLE: answers are now {mode}" + (" (fluent but wrong; /health stays 200)" * (mode == "wrong")))
+        self.mode = mode
+
+    def prompt_logprobs(self, words: list[str], k: int) -> list:
+        """choices[0].prompt_logprobs for a prompt of `words`, k = the request's prompt_logprobs."""
+        rng = random.Random(os.urandom(8))
+        k = TOP_LOGPROBS_CAP if k == -1 else min(k, TOP_LOGPROBS_CAP)
+        out: list = [None]
+        for prev, word in zip(words, words[1:], strict=False):
+            h = _unit(prev, word)
+            if self.mode == "wrong":
+                lp = -math.log(self.vocab) + rng.uniform(-0.05, 0.05)
+                rank = 1 + int(h * (self.vocab - 1))
+            else:
+                lp = -(0.2 + 4.8 * h * h) + rng.uniform(-JITTER_NATS, JITTER_NATS)
+                rank = 1 if h < 0.5 else 1 + int((h - 0.5) * 200)
+            pos = {str(token_id(word)): {"logprob": round(min(lp, 0.0), 6), "rank": rank, "decoded_token": word}}
+            for r in range(1, k + 1):
+                top = WORDS[int(_unit(word, str(r)) * len(WORDS))] if rank != r else word
+                pos.setdefault(str(token_id(top)), {"logprob": -0.1 * r, "rank": r, "decoded_token": top})
+            out.append(pos)
+        return out
+
+    @staticmethod
+    def known_answer(prompt: str) -> str | None:
+        m = _LAST_Q.search(prompt)
+        if not m:
+            return None
+        q = m.group("q")
+        if a := _ARITH.search(q):
+            x, op, y = int(a.group(1)), a.group(2).lower(), int(a.group(3))
+            return str(x + y if op in ("+", "plus") else x - y if op in ("-", "minus") else x * y)
+        if c := _CAPITAL.search(q):
+            return FACTS.get(c.group(1).strip().lower())
+        if j := _JSON_KEY.search(q):
+            return json.dumps({j.group(1): int(j.group(2))})
+        return None
+
+    def continuation(self, prompt: str, n: int, stop) -> tuple[list[str], str]:
+        """The generated words (at most n) and the finish reason."""
+        stops = [stop] if isinstance(stop, str) else [s for s in stop or [] if isinstance(s, str)]
+        if self.mode == "wrong":
+            words = prompt.split() or list(WORDS)
+            rng = random.Random(os.urandom(8))
+            out = []
+            while len(out) < n:
+                batch = list(words)
+                rng.shuffle(batch)
+                out += batch
+            return out[:n], "length"
+        answer = self.known_answer(prompt)
+        if answer is None:
+            return [WORDS[i % len(WORDS)] for i in range(n)], "length"
+        words = answer.split()
+        if "\n" in stops:
+            return words[:n], "stop" if len(words) <= n else "length"
+        return (words + [WORDS[i % len(WORDS)] for i in range(n)])[:n], "length"
+
+
 # --- the engine -------------------------------------------------------------------------------------
 
 
@@ -850,6 +969,7 @@ class Engine:
         extra = spec_families(self.spec_k) if spec else []
         self.metrics = Metrics(contract, self.name, not args.disable_log_stats, cache_info, extra)
         self.metrics.set("vllm:engine_sleep_state", 1, sleep_state="awake")
+        self.text = TextModel(snap)
         if spec:
             rate = spec.get("synthetic_acceptance_rate")
             if rate is None:
@@ -1675,9 +1795,20 @@ class Handler(BaseHTTPRequestHandler):
         if self.model_unknown(req):
             return None
         req = {**req, "model": req.get("model") or e.name}
+        plp = req.get("prompt_logprobs")
+        if not chat and plp is not None:
+            # CompletionRequest.check_logprobs (vllm/entrypoints/openai/completion/protocol.py:384-397)
+            if not isinstance(plp, int) or isinstance(plp, bool):
+                return self.error(400, "BadRequestError", "prompt_logprobs: Input should be a valid integer")
+            if req.get("stream") and (plp > 0 or plp == -1):
+                return self.error(400, "BadRequestError", "`prompt_logprobs` are not available when `stream=True`.")
+            if plp < 0 and plp != -1:
+                return self.error(400, "BadRequestError", "`prompt_logprobs` must be a positive value or -1.")
         prompt = text.split()
         max_tokens = int(req.get("max_tokens") or req.get("max_completion_tokens") or 16)
         n = max(0, min(max_tokens, e.max_model_len - len(prompt)))
+        self.out_words, self.finish_reason = e.text.continuation(text, n, req.get("stop"))
+        n = len(self.out_words)
         arrived = time.monotonic()
         hit = e.prefix(prompt)
         self.seq = Seq(len(prompt), hit, n)
@@ -1711,7 +1842,7 @@ class Handler(BaseHTTPRequestHandler):
             times.append(time.monotonic())
             m.inc("vllm:generation_tokens")
             m.observe("vllm:iteration_tokens_total", 1)
-            return WORDS[i % len(WORDS)]
+            return self.out_words[i]
 
         m.inc("vllm:prompt_tokens", len(prompt))
         m.inc("vllm:prompt_tokens_by_source", len(prompt) - hit, source="local_compute")
@@ -1726,8 +1857,10 @@ class Handler(BaseHTTPRequestHandler):
                 e.shutdown()
                 return
             self.finished(times, len(prompt), hit, n, max_tokens, arrived, scheduled)
-            choice = {"index": 0, "logprobs": None, "finish_reason": "length"}
+            choice = {"index": 0, "logprobs": None, "finish_reason": self.finish_reason}
             choice.update({"message": {"role": "assistant", "content": out}} if chat else {"text": out})
+            if not chat and req.get("prompt_logprobs") is not None:
+                choice["prompt_logprobs"] = e.text.prompt_logprobs(prompt, req["prompt_logprobs"])
             self.send(200, {**base, "object": obj, "choices": [choice], "usage": usage})
             return
         self.send_response(200)
@@ -1755,7 +1888,7 @@ class Handler(BaseHTTPRequestHandler):
                 chunk({"role": "assistant", "content": ""})
             try:
                 for i in range(n):
-                    chunk({"content": (" " if i else "") + token(i)}, "length" if i == n - 1 else None)
+                    chunk({"content": (" " if i else "") + token(i)}, self.finish_reason if i == n - 1 else None)
             except EngineDead:
                 # the 200 is already sent: vLLM sends the error as the next chunk; its watchdog stops the server
                 emit({"error": {"message": ENGINE_DEAD_MESSAGE, "type": "InternalServerError", "code": 500}})
@@ -1877,6 +2010,11 @@ def main(argv: list[str] | None = None) -> int:
     if "ray" not in sys.modules:
         signal.signal(signal.SIGTERM, on_stop_signal)
         signal.signal(signal.SIGINT, on_stop_signal)
+    # TEST DOUBLE fault switch (no vLLM counterpart): answers turn wrong on SIGUSR1, honest again on SIGUSR2
+    signal.signal(signal.SIGUSR1, lambda signum, frame: engine.text.set_mode("wrong"))
+    signal.signal(signal.SIGUSR2, lambda signum, frame: engine.text.set_mode("honest"))
+    if engine.text.mode == "wrong":
+        log("TEST DOUBLE: SPARKOPS_TEST_DOUBLE_ANSWERS=wrong: answers are fluent but wrong; /health stays 200")
     log(f"Starting vLLM API server 0 on http://{args.host or '0.0.0.0'}:{srv.server_port}")
     log("Application startup complete.")
     try:
