@@ -461,6 +461,52 @@ def check_endpoints(endpoints: list) -> list[dict]:
     ]
 
 
+def check_quality(results: list) -> list[dict]:
+    """Whether each replica answers RIGHT, not only whether it answers: vllm_quality's result per replica (the
+    reference passage's mean log-likelihood and the known answers, judged against the recorded baseline where
+    one is given, else against the floor alone). A wrong engine answers 200 OK: CRITICAL with the figures.
+    A replica that could not be asked is the endpoint verdict's business: N/A here, saying why."""
+    several = len(results) > 1
+    out = []
+    for r in results:
+        item = r.get("item") or {}
+        scope = f"{item.get('name')} ({item.get('url')})" if several else "cluster"
+        figures = r.get("figures") or {}
+        verdict_ = r.get("verdict") or {}
+        if r.get("unreachable") or (r.get("failure_kind") not in (None, "wrong_answers") and not verdict_):
+            why = r.get("msg") or r.get("failure_kind") or "not asked"
+            out.append(verdict("answer quality", scope, NA, f"not judged: {str(why)[:200]}"))
+            continue
+        answers = figures.get("known_answers") or {}
+        right = sum(1 for a in answers.values() if (a or {}).get("ok"))
+        ev = (
+            f"reference passage: mean log-likelihood {figures.get('mean_logprob')} nats/token "
+            f"(perplexity {figures.get('perplexity')}, {figures.get('prompt_tokens')} tokens); "
+            f"known answers right: {right}/{len(answers)}"
+        )
+        if verdict_.get("compared"):
+            ev += (
+                f"; {verdict_.get('delta_mean_logprob')} nats from the baseline (tolerance {verdict_.get('tolerance')})"
+            )
+        if verdict_.get("ok"):
+            out.append(verdict("answer quality", scope, PASS, ev))
+            continue
+        reasons = "; ".join(str(x) for x in (verdict_.get("reasons") or []))[:400]
+        out.append(
+            verdict(
+                "answer quality",
+                scope,
+                CRITICAL,
+                f"{ev}; {reasons}" if reasons else ev,
+                "the engine answers, but wrongly: check the image (a kernel that regressed in a new build), the "
+                "weights (`ansible-playbook playbooks/weights.yml` compares them with the source) and the profile's "
+                "quantization; after an upgrade, upgrade back to the previous ref or profile (deployment.json on the "
+                "head records it)",
+            )
+        )
+    return out
+
+
 # A request without the key that gets one of these was refused by authentication; any other HTTP answer
 # (2xx, but also 400, 404, 405, 5xx) means the key was not asked before the route was reached.
 _KEY_ASKED = (401, 403)
@@ -785,6 +831,7 @@ def build_verdicts(inputs: dict) -> list[dict]:
     out.extend(check_rays(inputs.get("ray") or {}, int(s["expected_nodes"]), float(s["expected_gpus"])))
     # Every replica's completion when doctor.yml gives them (`endpoints`), else the one `health`.
     out.extend(check_endpoints(inputs.get("endpoints") or [inputs.get("health") or {}]))
+    out.extend(check_quality(inputs.get("quality") or []))
     out.append(check_exposure(inputs.get("exposure") or {}, s["serve_host"], s["mgmt_address"]))
     out.append(check_allowed_rules(inputs.get("allowed_rules") or []))
     out.append(

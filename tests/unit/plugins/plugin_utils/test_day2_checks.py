@@ -302,3 +302,36 @@ def test_the_status_line_says_the_watchdog_stopped_restarting():
     assert line({"status": "watching", "reason": "healthy", "last_probe_at": "t"}) == "watching: healthy (last probe t)"
     assert line({}).startswith("no watchdog state")
     assert line(None).startswith("no watchdog state")
+
+
+def _quality(ok: bool, mean: float, right: int, **extra) -> dict:
+    answers = {n: {"ok": i < right, "got": "x"} for i, n in enumerate(("arithmetic", "fact", "json"))}
+    return {
+        "item": {"name": "chat-0", "url": "http://10.0.0.1:8000"},
+        "ok": ok,
+        "failure_kind": None if ok else "wrong_answers",
+        "figures": {"mean_logprob": mean, "perplexity": 2.7, "prompt_tokens": 120, "known_answers": answers},
+        "verdict": {"ok": ok, "reasons": [] if ok else ["mean log-likelihood -10.4 is below the floor -6.0"]},
+        **extra,
+    }
+
+
+def test_a_replica_that_answers_wrongly_is_critical_with_its_figures_and_a_right_one_passes():
+    wrong, right = d.check_quality([_quality(False, -10.4, 0)])[0], _quality(True, -1.8, 3)
+    assert (wrong["check"], wrong["scope"], wrong["verdict"]) == ("answer quality", "cluster", "CRITICAL")
+    assert "-10.4 nats/token" in wrong["evidence"] and "known answers right: 0/3" in wrong["evidence"]
+    assert "below the floor" in wrong["evidence"] and "weights" in wrong["action"]
+    passed = d.check_quality([right])[0]
+    assert passed["verdict"] == "PASS" and "known answers right: 3/3" in passed["evidence"]
+    # Two replicas: each named; one wrong one is enough for the overall verdict.
+    both = d.check_quality([right, {**_quality(False, -10.4, 1), "item": {"name": "chat-1", "url": "u1"}}])
+    assert [v["scope"] for v in both] == ["chat-0 (http://10.0.0.1:8000)", "chat-1 (u1)"]
+    assert d.overall(both) == "CRITICAL"
+
+
+def test_a_replica_that_could_not_be_asked_is_not_judged_here():
+    refused = {"item": {"name": "chat-0", "url": "u"}, "failed": True, "failure_kind": "refused", "msg": "refused"}
+    unreachable = {"item": {"name": "chat-0", "url": "u"}, "unreachable": True, "msg": "ssh: no route"}
+    for result in (refused, unreachable):
+        (got,) = d.check_quality([result])
+        assert got["verdict"] == "N/A" and got["evidence"].startswith("not judged:"), got
