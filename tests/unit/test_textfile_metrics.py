@@ -149,3 +149,22 @@ def test_a_watchdog_that_stopped_restarting_is_a_gauge_until_serving_is_back(tf,
     assert (
         got["sparkops_watchdog_stopped_restarting"] == 0 and got["sparkops_watchdog_next_retry_timestamp_seconds"] == 0
     )
+
+
+def test_the_last_quality_judgement_is_the_gauge_and_wrong_ones_are_counted(tf, tmp_path):
+    log = tmp_path / "watchdog.jsonl"
+    log.write_text("")
+    got = samples(tf.watchdog_lines(log))
+    assert "sparkops_quality_ok" not in got and got["sparkops_quality_failures_total"] == 0  # none judged yet
+
+    def ev(event: str, mean, **kw) -> str:
+        return json.dumps({"epoch": 1, "event": event, "message": "m", "node": "h", "mean_logprob": mean, **kw})
+
+    log.write_text("\n".join([ev("quality_baseline", -1.8), ev("quality_ok", -1.8), ev("quality_failed", -10.4)]))
+    got = samples(tf.watchdog_lines(log))
+    assert got["sparkops_quality_ok"] == 0 and got["sparkops_quality_mean_logprob"] == -10.4
+    assert got["sparkops_quality_failures_total"] == 1
+    log.write_text(log.read_text() + "\n" + ev("quality_error", None) + "\n" + ev("quality_ok", -1.79))
+    got = samples(tf.watchdog_lines(log))
+    assert got["sparkops_quality_ok"] == 1 and got["sparkops_quality_mean_logprob"] == -1.79
+    assert got["sparkops_quality_failures_total"] == 1

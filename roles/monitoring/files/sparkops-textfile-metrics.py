@@ -20,6 +20,10 @@ Watchdog (from the watchdog's JSON-lines log; one object a line, a restart is "e
   sparkops_watchdog_stopped_restarting 1 while the watchdog has spent its restart budget and serving is not
                                        back ("gave_up" logged, no "recovered" nor successful restart since)
   sparkops_watchdog_next_retry_timestamp_seconds  when it tries again (0 when it has not stopped)
+  sparkops_quality_ok                  1 when the last judgement of the answers was right, 0 when wrong
+                                       (absent before the first one: "quality_ok" / "quality_failed" logged)
+  sparkops_quality_mean_logprob        the reference passage's mean log-likelihood at the last judgement
+  sparkops_quality_failures_total      judgements that found the answers wrong
 Thresholds the alert rules compare with (one source of truth: the role's variables):
   sparkops_weights_disk_avail_bytes, sparkops_weights_disk_size_bytes, sparkops_weights_disk_min_free_bytes
   sparkops_memory_floor_bytes
@@ -110,6 +114,7 @@ def gpu_lines(csv_text: str | None) -> list[str]:
 def watchdog_lines(log_path: Path) -> list[str]:
     restarts, last = 0, 0.0
     stopped, next_retry = 0, 0.0
+    quality_ok, quality_mean, quality_failures = None, None, 0
     try:
         text = log_path.read_text(errors="replace")
     except FileNotFoundError:
@@ -137,7 +142,31 @@ def watchdog_lines(log_path: Path) -> list[str]:
             next_retry = float(when) if isinstance(when, (int, float)) else next_retry
         elif event == "recovered" or (event == "restart_ended" and rec.get("ok") is True):
             stopped, next_retry = 0, 0.0
-    return [
+        # The watchdog's quality thread: a right or a wrong judgement of the answers, with the passage's figure.
+        if event in ("quality_ok", "quality_failed"):
+            quality_ok = 1 if event == "quality_ok" else 0
+            quality_failures += event == "quality_failed"
+            mean = rec.get("mean_logprob")
+            quality_mean = float(mean) if isinstance(mean, (int, float)) and not isinstance(mean, bool) else None
+    quality = []
+    if quality_ok is not None:
+        quality += [
+            "# HELP sparkops_quality_ok 1 when the last judgement of the answers was right, 0 when wrong.",
+            "# TYPE sparkops_quality_ok gauge",
+            f"sparkops_quality_ok {quality_ok}",
+        ]
+    if quality_mean is not None:
+        quality += [
+            "# HELP sparkops_quality_mean_logprob The reference passage's mean log-likelihood at the last judgement.",
+            "# TYPE sparkops_quality_mean_logprob gauge",
+            f"sparkops_quality_mean_logprob {quality_mean:g}",
+        ]
+    quality += [
+        "# HELP sparkops_quality_failures_total Judgements that found the answers wrong.",
+        "# TYPE sparkops_quality_failures_total counter",
+        f"sparkops_quality_failures_total {quality_failures}",
+    ]
+    return quality + [
         "# HELP sparkops_watchdog_restarts_total Restarts the sparkops watchdog recorded.",
         "# TYPE sparkops_watchdog_restarts_total counter",
         f"sparkops_watchdog_restarts_total {restarts}",

@@ -51,7 +51,15 @@ from urllib.parse import urlsplit
 
 IDENT = "sparkops-watchdog"
 # Events logged to syslog at info; every other one is a warning.
-QUIET_EVENTS = ("started", "restart_ended", "recovered", "probe_ok", "page_cache_dropped")
+QUIET_EVENTS = (
+    "started",
+    "restart_ended",
+    "recovered",
+    "probe_ok",
+    "page_cache_dropped",
+    "quality_ok",
+    "quality_baseline",
+)
 LOCK = threading.Lock()
 # vLLM 0.19.0's EngineDeadError (v1/engine/exceptions.py:13): a request's 500 or a stream's error chunk. /health
 # answers 503 only then (entrypoints/serve/instrumentator/health.py:29-33). A dead engine never comes back.
@@ -148,7 +156,7 @@ def decide(observation: dict, state: dict, cfg: dict, now: float) -> dict:
         new["consecutive_failures"] = failures + (0 if observation["probe"] == "ok" else 1)
         return {"action": "blocked", "reason": f"worker node unreachable: {', '.join(unreachable)}", "state": new}
     down = sorted(n for n, s in observation.get("workers", {}).items() if s != "running")
-    if observation["probe"] in ("ok", "busy") and not down:
+    if observation["probe"] in ("ok", "busy") and not down and not observation.get("quality_wrong"):
         new["consecutive_failures"] = 0
         return {"action": "none", "reason": "healthy", "state": new}
     if state.get("status") == "gave_up":
@@ -165,6 +173,13 @@ def decide(observation: dict, state: dict, cfg: dict, now: float) -> dict:
         return {"action": "retry", "reason": f"try {tries} after the restart budget was spent: {why}", "state": new}
     if observation.get("in_grace") and not down and observation["probe"] != "hang":
         return {"action": "none", "reason": "starting (grace period)", "state": new}
+    if observation.get("quality_wrong") and observation["probe"] in ("ok", "busy") and not down:
+        # Answers, but wrongly (the quality thread's verdict, with quality_action "restart"): the group is
+        # restarted within the same hourly budget, then judged again.
+        reason = f"answers wrong: {observation['quality_wrong']}"
+        if len(recent) >= int(cfg["max_restarts_per_hour"]):
+            return {"action": "give_up", "reason": reason, "state": new}
+        return {"action": "restart", "reason": reason, "state": new}
     if down:
         reason = "worker lost: " + ", ".join(f"{n} {observation['workers'][n]}" for n in down)
     elif observation["probe"] == "hang":
@@ -456,6 +471,113 @@ def probe(cfg: dict, api_key: str, timeout: float) -> tuple[str, str, float]:
         conn.close()
 
 
+# --------------------------------------------------------------------------- answer quality
+def quality_outcome(returncode: int, stdout: str) -> dict:
+    """What quality_probe.py said (its last JSON line; exit 0 right, 1 wrong, 2 not asked): {"state": "ok" |
+    "wrong" | "error", "figures", "reasons", "error"}. Anything unreadable is an error, never a verdict."""
+    data: dict = {}
+    for line in reversed((stdout or "").strip().splitlines()):
+        try:
+            data = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(data, dict):
+            break
+        data = {}
+    verdict = data.get("verdict") if isinstance(data.get("verdict"), dict) else {}
+    figures = data.get("figures") if isinstance(data.get("figures"), dict) else {}
+    reasons = [str(r)[:300] for r in (verdict.get("reasons") or [])][:5]
+    if returncode == 0 and verdict.get("ok") is True:
+        return {"state": "ok", "figures": figures, "reasons": [], "error": ""}
+    if returncode == 1 and verdict.get("ok") is False:
+        return {"state": "wrong", "figures": figures, "reasons": reasons or ["wrong answers"], "error": ""}
+    error = str(data.get("error") or f"quality probe exited {returncode} with no verdict")[:300]
+    return {"state": "error", "figures": figures, "reasons": [], "error": error}
+
+
+def baseline_for(stored: dict | None, key: str) -> dict | None:
+    """The recorded figures when they were recorded for this deployment (`key`: model, image, command line)."""
+    if isinstance(stored, dict) and stored.get("key") == key and isinstance(stored.get("figures"), dict):
+        return stored["figures"]
+    return None
+
+
+class QualityChecker:
+    """Every quality_interval_s, while serving is healthy, asks whether the engine answers RIGHT
+    (quality_probe.py, installed next to this script: a reference passage's likelihood and known answers).
+    Runs beside the watch loop so a slow probe never delays a hang's detection. The first right answer of a
+    deployment is its baseline (kept in quality_baseline_file under the deployment's key); later ones are
+    judged against it. A wrong verdict is an event (and a metric); with quality_action "restart" the watch loop
+    restarts the group through its usual budget and the next probe judges it again."""
+
+    def __init__(self, wd: Watchdog):
+        self.wd = wd
+        self.cfg = wd.cfg
+        self.wrong: str | None = None  # the reasons while the last verdict is wrong and restart is asked
+        self.soon = threading.Event()  # set after a restart: judge again at once
+        self.last_state: str | None = None
+
+    def baseline(self) -> dict | None:
+        try:
+            with open(self.cfg["quality_baseline_file"], encoding="utf-8") as fh:
+                return baseline_for(json.load(fh), str(self.cfg.get("quality_baseline_key", "")))
+        except (OSError, ValueError):
+            return None
+
+    def probe_once(self) -> dict:
+        c = self.cfg
+        base = str(c["endpoint"]).rstrip("/")
+        argv = ["python3", c["quality_script"], "--base-url", base, "--model", c["model"],
+                "--api-key-file", c["api_key_file"], "--tolerance", str(c.get("quality_tolerance", 0.25)),
+                "--timeout", str(c.get("quality_timeout_s", 30))]  # fmt: skip
+        baseline = self.baseline()
+        if baseline is not None:
+            tmp = c["quality_baseline_file"] + ".figures"
+            write_json_atomic(tmp, baseline)
+            argv += ["--baseline", tmp]
+        res = sh(argv, float(c.get("quality_timeout_s", 30)) * 5 + 10)
+        out = quality_outcome(res.returncode, res.stdout)
+        out["compared"] = baseline is not None
+        return out
+
+    def judge(self) -> None:
+        out = self.probe_once()
+        fig = out["figures"]
+        figures = {k: fig.get(k) for k in ("mean_logprob", "perplexity", "prompt_tokens")}
+        if out["state"] == "ok":
+            self.wrong = None
+            if not out["compared"]:
+                write_json_atomic(
+                    self.cfg["quality_baseline_file"],
+                    {"key": str(self.cfg.get("quality_baseline_key", "")), "recorded": utc_now(), "figures": fig},
+                )
+                self.wd.events.emit("quality_baseline", "first right answers of this deployment: the baseline",
+                                    **figures)  # fmt: skip
+            self.wd.events.emit("quality_ok", "answers right", compared=out["compared"], **figures)
+        elif out["state"] == "wrong":
+            reasons = "; ".join(out["reasons"])
+            self.wd.events.emit("quality_failed", f"the engine answers, but wrongly: {reasons}",
+                                reasons=out["reasons"], action=self.cfg.get("quality_action", "alert"),
+                                **figures)  # fmt: skip
+            if self.cfg.get("quality_action") == "restart":
+                self.wrong = reasons
+        elif self.last_state != "error":
+            self.wd.events.emit("quality_error", f"answer quality not judged: {out['error']}")
+        self.last_state = out["state"]
+
+    def run(self) -> None:
+        interval = float(self.cfg.get("quality_interval_s", 0))
+        while True:
+            self.soon.wait(interval)
+            self.soon.clear()
+            if self.wd.state.get("status") not in ("watching", "degraded"):
+                continue
+            try:
+                self.judge()
+            except Exception as exc:  # noqa: BLE001 - the quality thread must outlive any surprise
+                self.wd.events.emit("watchdog_error", f"quality: {type(exc).__name__}: {exc}"[:300])
+
+
 # --------------------------------------------------------------------------- the watch loop
 class Watchdog:
     def __init__(self, cfg: dict):
@@ -473,6 +595,9 @@ class Watchdog:
         self.state.setdefault("own_start_epoch", 0)
         with open(cfg["api_key_file"], encoding="utf-8") as fh:
             self.api_key = fh.read().strip()
+        self.quality: QualityChecker | None = None
+        if float(cfg.get("quality_interval_s", 0) or 0) > 0 and cfg.get("quality_script"):
+            self.quality = QualityChecker(self)
 
     def save(self, **fields) -> None:
         self.state.update(fields)
@@ -547,10 +672,13 @@ class Watchdog:
             "workers": workers,
             "floor_tripped": tripped,
             "in_grace": self.in_grace(now) if result != "ok" else False,
+            "quality_wrong": self.quality.wrong if getattr(self, "quality", None) else None,
         }
 
     def run(self) -> None:
         self.events.emit("started", "watchdog started", config=self.state.get("config") or {})
+        if self.quality:
+            threading.Thread(target=self.quality.run, daemon=True, name="quality").start()
         last_status = None
         while True:
             t0 = time.monotonic()
@@ -697,6 +825,9 @@ class Watchdog:
         self.save(status="restarting", reason=reason)
         self.events.emit("restart_begun", f"restart {n} of the serving group: {reason}", attempt=n, reason=reason)
         ok, detail = self._restart_steps()
+        if getattr(self, "quality", None):  # a new engine: judged again at once, not after the interval
+            self.quality.wrong = None
+            self.quality.soon.set()
         self.state["own_start_epoch"] = time.time()
         self.state["consecutive_failures"] = 0
         took = round(time.time() - started, 1)

@@ -192,3 +192,88 @@ def test_the_double_can_start_wrong_and_refuses_an_unknown_answer_mode(double, h
         check=False,
     )
     assert res.returncode == 1 and "SPARKOPS_TEST_DOUBLE_ANSWERS='subtle': one of honest, wrong" in res.stdout
+
+
+def _watchdog():
+    import importlib.util  # noqa: PLC0415 - the watchdog script is a file, not a package
+
+    spec = importlib.util.spec_from_file_location(
+        "sparkops_watchdog", ROOT / "roles/watchdog/files/sparkops_watchdog.py"
+    )
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_watchdog_records_a_baseline_then_catches_wrong_answers_and_asks_a_restart(double, tmp_path):
+    """The watchdog's quality thread against the double: the first right answers are the deployment's baseline,
+    the switch to wrong answers (/health still 200) is a quality_failed event, and with quality_action "restart"
+    the watch loop's decide() restarts the group within its budget; a new deployment key records a new baseline."""
+    wdm = _watchdog()
+    d = double()
+    key_file = tmp_path / "key"
+    key_file.write_text(KEY)
+    cfg = {
+        "endpoint": d.base, "model": "tiny", "api_key_file": str(key_file),
+        "quality_script": str(ROOT / "plugins/module_utils/quality_probe.py"), "quality_interval_s": 60,
+        "quality_baseline_file": str(tmp_path / "quality-baseline.json"), "quality_baseline_key": "image-a tiny",
+        "quality_tolerance": 0.25, "quality_action": "restart", "quality_timeout_s": 20,
+        "max_restarts_per_hour": 2, "failures_before_restart": 2, "hang_timeout_s": 4,
+    }  # fmt: skip
+
+    class FakeWatchdog:  # what the checker reads of the watch loop: its config, its state, its events
+        state = {"status": "watching"}
+        events = wdm.Events(str(tmp_path / "watchdog.jsonl"), "head")
+
+    fake = FakeWatchdog()
+    fake.cfg = cfg
+    checker = wdm.QualityChecker(fake)
+
+    def events() -> list[dict]:
+        return [json.loads(x) for x in (tmp_path / "watchdog.jsonl").read_text().splitlines()]
+
+    checker.judge()
+    assert [e["event"] for e in events()] == ["quality_baseline", "quality_ok"]
+    stored = json.loads((tmp_path / "quality-baseline.json").read_text())
+    assert stored["key"] == "image-a tiny" and stored["figures"]["mean_logprob"] > -6
+    checker.judge()  # judged against the baseline now
+    assert events()[-1]["event"] == "quality_ok" and events()[-1]["compared"] is True
+    assert checker.wrong is None
+
+    d.signal(signal.SIGUSR1)  # fluent but wrong, /health stays 200
+    assert op.get_health(d.base, timeout=2)["status"] == 200
+    checker.judge()
+    failed = events()[-1]
+    assert failed["event"] == "quality_failed" and failed["mean_logprob"] < -6, failed
+    assert checker.wrong and "wrongly" not in checker.wrong  # the reasons, for the restart's reason
+    obs = {"probe": "ok", "probe_detail": "", "workers": {}, "floor_tripped": [], "in_grace": False,
+           "quality_wrong": checker.wrong}  # fmt: skip
+    act = wdm.decide(obs, {"consecutive_failures": 0, "restart_epochs": []}, cfg, 1000)
+    assert act["action"] == "restart" and act["reason"].startswith("answers wrong: "), act
+    spent = wdm.decide(obs, {"consecutive_failures": 0, "restart_epochs": [990, 995]}, cfg, 1000)
+    assert spent["action"] == "give_up"
+    # Alert only: the event, no restart asked.
+    cfg["quality_action"] = "alert"
+    checker.wrong = None
+    checker.judge()
+    assert events()[-1]["event"] == "quality_failed" and events()[-1]["action"] == "alert" and checker.wrong is None
+
+    d.signal(signal.SIGUSR2)
+    cfg["quality_baseline_key"] = "image-b tiny"  # another deployment: its own baseline
+    checker.judge()
+    assert [e["event"] for e in events()[-2:]] == ["quality_baseline", "quality_ok"]
+
+
+def test_the_probe_scripts_output_is_read_as_a_verdict_or_an_error_never_a_guess():
+    wdm = _watchdog()
+    ok = json.dumps({"figures": {"mean_logprob": -1.8}, "verdict": {"ok": True, "reasons": []}})
+    bad = json.dumps({"figures": {"mean_logprob": -10.4}, "verdict": {"ok": False, "reasons": ["below the floor"]}})
+    assert wdm.quality_outcome(0, "noise\n" + ok)["state"] == "ok"
+    assert wdm.quality_outcome(1, bad) == {
+        "state": "wrong", "figures": {"mean_logprob": -10.4}, "reasons": ["below the floor"], "error": ""
+    }  # fmt: skip
+    assert wdm.quality_outcome(2, json.dumps({"error_kind": "refused", "error": "refused"}))["state"] == "error"
+    assert wdm.quality_outcome(0, bad)["state"] == "error"  # exit code and verdict disagree: not a verdict
+    assert wdm.quality_outcome(1, "Traceback ...")["state"] == "error"
+    assert wdm.baseline_for({"key": "a", "figures": {"x": 1}}, "a") == {"x": 1}
+    assert wdm.baseline_for({"key": "a", "figures": {"x": 1}}, "b") is None
