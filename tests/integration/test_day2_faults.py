@@ -141,6 +141,34 @@ def test_sigstop_serving_process_is_detected_and_recovered(healthy):
     assert all(e["files"] > 0 and e["epoch"] <= ended["epoch"] for e in dropped.values()), dropped
 
 
+def test_wrong_answers_behind_a_green_health_are_caught_by_the_watchdog_and_doctor(healthy):
+    """The double switched to fluent wrong answers (SIGUSR1: shuffled tokens, near-uniform logprobs) while /health
+    stays 200: the watchdog's quality thread says so within its interval (inventory/sim: 15 s) with the passage's
+    figure, Prometheus gets sparkops_quality_ok 0 (VllmAnswersWrong fires on it: tests/promtool), doctor says
+    CRITICAL; switched back (SIGUSR2), the next judgement is right again."""
+    from test_monitoring import query, wait_for  # noqa: PLC0415 - Prometheus' helpers, where that file has them
+
+    wait_event("quality_ok", 0, timeout=40)  # the deployment's baseline and a right judgement exist
+    pid = node_sh(HEAD, "pgrep -f -o 'vllm_test_double.py'").stdout.split()[0]
+    t0 = time.time()
+    node_sh(HEAD, f"kill -USR1 {pid}")
+    try:
+        assert completion_ok()  # still answers 200 OK
+        failed = wait_event("quality_failed", t0, timeout=15 + 30)
+        assert failed["mean_logprob"] < -6, failed
+        print(f"\n[day2] wrong answers judged after {failed['epoch'] - t0:.1f} s: {failed['message'][:160]}")
+        wait_for("sparkops_quality_ok 0", lambda: [r for r in query("sparkops_quality_ok") if r["value"][1] == "0"], 60)
+        res, report = doctor()
+        assert res.returncode != 0
+        crit = [v for v in verdicts(report, "CRITICAL") if v["check"] == "answer quality"]
+        assert crit and "known answers right: 0/" in crit[0]["evidence"], verdicts(report, "CRITICAL")
+    finally:
+        node_sh(HEAD, f"kill -USR2 {pid}")
+    t1 = time.time()
+    assert wait_event("quality_ok", t1, timeout=15 + 30)["mean_logprob"] > -6
+    assert not [e for e in events_since(t0) if e["event"] == "restart_begun"]  # action "alert": no restart
+
+
 def test_vllm_crashing_at_every_start_stops_at_the_bound(healthy):
     snap = "/var/lib/sparkops/huggingface/hub"
     t0 = time.time()
