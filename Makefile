@@ -66,7 +66,7 @@ sim-info: venv
 	    -a 'msg={{ sparkops_reports_dir | realpath }}' | sed -n 's/.*"msg": "\(.*\)".*/\1/p'); \
 	test -f "$$reports/health.md" || { echo "no health report in $$reports yet: run make sim"; exit 1; }; \
 	echo; echo "Simulated cluster serving (a vLLM TEST DOUBLE behind a real Ray cluster):"; \
-	sed -n 's/^| \(endpoint\|served model name\|API key\|healthy\) | \(.*\) |$$/  \1: \2/p' "$$reports/health.md"; \
+	sed -n 's/^| \(endpoint\|served model name\|API key\|client key\|healthy\) | \(.*\) |$$/  \1: \2/p' "$$reports/health.md"; \
 	echo "  report: $$reports/health.md"; \
 	echo "Try it (the key is read from its file, never printed):"; \
 	sed -n '/^```sh$$/,/^```$$/{/^```/d;s/^/  /;p}' "$$reports/health.md"; \

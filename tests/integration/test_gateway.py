@@ -15,9 +15,11 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import subprocess
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 import yaml
@@ -295,6 +297,28 @@ def test_a_rerun_changes_nothing(gateway):
     assert again.returncode == 0, again.stdout[-4000:]
     counts = recap(again.stdout)
     assert set(counts) == set(NODES) and all(c["changed"] == 0 for c in counts.values()), counts
+
+
+def test_the_health_report_and_sim_info_name_the_gateway_and_their_curl_works_with_a_client_key(gateway):
+    """With the gateway on, the report (written by the rerun above, once a client key exists) and `make sim-info`
+    name the gateway's endpoint on the management address and a ready request with a client key's file, which
+    answers from this machine (in sparkops_client_networks); vLLM's own endpoint is named as behind it."""
+    from test_day2_playbooks import make  # noqa: PLC0415 - the Makefile helper, where that file has it
+
+    report = (SIM_STATE / "reports" / "health.md").read_text()
+    assert f"| endpoint | `http://{HEAD_MGMT}:4000/v1` (the gateway" in report, report[:1500]
+    assert f"| vLLM (behind the gateway) | `http://{HEAD_FAST}:8000/v1`" in report
+    info = make("sim-info")
+    assert info.returncode == 0, info.stdout + info.stderr
+    assert f"endpoint: `http://{HEAD_MGMT}:4000/v1`" in info.stdout, info.stdout
+    curls = [line.strip() for line in info.stdout.splitlines() if line.strip().startswith("curl -sS ")]
+    assert len(curls) == 1 and f"http://{HEAD_MGMT}:4000/v1/" in curls[0] and "/keys/" in curls[0], info.stdout
+    key_file = re.search(r"\$\(cat (\S+)\)", curls[0]).group(1)
+    assert Path(key_file).parent == KEYS_DIR.resolve()
+    assert Path(key_file).read_text().strip() not in info.stdout + report  # the file is named, never the key
+    out = subprocess.run(["bash", "-c", curls[0]], capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["choices"][0]["message"]["content"], out.stdout
 
 
 def test_a_revoked_key_is_refused_within_seconds(gateway):
