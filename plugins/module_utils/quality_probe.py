@@ -509,7 +509,7 @@ def probe(
             continue
         text, err, used = parse_completion(data)
         completion_tokens += used or 0
-        doc, _ = _doc(data)
+        doc, _doc_err = _doc(data)
         prompt_tokens += (_usage(doc, "prompt_tokens") or 0) if doc else 0
         if err:
             answers[name] = {"ok": False, "got": "", "error": err}
