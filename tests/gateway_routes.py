@@ -34,7 +34,8 @@ def operations(paths: dict) -> list[tuple[str, str]]:
     """(METHOD, path) for every operation, path parameters filled with a literal, plus the hidden paths."""
     tried = [(m.upper(), p.replace("{", "x").replace("}", "")) for p, ops in paths.items() for m in ops]
     ops = [(m, p) for m, p in tried if m in {"GET", "POST", "PUT", "PATCH", "DELETE"}]
-    return ops + [("GET", p) for p in HIDDEN]
+    # Each once: paths that differ only in a parameter's name are the same request once filled in.
+    return list(dict.fromkeys(ops + [("GET", p) for p in HIDDEN]))
 
 
 def client_paths() -> set:

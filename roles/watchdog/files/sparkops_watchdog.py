@@ -36,6 +36,7 @@ a line with a UTC timestamp, to ``events_file``; the current state to
 from __future__ import annotations
 
 import argparse
+import hashlib
 import http.client
 import json
 import os
@@ -517,20 +518,33 @@ class QualityChecker:
         self.soon = threading.Event()  # set after a restart: judge again at once
         self.last_state: str | None = None
 
-    def baseline(self) -> dict | None:
+    def deployment_key(self) -> str:
+        """What runs, as Docker has it: the vLLM container's image and command line, and the served model name.
+        A new image, profile or model is a new deployment with a baseline of its own. Read at each judgement, so
+        an upgrade that leaves this watchdog's configuration alone still gets a new baseline. "" when unread."""
+        fmt = "{{.Config.Image}} {{json .Config.Cmd}}"
+        argv = ["docker", "inspect", "--format", fmt, self.cfg["vllm_container"]]
+        res = sh(argv, self.cfg.get("docker_timeout_s", 60))
+        if res.returncode != 0 or not res.stdout.strip():
+            return ""
+        return hashlib.sha256(f"{res.stdout.strip()} {self.cfg['model']}".encode()).hexdigest()[:20]
+
+    def baseline(self, key: str) -> dict | None:
+        if not key:
+            return None
         try:
             with open(self.cfg["quality_baseline_file"], encoding="utf-8") as fh:
-                return baseline_for(json.load(fh), str(self.cfg.get("quality_baseline_key", "")))
+                return baseline_for(json.load(fh), key)
         except (OSError, ValueError):
             return None
 
-    def probe_once(self) -> dict:
+    def probe_once(self, key: str) -> dict:
         c = self.cfg
         base = str(c["endpoint"]).rstrip("/")
         argv = ["python3", c["quality_script"], "--base-url", base, "--model", c["model"],
                 "--api-key-file", c["api_key_file"], "--tolerance", str(c.get("quality_tolerance", 0.25)),
                 "--timeout", str(c.get("quality_timeout_s", 30))]  # fmt: skip
-        baseline = self.baseline()
+        baseline = self.baseline(key)
         if baseline is not None:
             tmp = c["quality_baseline_file"] + ".figures"
             write_json_atomic(tmp, baseline)
@@ -541,15 +555,15 @@ class QualityChecker:
         return out
 
     def judge(self) -> None:
-        out = self.probe_once()
+        key = self.deployment_key()
+        out = self.probe_once(key)
         fig = out["figures"]
         figures = {k: fig.get(k) for k in ("mean_logprob", "perplexity", "prompt_tokens")}
         if out["state"] == "ok":
             self.wrong = None
-            if not out["compared"]:
+            if not out["compared"] and key:
                 write_json_atomic(
-                    self.cfg["quality_baseline_file"],
-                    {"key": str(self.cfg.get("quality_baseline_key", "")), "recorded": utc_now(), "figures": fig},
+                    self.cfg["quality_baseline_file"], {"key": key, "recorded": utc_now(), "figures": fig}
                 )
                 self.wd.events.emit("quality_baseline", "first right answers of this deployment: the baseline",
                                     **figures)  # fmt: skip

@@ -216,7 +216,7 @@ def test_the_watchdog_records_a_baseline_then_catches_wrong_answers_and_asks_a_r
     cfg = {
         "endpoint": d.base, "model": "tiny", "api_key_file": str(key_file),
         "quality_script": str(ROOT / "plugins/module_utils/quality_probe.py"), "quality_interval_s": 60,
-        "quality_baseline_file": str(tmp_path / "quality-baseline.json"), "quality_baseline_key": "image-a tiny",
+        "quality_baseline_file": str(tmp_path / "quality-baseline.json"), "vllm_container": "sparkops-vllm",
         "quality_tolerance": 0.25, "quality_action": "restart", "quality_timeout_s": 20,
         "max_restarts_per_hour": 2, "failures_before_restart": 2, "hang_timeout_s": 4,
     }  # fmt: skip
@@ -228,6 +228,8 @@ def test_the_watchdog_records_a_baseline_then_catches_wrong_answers_and_asks_a_r
     fake = FakeWatchdog()
     fake.cfg = cfg
     checker = wdm.QualityChecker(fake)
+    running = {"key": "image-a tiny"}  # what `docker inspect` of the vLLM container would say
+    checker.deployment_key = lambda: running["key"]
 
     def events() -> list[dict]:
         return [json.loads(x) for x in (tmp_path / "watchdog.jsonl").read_text().splitlines()]
@@ -259,7 +261,7 @@ def test_the_watchdog_records_a_baseline_then_catches_wrong_answers_and_asks_a_r
     assert events()[-1]["event"] == "quality_failed" and events()[-1]["action"] == "alert" and checker.wrong is None
 
     d.signal(signal.SIGUSR2)
-    cfg["quality_baseline_key"] = "image-b tiny"  # another deployment: its own baseline
+    running["key"] = "image-b tiny"  # another deployment (an upgrade): its own baseline
     checker.judge()
     assert [e["event"] for e in events()[-2:]] == ["quality_baseline", "quality_ok"]
 
