@@ -100,7 +100,11 @@ def sparkops_series(tmp_path: Path) -> set[str]:
     mod = textfile_module()
     # A row in the format of `nvidia-smi --query-gpu=<GPU_QUERY> --format=csv,noheader,nounits`.
     gpu = mod.gpu_lines("0, NVIDIA GB10, 2418, 3003, 0x0000000000000004, 55, 40.12, 93\n")
-    (tmp_path / "w.jsonl").write_text('{"epoch": 1, "event": "restart_begun"}\n')
+    # A restart and a judgement of the answers: every series the log can give (the quality gauges appear with
+    # the first judgement).
+    (tmp_path / "w.jsonl").write_text(
+        '{"epoch": 1, "event": "restart_begun"}\n{"epoch": 2, "event": "quality_ok", "mean_logprob": -1.8}\n'
+    )
     lines = gpu + mod.watchdog_lines(tmp_path / "w.jsonl") + mod.threshold_lines(tmp_path, 1, 2)
     return scrape_series("\n".join(lines))
 
@@ -174,7 +178,7 @@ def test_the_dashboard_covers_what_operators_watch():
 def test_every_alert_has_a_for_clause_and_a_test():
     doc = yaml.safe_load(RULES.read_text())
     alerts = [r for g in doc["groups"] for r in g["rules"] if "alert" in r]
-    assert len(alerts) == 10
+    assert len(alerts) == 11
     assert all(r.get("for") for r in alerts), [r["alert"] for r in alerts if not r.get("for")]
     tests = yaml.safe_load((ROOT / "tests" / "promtool" / "sparkops-alerts.test.yml").read_text())["tests"]
     for alert in (r["alert"] for r in alerts):

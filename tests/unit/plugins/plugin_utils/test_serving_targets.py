@@ -312,6 +312,15 @@ def _report(template, cluster, plan, checks, **more):
     values.setdefault(
         "serving_report_ray_rows", FILTERS["serving_ray_rows"](values["serving_report_ray"].get("results"))
     )
+    # The same file's gateway values: the plan's gateway, the endpoint clients use, a client key's file.
+    gateway = values["sparkops_cluster"]["serving"]["gateway"]
+    values.setdefault("serving_report_gateway", gateway)
+    values.setdefault("serving_report_client_keys", [])
+    values.setdefault("serving_report_client_key_file", "/s/credentials/keys/alice")
+    values.setdefault(
+        "serving_report_endpoint",
+        (gateway["client_url"] if gateway["enabled"] else values["serving_report_target"]["url"]) + "/v1",
+    )
     folder, name = template
     return _env(folder).get_template(name).render(**values)
 
@@ -371,6 +380,24 @@ def _ray_reading(group, alive):
     return {"item": group, "ready": alive == group["expected_nodes"], "nodes_alive": alive, "gpus_total": gpus,
             "summary": f"{alive}/{group['expected_nodes']} nodes alive, {gpus}/{float(group['expected_gpus'])} GPUs",
             "msg": f"Ray cluster after 0 s: {alive}/{group['expected_nodes']} nodes alive"}  # fmt: skip
+
+
+def test_with_the_gateway_on_the_health_report_names_it_and_a_client_key_file():
+    cluster, plan = _four()
+    checks = [_check(t) for t in plan["targets"]]
+    gateway = {**plan["gateway"], "enabled": True, "client_url": "http://192.168.1.11:4000"}
+    on = {**plan, "gateway": gateway}
+    md = _report(HEALTH_MD, cluster, on, checks)
+    assert "| endpoint | `http://192.168.1.11:4000/v1` (the gateway: OpenAI-compatible, one client key each) |" in md
+    assert f"| vLLM (behind the gateway) | `{plan['targets'][0]['url']}/v1`" in md
+    assert "none yet: `ansible-playbook playbooks/keys.yml -e sparkops_key_name=alice`" in md
+    assert "| API key |" not in md
+    made = _report(HEALTH_MD, cluster, on, checks, serving_report_client_keys=["alice"])
+    assert "| client key | `/s/credentials/keys/alice` |" in made and "Make the client key first" not in made
+    doc = json.loads(_report(HEALTH_JSON, cluster, on, checks, serving_report_client_keys=["alice"]))
+    assert doc["endpoint"] == "http://192.168.1.11:4000/v1" and doc["gateway"] is True
+    assert doc["client_key_file"] == "/s/credentials/keys/alice"
+    assert doc["vllm_endpoint"] == plan["targets"][0]["url"] + "/v1"
 
 
 def test_status_and_the_health_report_show_each_ray_group():
