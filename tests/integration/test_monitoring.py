@@ -163,7 +163,7 @@ def test_an_alert_fires_when_the_vllm_double_stops(sim_cluster):
     assert not firing(), "VllmEndpointDown fires before the double was stopped"
     rules = prom_get("/api/v1/rules")["groups"]
     durations = {r["name"]: r.get("duration") for g in rules for r in g["rules"] if r["type"] == "alerting"}
-    assert len(durations) == 10 and set(durations.values()) == {15}, durations  # WatchdogStoppedRestarting is the 10th
+    assert len(durations) == 11 and set(durations.values()) == {15}, durations  # VllmAnswersWrong is the 11th
 
     # The watchdog would restart vLLM within a few probes and the alert (for: 15s) might never fire,
     # depending on how much of its hourly restart budget the earlier tests left: stop it for the test.
