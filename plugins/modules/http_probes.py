@@ -96,7 +96,7 @@ elapsed_s:
 
 import http.client
 import json
-import socket
+import ssl
 import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
@@ -113,38 +113,39 @@ def url_problems(urls: list) -> list:
     return out
 
 
-def _host_port(url: str) -> tuple:
-    parts = urllib.parse.urlsplit(url)
-    return parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
-
-
 def probe(url: str, method: str, body: dict | None, timeout_s: float) -> dict:
-    """Ask one URL; never raises. The connection is made once to learn `connected`, then the request."""
+    """Ask one URL; never raises. One connection: made (`connected`), then the request on it, both within
+    timeout_s."""
     start = time.monotonic()
     out = {"url": url, "connected": False, "status": -1, "msg": ""}
+    parts = urllib.parse.urlsplit(url)
+    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    # http.client, not urllib: no proxy from the environment, the request goes to the address named.
+    conn = kind(parts.hostname, parts.port, timeout=timeout_s)
     try:
-        with socket.create_connection(_host_port(url), timeout=timeout_s):
+        try:
+            conn.connect()
+        except ssl.SSLError as exc:  # the TCP connection was made; TLS failed on it
             out["connected"] = True
-    except OSError as exc:
-        out["msg"] = f"no connection: {exc}"
-    if out["connected"]:
-        left = max(0.1, timeout_s - (time.monotonic() - start))
-        parts = urllib.parse.urlsplit(url)
-        kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+            out["msg"] = f"no answer: {exc}"
+            return out
+        except OSError as exc:
+            out["msg"] = f"no connection: {exc}"
+            return out
+        out["connected"] = True
+        conn.sock.settimeout(max(0.1, timeout_s - (time.monotonic() - start)))
         data = json.dumps(body).encode() if method == "POST" and body is not None else None
         headers = {"Content-Type": "application/json"} if data is not None else {}
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        # http.client, not urllib: no proxy from the environment, the request goes to the address named.
-        conn = kind(parts.hostname, parts.port, timeout=left)
         try:
             conn.request(method, path, body=data, headers=headers)
             out["status"] = int(conn.getresponse().status)
             out["msg"] = f"HTTP {out['status']}"
         except (OSError, http.client.HTTPException) as exc:  # timeouts, resets, garbage instead of HTTP
             out["msg"] = f"no answer: {exc}"
-        finally:
-            conn.close()
-    out["elapsed_s"] = round(time.monotonic() - start, 3)
+    finally:
+        conn.close()
+        out["elapsed_s"] = round(time.monotonic() - start, 3)
     return out
 
 

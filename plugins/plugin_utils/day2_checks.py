@@ -450,15 +450,17 @@ def check_endpoint(health: dict, scope: str = "cluster") -> dict:
     return verdict("endpoint", scope, CRITICAL, f"[{kind}] {ev}" if kind else ev, action)
 
 
+def replica_scope(item: dict, several: bool) -> str:
+    """A per-replica verdict's scope: "cluster" with one replica, else "<deployment> replica <index> (<url>)"."""
+    return f"{item.get('name')} ({item.get('url')})" if several else "cluster"
+
+
 def check_endpoints(endpoints: list) -> list[dict]:
     """One endpoint verdict per replica, from a looped timed completion's results (each with its serving
     target as `item`): with one replica today's one verdict (scope cluster), with several each's scope
     "<deployment> replica <index> (<url>)"."""
     several = len(endpoints) > 1
-    return [
-        check_endpoint(health, f"{health['item']['name']} ({health['item']['url']})" if several else "cluster")
-        for health in endpoints
-    ]
+    return [check_endpoint(health, replica_scope(health.get("item") or {}, several)) for health in endpoints]
 
 
 def check_quality(results: list) -> list[dict]:
@@ -469,8 +471,7 @@ def check_quality(results: list) -> list[dict]:
     several = len(results) > 1
     out = []
     for r in results:
-        item = r.get("item") or {}
-        scope = f"{item.get('name')} ({item.get('url')})" if several else "cluster"
+        scope = replica_scope(r.get("item") or {}, several)
         figures = r.get("figures") or {}
         verdict_ = r.get("verdict") or {}
         if r.get("unreachable") or (r.get("failure_kind") not in (None, "wrong_answers") and not verdict_):
