@@ -346,6 +346,14 @@ def _mean_of(figures) -> float | None:
     return float(value) if _number(value) else None
 
 
+def baseline_figures(stored):
+    """The figures in a baseline file: either the figures themselves, or a record that holds them under
+    "figures" (the watchdog's file, {"key", "recorded", "figures"}), so the record is read where it lies."""
+    if isinstance(stored, dict) and "mean_logprob" not in stored and isinstance(stored.get("figures"), dict):
+        return stored["figures"]
+    return stored
+
+
 def judge(figures: dict, baseline: dict | None = None, tolerance: float = DEFAULT_TOLERANCE_NATS) -> dict:
     """Verdict on `figures` (from probe()), against `baseline` (the figures of the first verified
     deployment of this model revision and stack) when given.
@@ -540,7 +548,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--base-url", required=True)
     parser.add_argument("--model", required=True)
     parser.add_argument("--api-key-file")
-    parser.add_argument("--baseline", help="JSON file holding the baseline figures")
+    parser.add_argument("--baseline", help="JSON file holding the baseline figures, bare or under \"figures\"")
     parser.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE_NATS)
     parser.add_argument("--timeout", type=float, default=30.0)
     args = parser.parse_args(argv)
@@ -552,7 +560,7 @@ def main(argv: list[str]) -> int:
         baseline = None
         if args.baseline and os.path.exists(args.baseline):
             with open(args.baseline, encoding="utf-8") as fh:
-                baseline = json.load(fh)
+                baseline = baseline_figures(json.load(fh))
         result = probe(args.base_url, args.model, api_key=api_key, timeout=args.timeout)
     except QualityError as exc:
         sys.stdout.write(json.dumps({"error_kind": exc.kind, "error": exc.message}) + "\n")

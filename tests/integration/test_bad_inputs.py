@@ -21,11 +21,13 @@ WATCHED = "/etc/sparkops /etc/apt/preferences.d /etc/netplan /var/lib/sparkops /
 # The state folder itself: its mtime moves whenever the watchdog replaces a file in it.
 STATE_DIR = "/var/lib/sparkops"
 # Live files of services that keep running during the test: Ray's session logs, and what the
-# watchdog and the memory floor write every few seconds (their events and state).
+# watchdog and the memory floor write every few seconds (their events and state; the answer-quality
+# baseline, which the watchdog records at its first judgement of a new deployment).
 LIVE = [
     "/var/lib/sparkops/private/ray",
     "/var/lib/sparkops/watchdog.jsonl",
     "/var/lib/sparkops/watchdog-state.json",
+    "/var/lib/sparkops/quality-baseline.json",
     "/var/lib/sparkops/memory-floor.jsonl",
 ]
 IGNORED = " ".join(f"-path {p} -prune -o" for p in LIVE)

@@ -546,9 +546,8 @@ class QualityChecker:
                 "--timeout", str(c.get("quality_timeout_s", 30))]  # fmt: skip
         baseline = self.baseline(key)
         if baseline is not None:
-            tmp = c["quality_baseline_file"] + ".figures"
-            write_json_atomic(tmp, baseline)
-            argv += ["--baseline", tmp]
+            # The probe reads the stored record's figures itself: a judgement writes no file.
+            argv += ["--baseline", c["quality_baseline_file"]]
         res = sh(argv, float(c.get("quality_timeout_s", 30)) * 5 + 10)
         out = quality_outcome(res.returncode, res.stdout)
         out["compared"] = baseline is not None

@@ -238,8 +238,12 @@ def test_the_watchdog_records_a_baseline_then_catches_wrong_answers_and_asks_a_r
     assert [e["event"] for e in events()] == ["quality_baseline", "quality_ok"]
     stored = json.loads((tmp_path / "quality-baseline.json").read_text())
     assert stored["key"] == "image-a tiny" and stored["figures"]["mean_logprob"] > -6
+    written = (tmp_path / "quality-baseline.json").stat().st_mtime_ns
     checker.judge()  # judged against the baseline now
     assert events()[-1]["event"] == "quality_ok" and events()[-1]["compared"] is True
+    # A judgement against the baseline writes nothing but its event: a refused run finds the state folder as it was.
+    assert not list(tmp_path.glob("quality-baseline.json?*"))
+    assert (tmp_path / "quality-baseline.json").stat().st_mtime_ns == written
     assert checker.wrong is None
 
     d.signal(signal.SIGUSR1)  # fluent but wrong, /health stays 200

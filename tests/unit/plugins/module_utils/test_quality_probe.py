@@ -297,3 +297,10 @@ def test_a_transport_failure_raises_with_its_kind():
     with pytest.raises(qp.QualityError) as err:
         qp.probe("http://h:1", "m", post=post)
     assert err.value.kind == "unauthorized"
+
+
+def test_a_baseline_file_is_read_bare_or_as_the_watchdogs_record():
+    figures = {"mean_logprob": -1.8, "perplexity": 6.0}
+    assert qp.baseline_figures(figures) is figures
+    assert qp.baseline_figures({"key": "k", "recorded": "t", "figures": figures}) is figures
+    assert qp.baseline_figures({"key": "k"}) == {"key": "k"}  # no figures: judge() says it is not compared
