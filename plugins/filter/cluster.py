@@ -5,6 +5,7 @@ from __future__ import annotations
 from ansible.errors import AnsibleFilterError
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.cluster import bind_problem, summary
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving import (
+    changed_api_members,
     deployment_target,
     health_rows,
     ray_rows,
@@ -61,6 +62,12 @@ def serving_health_rows(checks) -> list:
     return health_rows([dict(c) for c in checks or []])
 
 
+def serving_changed_api_members(model: dict, container_plan) -> list:
+    """The API members of the replicas this run starts or replaces, from vllm_serve's container plan
+    (plugin_utils/serving.py changed_api_members)."""
+    return changed_api_members(model["serving"], [dict(r) for r in container_plan or []])
+
+
 def serving_ray_rows(readings) -> list:
     """One row per Ray group from a looped ray_cluster_status's results (plugin_utils/serving.py ray_rows)."""
     return ray_rows([dict(r) for r in readings or []])
@@ -76,4 +83,5 @@ class FilterModule:
             "serving_health_rows": serving_health_rows,
             "serving_upgrade_strategy": serving_upgrade_strategy,
             "serving_ray_rows": serving_ray_rows,
+            "serving_changed_api_members": serving_changed_api_members,
         }

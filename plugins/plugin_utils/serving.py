@@ -908,6 +908,19 @@ def vllm_members(plan: dict) -> list:
     return [m for host in dict.fromkeys(hosts) for m in node_part(plan, host) if m["vllm"]]
 
 
+def changed_api_members(plan: dict, container_plan: list) -> list:
+    """The API members (vllm_members' form) of every replica that the container plan (vllm_serve's check-mode
+    run of each member's container, one result per member with `changed` and the member) says this run starts
+    or replaces: the replicas whose answers are judged before the run calls them serving. A replica counts once,
+    whichever of its members changed (a rank of vLLM's own executor replaces the whole replica)."""
+    changed = {
+        (r["vllm_serve_member"]["deployment"], r["vllm_serve_member"]["replica"])
+        for r in container_plan or []
+        if r.get("changed") and isinstance(r.get("vllm_serve_member"), dict)
+    }
+    return [m for m in vllm_members(plan) if m["role"] == "api" and (m["deployment"], m["replica"]) in changed]
+
+
 def serving_targets(plan: dict) -> list:
     """Every replica's API, deployment by deployment, replica by replica: what a check, a scrape or a report
     of serving asks. Each: deployment, replica (its index), name ("<deployment> replica <index>"), host (the

@@ -133,22 +133,29 @@ def day2_sees_every_replica():
     assert wrong.returncode != 0 and "it serves chat, code" in " ".join(wrong.stdout.split()), failure(wrong)
 
 
-# Both deployments moved at once by a whole-cluster upgrade: new profiles (fewer sequences) and an image whose
-# vLLM dies at its start (the stand-in repository's sim-broken).
+# Both deployments moved at once by a whole-cluster upgrade to new profiles (fewer sequences), code's new one
+# answering 200 OK but wrongly, as a broken kernel would (the double's SPARKOPS_TEST_DOUBLE_ANSWERS=wrong):
+# only the quality gate sees it. (An image whose vLLM dies at its start: test_faults_and_day2.)
 V2_BOTH = {
     "sparkops_serving_profiles_extra": {
         **EXTRA["sparkops_serving_profiles_extra"],
         "sim-chat-v2": {**_ONE_GPU, "served_model_name": "sim-chat", "max_num_seqs": 8},
-        "sim-code-v2": {**_ONE_GPU, "served_model_name": "sim-code", "max_num_seqs": 8},
+        "sim-code-v2": {
+            **_ONE_GPU,
+            "served_model_name": "sim-code",
+            "max_num_seqs": 8,
+            "env": {"SPARKOPS_TEST_DOUBLE_ANSWERS": "wrong"},
+        },  # fmt: skip
     },
     "sparkops_deployments": [{**CHAT, "profile": "sim-chat-v2"}, {**CODE, "profile": "sim-code-v2"}],
 }
 
 
 def a_failed_upgrade_of_both_deployments_rolls_both_back(tmp_path) -> None:
-    """A whole-cluster upgrade of two deployments that fails its health check rolls BOTH back to their
-    recorded profiles on the recorded image; the lock and the records are unchanged. From the two
-    deployments' shape, and back to it: no converge of its own."""
+    """A whole-cluster upgrade of two deployments whose new code replica answers wrongly behind a green health
+    check is stopped by the quality gate and rolls BOTH back to their recorded profiles on the recorded image;
+    the lock and the records are unchanged. From the two deployments' shape, and back to it: no converge of its
+    own."""
     record = node_sh(HEAD, "cat /var/lib/sparkops/deployment.json").stdout
     assert set(json.loads(record)["deployments"]) == {"chat", "code"}, record
     before = {n: (container(n, "sparkops-vllm")["Config"]["Cmd"], container(n, "sparkops-vllm")["Config"]["Image"])
@@ -159,11 +166,12 @@ def a_failed_upgrade_of_both_deployments_rolls_both_back(tmp_path) -> None:
     assert {"chat", "code"} <= set(json.loads(locked)["models"])
     for node in (HEAD, WORKER):
         reset_watchdog(node)
-    extra = {**V2_BOTH, "spark_vllm_image_ref": "sim-broken", "sparkops_lock_file": str(lock)}
+    extra = {**V2_BOTH, "sparkops_lock_file": str(lock)}
     t0 = time.monotonic()
     up = run_playbook("playbooks/upgrade.yml", extra_vars=extra, timeout=1800)
     text = " ".join(up.stdout.split())
     assert up.returncode != 0, text[-4000:]
+    assert "vllm_quality: sim-code at http://" in text and "answers wrongly" in text, text[-4000:]
     assert "was rolled back" in text, text[-4000:]
     print(f"[deployments] failed upgrade of both deployments rolled back in {time.monotonic() - t0:.0f} s")
     for node in (HEAD, WORKER):  # profile (--max-num-seqs 16) and image back on both nodes

@@ -53,6 +53,41 @@ def _ip(cluster, host):
     return cluster["nodes"][host]["primary"]["ip"]
 
 
+# ----------------------------------------------------------------------- the replicas a run judges
+def test_the_judged_replicas_are_those_with_a_changed_member_each_by_its_api_member():
+    """vllm_serve judges the answers of the replicas its container plan says it starts or replaces: the Ray
+    group's API member whichever of its members changed, a changed single-node replica, never an unchanged one."""
+    cluster, plan = _four()
+    members = plan["vllm_members"]
+    first = members[0]
+    assert (first["deployment"], first["replica"], first["host"], first["role"]) == ("big", 0, "spark-1", "api")
+
+    def results(*changed_hosts):
+        return [{"changed": m["host"] in changed_hosts, "vllm_serve_member": m} for m in members]
+
+    model = {**cluster, "serving": plan}
+
+    def judged(model, container_plan):
+        return FILTERS["serving_changed_api_members"](model, container_plan)
+
+    assert judged(model, results()) == []
+    code1 = judged(model, results("spark-4"))
+    assert [(m["deployment"], m["replica"], m["host"]) for m in code1] == [("code", 1, "spark-4")]
+    assert code1[0]["endpoint"]["url"] == f"http://{_ip(cluster, 'spark-4')}:8000"
+    assert code1[0]["served_model_name"] == "qwen3-30b-a3b"
+    every = judged(model, results("spark-1", "spark-3", "spark-4"))
+    assert [(m["deployment"], m["replica"]) for m in every] == [("big", 0), ("code", 0), ("code", 1)]
+    # vLLM's own executor: a changed rank on the worker replaces the replica, judged by its API on the head.
+    mp_cluster, mp_plan = plan_of(executor="mp")
+    ranks = [{"changed": m["role"] != "api", "vllm_serve_member": m} for m in mp_plan["vllm_members"]]
+    assert [m["host"] for m in mp_plan["vllm_members"]] == ["spark-1", "spark-2"]
+    (head_api,) = judged({**mp_cluster, "serving": mp_plan}, ranks)
+    assert (head_api["host"], head_api["role"]) == ("spark-1", "api")
+    # Skipped results (a member planned elsewhere) and a missing plan count as unchanged.
+    assert judged(model, [{"skipped": True}, *results("spark-3")])[0]["host"] == "spark-3"
+    assert judged(model, None) == []
+
+
 # ------------------------------------------------------------------------------------- targets
 def test_the_default_deployment_is_one_target_the_head_s_endpoint():
     cluster, plan = plan_of()
