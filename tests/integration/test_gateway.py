@@ -94,6 +94,19 @@ REPLICAS_V2 = {
     **REPLICAS,
     "sparkops_deployments": [{**CHAT_DEPLOYMENT, "profile": "sim-chat-v2", "hosts": list(NODES)}],
 }
+# An upgrade to a profile whose engine answers 200 OK but wrongly (the double's SPARKOPS_TEST_DOUBLE_ANSWERS=wrong,
+# as a broken kernel would): the quality gate stops its first half before that half returns to the gateway.
+REPLICAS_WRONG = {
+    **REPLICAS,
+    "sparkops_serving_profiles_extra": {
+        **V2["sparkops_serving_profiles_extra"],
+        "sim-chat-wrong": {
+            **EXTRA["sparkops_serving_profiles_extra"]["sim-chat"], "max_num_seqs": 4,
+            "env": {"SPARKOPS_TEST_DOUBLE_ANSWERS": "wrong"},
+        },
+    },
+    "sparkops_deployments": [{**CHAT_DEPLOYMENT, "profile": "sim-chat-wrong", "hosts": list(NODES)}],
+}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -518,7 +531,16 @@ def test_a_blue_green_upgrade_of_one_deployment_fails_no_request_of_a_streaming_
         f"nohup {VENV_PY} -c {shlex.quote(STREAM)} {GATEWAY} {path} /root/stream.stop /root/stream.json"
         " >/root/stream.log 2>&1 &",
     )
+    before = {node: vllm_cmd(node) for node in NODES}
     try:
+        # First an upgrade whose new engine answers wrongly: refused by the quality gate on its first half,
+        # which never returns to the gateway, and rolled back; the client keeps streaming through it all.
+        t0 = time.monotonic()
+        wrong = run_playbook(
+            "playbooks/upgrade.yml", extra_vars={**REPLICAS_WRONG, "sparkops_deployment": "chat"}, timeout=1800
+        )
+        refused_in = time.monotonic() - t0
+        after_wrong = {node: vllm_cmd(node) for node in NODES}
         t0 = time.monotonic()
         up = run_playbook(
             "playbooks/upgrade.yml", extra_vars={**REPLICAS_V2, "sparkops_deployment": "chat"}, timeout=1800
@@ -527,6 +549,13 @@ def test_a_blue_green_upgrade_of_one_deployment_fails_no_request_of_a_streaming_
     finally:
         node_sh(NODES[0], "touch /root/stream.stop; sleep 3; cat /root/stream.log", check=False)
     got = json.loads(node_sh(NODES[0], "cat /root/stream.json").stdout)
+    wrong_out = " ".join(wrong.stdout.split())
+    assert wrong.returncode != 0, wrong_out[-4000:]
+    assert "answers wrongly" in wrong_out and "was rolled back" in wrong_out, wrong_out[-4000:]
+    assert after_wrong == before  # the previous vLLM serves again on both nodes
+    print(
+        f"\n[gateway] upgrade to wrongly answering replicas refused by the quality gate and rolled back in {refused_in:.0f} s"
+    )
     out = " ".join(up.stdout.split())
     assert up.returncode == 0, up.stdout[-6000:]
     switches = re.search(r"gateway switches took ([0-9., s]+) s", out)
