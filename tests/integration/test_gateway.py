@@ -553,9 +553,7 @@ def test_a_blue_green_upgrade_of_one_deployment_fails_no_request_of_a_streaming_
     assert wrong.returncode != 0, wrong_out[-4000:]
     assert "answers wrongly" in wrong_out and "was rolled back" in wrong_out, wrong_out[-4000:]
     assert after_wrong == before  # the previous vLLM serves again on both nodes
-    print(
-        f"\n[gateway] upgrade to wrongly answering replicas refused by the quality gate and rolled back in {refused_in:.0f} s"
-    )
+    print(f"\n[gateway] an upgrade answering wrongly: refused by the quality gate, rolled back in {refused_in:.0f} s")
     out = " ".join(up.stdout.split())
     assert up.returncode == 0, up.stdout[-6000:]
     switches = re.search(r"gateway switches took ([0-9., s]+) s", out)
