@@ -9,9 +9,12 @@
     {{ profile | sparkops.cluster.serving_weight_repos }}  -> [{model, revision, what}]: model, then drafter
     {{ sparkops_allow_rules | sparkops.cluster.serving_allowed_rules(name, profile, vllm_version='0.19.0') }}
                                             -> one warning line per allowed SM121 rule, with its reason
+    {{ watchdog_json_text | sparkops.cluster.watchdog_outdated(sparkops_node.serving, inventory_hostname,
+                                                               sparkops_cluster.nodes, sparkops_container_names) }}
+                                            -> why the node's running watchdog watches what the plan changes
 Every filter that judges rules takes allow_rules= (sparkops_allow_rules): an allowed rule is not refused.
 
-All logic lives in plugins/plugin_utils/serving_profile.py and vllm_contract.py; these only turn
+All logic lives in plugins/plugin_utils/serving_profile.py, vllm_contract.py and watchdog_scope.py; these only turn
 ValueError into AnsibleFilterError so a playbook stops with the message. `vllm_version` may also be a
 contract dict (from the sparkops.cluster.vllm_contract filter, e.g. parsed from the image's own help).
 """
@@ -30,6 +33,7 @@ from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving_profile i
     vllm_serve_args as _vllm_serve_args,
 )
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.vllm_contract import load_contract
+from ansible_collections.sparkops.cluster.plugins.plugin_utils.watchdog_scope import outdated_reasons
 
 
 def _plain(value):
@@ -144,6 +148,18 @@ def serving_weight_repos(profile):
         raise AnsibleFilterError(f"serving_weight_repos: {exc}") from exc
 
 
+def watchdog_outdated(running, part, host, nodes, container_names):
+    """Why this node's running watchdog (its watchdog.json, text or parsed; empty or None when there is none)
+    watches a group the plan changes; an empty list when it may keep running."""
+    try:
+        return outdated_reasons(_plain(running), _plain(part) or [], str(host), _plain(nodes), _plain(container_names))
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise AnsibleFilterError(
+            f"watchdog_outdated: {host}'s part of the serving plan or the cluster's nodes are incomplete ({exc!r}); "
+            "pass sparkops_node.serving and sparkops_cluster.nodes as roles/cluster_facts sets them"
+        ) from exc
+
+
 class FilterModule:
     """Serving-profile filters."""
 
@@ -155,4 +171,5 @@ class FilterModule:
             "vllm_serve_args": vllm_serve_args,
             "serving_allowed_rules": serving_allowed_rules,
             "serving_weight_repos": serving_weight_repos,
+            "watchdog_outdated": watchdog_outdated,
         }

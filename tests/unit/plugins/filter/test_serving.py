@@ -31,6 +31,7 @@ def test_filters_are_exposed(filters):
         "normalize_serving_profile",
         "serving_allowed_rules",
         "serving_weight_repos",
+        "watchdog_outdated",
     }
 
 
