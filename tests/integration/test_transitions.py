@@ -16,7 +16,8 @@ import secrets
 import time
 
 import pytest
-from conftest import NODES, ROOT, node_sh, recap, run_playbook
+from conftest import NODES, ROOT, assert_watchdog_running, node_sh, recap, run_playbook
+from test_day2_faults import events_since
 from test_faults_and_day2 import health
 from test_serving_plan import container, failure, plan
 
@@ -43,9 +44,20 @@ def test_back_to_the_reference_in_one_run_and_a_rerun_changes_nothing(tmp_path):
     def masked(text: str) -> str:
         return text.replace(key, "<key>").replace(token, "<token>")
 
-    t0 = time.monotonic()
+    t0, since = time.monotonic(), time.time()
     back = run_playbook("site.yml", extra_vars=given, args=["-v"], timeout=1800)
     assert back.returncode == 0, masked(failure(back))
+    # Each node's watchdog watched its own replica: both were stopped before Ray and vLLM moved (no restart
+    # of a group the run was replacing), and watchdog.yml started them on the new plan.
+    said = " ".join(back.stdout.split())
+    for node in NODES:
+        assert f"The watchdog on {node} stops until watchdog.yml starts it on the new plan" in said, node
+        tried = [e for e in events_since(since, node) if e["event"] in ("restart_begun", "restart_backoff")]
+        assert tried == [], (node, tried)
+        assert_watchdog_running(node)
+    watches = {n: json.loads(node_sh(n, "cat /etc/sparkops/watchdog.json").stdout) for n in NODES}
+    assert str(watches[NODES[1]]["watch"]).lower() == "false" and watches[NODES[0]]["executor"] == "ray"
+    assert [w["name"] for w in watches[NODES[0]]["workers"]] == [NODES[1]]
     print(f"\n[chain] two replicas behind the gateway -> the reference (TP=2 over Ray): {time.monotonic() - t0:.0f} s")
     dep = plan(tmp_path)
     for member in dep["members"]:
@@ -62,6 +74,7 @@ def test_back_to_the_reference_in_one_run_and_a_rerun_changes_nothing(tmp_path):
     again = run_playbook("site.yml", extra_vars=given, args=["-v"], timeout=1800)
     assert again.returncode == 0, masked(failure(again))
     counts = recap(again.stdout)
+    assert "stops until watchdog.yml" not in again.stdout
     print(f"no-op site.yml on two nodes (with -v): {again.elapsed:.1f} s")
     assert set(counts) == set(NODES) and all(c["changed"] == 0 for c in counts.values()), masked(again.stdout[-3000:])
     state = json.loads(node_sh(NODES[0], "cat /var/lib/sparkops/deployment.json").stdout)
