@@ -38,7 +38,9 @@ def test_a_changed_config_gets_a_ready_worker_before_the_old_one_is_retired(mast
     # The new worker loaded the new file, and was ready (its file written) before TTOU went out.
     assert (master.ready / f"{r['new_pid']}.ready").read_text().strip() == want
     assert 0.3 <= r["switch_s"] < 5  # at least the stand-in's boot time: it waited for the ready file
-    assert r["old_exited"] is True and r["drain_s"] >= 0.3  # the old worker finished its "requests" first
+    # The old worker finished its "requests" (the stand-in's 0.3 s) first; the reloader's clock starts a little
+    # after the stand-in's, so a loaded machine reads a bit less than 0.3 s, never ~0 as without the wait.
+    assert r["old_exited"] is True and r["drain_s"] >= 0.2
     assert master.workers() == [r["new_pid"]]
     # A second run: nothing to do, no signal.
     master.signals.clear()
