@@ -157,7 +157,7 @@ def test_lifespan_passes_untouched():
 
 
 def test_the_store_caches_an_answer_for_at_most_its_window(monkeypatch):
-    answers = iter(["alice", None])
+    answers = iter([{"name": "alice"}, None])
     store = auth.KeyStore("dbname=none", cache_s=2.0)
     monkeypatch.setattr(store, "_run", lambda fn, key: next(answers))
     clock = [100.0]
@@ -177,7 +177,7 @@ def _counting_store(monkeypatch, active: dict):
 
     def run(fn, key):
         asked.append(key)
-        return active.get(key)
+        return {"name": active[key]} if key in active else None
 
     monkeypatch.setattr(store, "_run", run)
     clock = [100.0]

@@ -89,7 +89,7 @@ class KeyStore:
         self.cache_s = cache_s
         self._conn = None
         self._lock = threading.Lock()
-        self._cache: dict[str, tuple[float, str]] = {}  # active keys' answers
+        self._cache: dict[str, tuple[float, dict]] = {}  # active keys' answers
         self._unknown: collections.OrderedDict[str, float] = collections.OrderedDict()  # bounded, see NEGATIVE_MAX
 
     def _run(self, fn, *args):
@@ -108,8 +108,14 @@ class KeyStore:
         return None
 
     def name_for(self, key: str) -> str | None:
-        """The name of the active key `key`, or None; an answer is at most cache_s old (a revoked key is refused
-        within cache_s), and a key that is no sparkops key at all is refused without a database round trip."""
+        """The name of the active key `key`, or None (entry_for)."""
+        entry = self.entry_for(key)
+        return entry["name"] if entry else None
+
+    def entry_for(self, key: str) -> dict | None:
+        """The active key `key`'s {name, key_class, max_parallel_requests, tpm_limit}, or None; an answer is at
+        most cache_s old (a revoked key is refused, and changed limits apply, within cache_s), and a key that is
+        no sparkops key at all is refused without a database round trip."""
         if not key or not gateway_keys.KEY_RE.match(key):
             return None
         digest = gateway_keys.digest(key)
@@ -120,9 +126,9 @@ class KeyStore:
         seen = self._unknown.get(digest)
         if seen is not None and now - seen < self.cache_s:
             return None
-        name = self._run(gateway_keys.lookup, key)
+        entry = self._run(gateway_keys.lookup_entry, key)
         with self._lock:
-            if name is None:
+            if entry is None:
                 self._cache.pop(digest, None)
                 self._unknown[digest] = now
                 self._unknown.move_to_end(digest)
@@ -132,8 +138,8 @@ class KeyStore:
                 self._unknown.pop(digest, None)
                 if len(self._cache) > 10000:  # active keys only: bounded by the table, kept so anyway
                     self._cache.clear()
-                self._cache[digest] = (now, name)
-        return name
+                self._cache[digest] = (now, entry)
+        return entry
 
     def add_usage(self, name: str, prompt: int, completion: int) -> None:
         self._run(gateway_keys.add_usage, name, prompt, completion)
@@ -152,18 +158,40 @@ def store() -> KeyStore:
     return _STORE
 
 
+def auth_fields(entry: dict) -> dict:
+    """The UserAPIKeyAuth fields for a key's store entry: its name as key_alias, an id derived from the name as
+    api_key/token (no key or digest reaches LiteLLM's logs or labels), and its limits.
+
+    LiteLLM 1.108.7's own limiter enforces them (the default `parallel_request_limiter` hook is
+    PROXY_MaxParallelRequestsHandler_v3, litellm/proxy/hooks/__init__.py:38-39): its pre-call hook makes an
+    `api_key` descriptor from user_api_key_dict.api_key with max_parallel_requests and tpm_limit
+    (litellm/proxy/hooks/parallel_request_limiter_v3.py:3293-3318), admits a request only while the key's
+    in-flight slots + 1 <= max_parallel_requests (a gauge of slot ids, :1847-1938, in memory :1953-2007: a
+    refused request takes no slot, nothing waits) and otherwise raises ProxyRateLimitError at once: status 429
+    with `retry-after` (the window, LITELLM_RATE_LIMIT_WINDOW_SIZE, 60 s by default: :3663-3713, :898). The
+    slot is released when the answer (a stream: its end) is logged or the client goes away (:5448-5585).
+    None = no limit (the descriptor is made only when a limit is set)."""
+    name = entry["name"]
+    ident = f"sparkops-key:{name}"
+    fields = {"api_key": ident, "token": ident, "key_alias": name, "key_name": name}
+    fields["metadata"] = {"sparkops_key_class": entry.get("key_class") or "interactive"}
+    for limit in ("max_parallel_requests", "tpm_limit"):
+        if entry.get(limit) is not None:
+            fields[limit] = int(entry[limit])
+    return fields
+
+
 async def user_api_key_auth(request, api_key: str):
-    """LiteLLM's custom_auth: the key's name as key_alias, or 401."""
+    """LiteLLM's custom_auth: the key's name as key_alias and its limits (auth_fields), or 401."""
     from litellm.proxy._types import ProxyException, UserAPIKeyAuth  # noqa: PLC0415 - only inside LiteLLM
 
     token = api_key or ""
     if token.lower().startswith("bearer "):
         token = gateway_keys.bearer_token(token)
-    name = await asyncio.to_thread(store().name_for, token) if token else None
-    if name is None:
+    entry = await asyncio.to_thread(store().entry_for, token) if token else None
+    if entry is None:
         raise ProxyException(message="invalid or revoked API key", type="auth_error", param="api_key", code=401)
-    # token/api_key: an id derived from the name, so no key or digest reaches LiteLLM's logs or labels.
-    return UserAPIKeyAuth(api_key=f"sparkops-key:{name}", token=f"sparkops-key:{name}", key_alias=name, key_name=name)
+    return UserAPIKeyAuth(**auth_fields(entry))
 
 
 # The reload's check before it asks gunicorn for a worker (preflight, below) imports this module without LiteLLM:

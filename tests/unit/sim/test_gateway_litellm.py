@@ -5,7 +5,9 @@ PostgreSQL's server binaries are installed (Debian's postgresql-15): run it from
 (docs/gateway.md: `.venv-gw/bin/pytest tests/unit/sim/test_gateway_litellm.py`). What it proves (issue 25): a key
 from the store is served; without a key every path of the app is refused (the route list is the app's own); a
 revoked key is refused within seconds with no restart; /v1/models lists both served models; with one of two
-replicas killed requests still succeed; per-key requests and tokens are on /metrics (behind the key).
+replicas killed requests still succeed; per-key requests and tokens are on /metrics (behind the key). And the
+per-key limits: a key at its max_parallel_requests is answered 429 with Retry-After at once, never queued, while
+another key is served.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -348,6 +351,71 @@ def test_per_key_usage_is_on_metrics_behind_the_key_and_in_the_store(gw, db):
     assert all("digest" not in u and "key" not in u for u in gateway_keys.usage(db))
 
 
+def _post(port: int, key: str, body: dict) -> tuple[int, dict, bytes, float]:
+    """One POST /v1/chat/completions, read to the end: status, headers (lower-case), body, seconds."""
+    start = time.monotonic()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn.request(
+        "POST",
+        "/v1/chat/completions",
+        body=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
+    )
+    resp = conn.getresponse()
+    data = resp.read()
+    conn.close()
+    return resp.status, {k.lower(): v for k, v in resp.getheaders()}, data, time.monotonic() - start
+
+
+def test_a_key_at_its_parallel_limit_gets_429_with_retry_after_at_once_while_another_key_is_served(gw, db):
+    """max_parallel_requests=1 stored with the key (gateway_keys.set_limits, what keys.yml writes): while one of its
+    streams is running, its second request is refused at once with 429 and Retry-After (LiteLLM's limiter, fed
+    by the hook's UserAPIKeyAuth), another key is served meanwhile, and once the stream ends the key is served
+    again (its slot released)."""
+    port, _proc = gw
+    limited, other = _key(db, "batchy"), _key(db, "inter")
+    assert gateway_keys.set_limits(db, "batchy", {"key_class": "batch", "max_parallel_requests": 1}) is True
+    assert gateway_keys.set_limits(db, "inter", {"key_class": "interactive", "max_parallel_requests": 2}) is True
+    assert gateway_keys.set_limits(db, "batchy", {"key_class": "batch", "max_parallel_requests": 1}) is False
+    # ~4 s at the double's 500 tok/s: the slow stream the key holds.
+    slow = {"model": "tiny-b", "messages": [{"role": "user", "content": "go"}], "max_tokens": 2000, "stream": True}
+    quick = {"model": "tiny-b", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    first_chunk, done = threading.Event(), {}
+
+    def hold():
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        conn.request(
+            "POST",
+            "/v1/chat/completions",
+            body=json.dumps(slow).encode(),
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {limited}"},
+        )
+        resp = conn.getresponse()
+        done["status"] = resp.status
+        resp.readline()
+        first_chunk.set()
+        done["body"] = resp.read()
+        done["ended"] = time.monotonic()
+        conn.close()
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    assert first_chunk.wait(30), "the slow stream never started"
+    status, headers, body, took = _post(port, limited, quick)
+    refused_at = time.monotonic()
+    assert status == 429, (status, body[:300])
+    assert int(headers["retry-after"]) >= 1
+    assert took < 1.5, f"the refusal took {took:.2f} s: queued, not refused"
+    assert "ended" not in done  # refused while the first stream was still running
+    status, _headers, body, _took = _post(port, other, quick)
+    assert status == 200, body[:300]
+    holder.join(60)
+    assert done["status"] == 200 and b"[DONE]" in done["body"] and done["ended"] > refused_at
+    status, _headers, body, _took = _post(port, limited, quick)  # the slot came back with the stream's end
+    assert status == 200, body[:300]
+    FIGURES["refusal_s"] = round(took, 3)
+
+
 def test_with_one_replica_killed_requests_still_succeed(gw, db, doubles):
     port, _proc = gw
     client = _client(port, _key(db, "dave"))
@@ -392,7 +460,9 @@ def test_the_module_makes_and_revokes_keys_the_gateway_honours(gw, pg):
     assert gone["changed"] and gone["state_after"] == "revoked"
     assert {k["name"]: k["state"] for k in gone["keys"]}["frank"] == "revoked"
     assert all(
-        set(k) == {"name", "state", "created", "revoked", "requests", "prompt_tokens", "completion_tokens"}
+        set(k)
+        == {"name", "state", "created", "revoked", "requests", "prompt_tokens", "completion_tokens"}
+        | {"key_class", "max_parallel_requests", "tpm_limit"}
         for k in gone["keys"]
     )
     time.sleep(2.1)  # the hook caches an answer 2 s
