@@ -468,3 +468,38 @@ def test_the_module_makes_and_revokes_keys_the_gateway_honours(gw, pg):
     time.sleep(2.1)  # the hook caches an answer 2 s
     with pytest.raises(openai.AuthenticationError):
         _client(port, made["key"]).models.list()
+
+
+def test_the_module_stores_a_key_s_class_and_limits_and_changes_them_in_place(gw, pg):
+    """plugins/modules/gateway_key.py with `limits` (what keys.yml passes): stored with the key, what the hook
+    reads; check mode predicts; a second run changes nothing; new limits change the row, not the key."""
+    pytest.importorskip("ansible")
+    from ansible_collections.sparkops.cluster.plugins.modules import gateway_key  # noqa: PLC0415
+    from module_runner import run_module  # noqa: PLC0415
+
+    port, _proc = gw
+    batch = {"key_class": "batch", "max_parallel_requests": 1}
+    args = {"name": "grace", "conninfo": pg, "limits": batch}
+    checked = run_module(gateway_key, args, check_mode=True)
+    assert checked["changed"] and checked["limits_before"] is None
+    assert checked["limits_after"] == {**batch, "tpm_limit": None}
+    made = run_module(gateway_key, args)
+    assert made["changed"] and made["limits_after"] == {**batch, "tpm_limit": None}
+    with psycopg.connect(pg) as conn:
+        entry = gateway_keys.lookup_entry(conn, made["key"])
+    assert entry == {"name": "grace", **batch, "tpm_limit": None}
+    again = run_module(gateway_key, args)
+    assert not again["changed"] and "key" not in again and again["msg"] == "grace: active, nothing to do"
+    wider = {**args, "limits": {"key_class": "interactive", "max_parallel_requests": 3, "tpm_limit": 9000}}
+    predicted = run_module(gateway_key, wider, check_mode=True)
+    assert predicted["changed"] and predicted["msg"] == "would set the limits of grace"
+    assert run_module(gateway_key, args)["changed"] is False  # check mode stored nothing
+    widened = run_module(gateway_key, wider)
+    assert widened["changed"] and "key" not in widened and widened["msg"] == "set the limits of grace"
+    row = {k["name"]: k for k in widened["keys"]}["grace"]
+    assert (row["key_class"], row["max_parallel_requests"], row["tpm_limit"]) == ("interactive", 3, 9000)
+    assert [m.id for m in _client(port, made["key"]).models.list()]  # the same key still works
+    bad = run_module(gateway_key, {**args, "limits": {"max_parallel_requests": 0}})
+    assert bad.get("failed") and "key grace: max_parallel_requests must be a whole number >= 1" in bad["msg"]
+    unknown = run_module(gateway_key, {**args, "limits": {"key_class": "gold"}})
+    assert unknown.get("failed") and "gold" in unknown["msg"]
