@@ -96,7 +96,9 @@ def check_limits(name: str, limits: dict | None) -> dict:
     limits = dict(limits or {})
     unknown = sorted(set(limits) - set(LIMIT_FIELDS))
     if unknown:
-        raise KeyLimitsError(f"key {name}: unknown limit field(s) {', '.join(unknown)}; known: {', '.join(LIMIT_FIELDS)}")
+        raise KeyLimitsError(
+            f"key {name}: unknown limit field(s) {', '.join(unknown)}; known: {', '.join(LIMIT_FIELDS)}"
+        )
     out = {"key_class": limits.get("key_class") or "interactive"}
     if out["key_class"] not in KEY_CLASSES:
         raise KeyLimitsError(f"key {name}: class {out['key_class']!r} is not one of {', '.join(KEY_CLASSES)}")

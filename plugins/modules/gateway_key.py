@@ -142,7 +142,6 @@ msg:
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.sparkops.cluster.plugins.module_utils import gateway_keys
 
-
 NO_LIMITS = {"key_class": "interactive", "max_parallel_requests": None, "tpm_limit": None}  # a new row's
 
 

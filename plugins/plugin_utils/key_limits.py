@@ -84,11 +84,7 @@ def key_limits(name: str, key_class=None, max_parallel_requests=None, tpm_limit=
         "playbooks/benchmark.yml measures one"
     )
     rule = "the interactive keys' share" if key_class == "interactive" else "what is left after one interactive user"
-    basis = (
-        f"{parallel} parallel (override)"
-        if parallel is not None
-        else f"{default} parallel, {rule} ({where})"
-    )
+    basis = f"{parallel} parallel (override)" if parallel is not None else f"{default} parallel, {rule} ({where})"
     basis += f", {tpm} tokens/min (override)" if tpm is not None else ", no tokens/min limit"
     return {
         "limits": {

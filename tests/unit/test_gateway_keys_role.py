@@ -49,10 +49,14 @@ def test_no_class_given_keeps_the_stored_one_and_a_new_key_is_interactive(sweep)
     stored = {"limits_before": {"key_class": "batch", "max_parallel_requests": 1, "tpm_limit": None}}
     out = _work_out(gateway_keys_name="nightly", gateway_keys_class="", gateway_keys_stored=stored, **sweep)
     assert out["limits"] == {"key_class": "batch", "max_parallel_requests": 1, "tpm_limit": None}
-    new = _work_out(gateway_keys_name="alice", gateway_keys_class="", gateway_keys_stored={"limits_before": None}, **sweep)
+    new = _work_out(
+        gateway_keys_name="alice", gateway_keys_class="", gateway_keys_stored={"limits_before": None}, **sweep
+    )
     assert new["limits"] == {"key_class": "interactive", "max_parallel_requests": 2, "tpm_limit": None}
     assert "2 users at the SLO" in new["basis"]
-    given = _work_out(gateway_keys_name="nightly", gateway_keys_class="interactive", gateway_keys_stored=stored, **sweep)
+    given = _work_out(
+        gateway_keys_name="nightly", gateway_keys_class="interactive", gateway_keys_stored=stored, **sweep
+    )
     assert given["limits"]["key_class"] == "interactive"
 
 
@@ -67,7 +71,10 @@ def test_overrides_from_extra_vars_win_and_bad_ones_stop_the_play(sweep):
 
 def test_the_sweep_record_name_is_benchmark_yml_s():
     bench = (ROOT / "playbooks" / "benchmark.yml").read_text()
-    assert "sparkops_cluster_name ~ ('' if benchmark_target.deployment == 'main' else '-' ~ benchmark_target.deployment)" in bench
+    assert (
+        "sparkops_cluster_name ~ ('' if benchmark_target.deployment == 'main' else '-' ~ benchmark_target.deployment)"
+        in bench
+    )
     template = DEFAULTS["gateway_keys_sweep_name"]
     for dep, name in (("main", "pair"), ("code", "pair-code")):
         assert json.loads(_render(template, sparkops_cluster_name="pair", gateway_keys_deployment=dep)) == name

@@ -9,8 +9,8 @@ import json
 import pytest
 from ansible.errors import AnsibleFilterError
 from ansible_collections.sparkops.cluster.plugins.filter.gateway import gateway_key_limits
-from ansible_collections.sparkops.cluster.plugins.modules import benchmark_report
 from ansible_collections.sparkops.cluster.plugins.module_utils import gateway_keys
+from ansible_collections.sparkops.cluster.plugins.modules import benchmark_report
 from ansible_collections.sparkops.cluster.plugins.plugin_utils import key_limits as kl
 
 
@@ -58,7 +58,11 @@ def test_overrides_win_and_strings_of_digits_count_as_numbers():
         "bob: batch, 3 parallel, what is left after one interactive user (4 users at the SLO in the last capacity "
         "sweep), 5000 tokens/min (override)"
     )
-    assert limits("batch", "", "", users_at_slo=4) == {"key_class": "batch", "max_parallel_requests": 3, "tpm_limit": None}
+    assert limits("batch", "", "", users_at_slo=4) == {
+        "key_class": "batch",
+        "max_parallel_requests": 3,
+        "tpm_limit": None,
+    }
 
 
 @pytest.mark.parametrize("field", ["max_parallel_requests", "tpm_limit"])
@@ -69,7 +73,9 @@ def test_a_bad_override_names_the_key_the_field_and_the_fix(field, bad):
     text = str(err.value)
     assert text.startswith("key carol:") and field in text and f"-e sparkops_key_{field}=" in text
     with pytest.raises(AnsibleFilterError, match="key carol: .*Nothing was changed"):
-        gateway_key_limits("carol", "batch", **{field: bad}, sweep_dir="/nonexistent", sweep_name="c", source="hardware")
+        gateway_key_limits(
+            "carol", "batch", **{field: bad}, sweep_dir="/nonexistent", sweep_name="c", source="hardware"
+        )
 
 
 @pytest.mark.parametrize("bad", ["premium", "Batch", 1])
@@ -86,7 +92,13 @@ def test_what_the_filter_computes_the_store_accepts():
 
 @pytest.mark.parametrize(
     "bad",
-    [{"key_class": "gold"}, {"max_parallel_requests": 0}, {"tpm_limit": "9"}, {"max_parallel_requests": True}, {"x": 1}],
+    [
+        {"key_class": "gold"},
+        {"max_parallel_requests": 0},
+        {"tpm_limit": "9"},
+        {"max_parallel_requests": True},
+        {"x": 1},
+    ],
 )
 def test_the_store_refuses_what_it_cannot_hand_to_litellm(bad):
     with pytest.raises(gateway_keys.KeyLimitsError, match="key alice: "):
