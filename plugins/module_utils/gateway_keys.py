@@ -32,13 +32,14 @@ CREATE TABLE IF NOT EXISTS sparkops_gateway_keys (
     completion_tokens bigint NOT NULL DEFAULT 0
 )
 """
-# The key's class and its admission limits (docs/gateway.md, "Limits per key"), added to tables made before
-# them; NULL limit = none. The gateway's hook hands them to LiteLLM's limiter in the key's UserAPIKeyAuth.
+# The key's class and its admission limits (docs/gateway.md, "Limits per key"), and how many of its requests
+# were refused over them (429), added to tables made before them; NULL limit = none. The gateway's hook hands them to LiteLLM's limiter in the key's UserAPIKeyAuth.
 LIMIT_COLUMNS = """
 ALTER TABLE sparkops_gateway_keys
     ADD COLUMN IF NOT EXISTS key_class text NOT NULL DEFAULT 'interactive',
     ADD COLUMN IF NOT EXISTS max_parallel_requests integer,
-    ADD COLUMN IF NOT EXISTS tpm_limit integer
+    ADD COLUMN IF NOT EXISTS tpm_limit integer,
+    ADD COLUMN IF NOT EXISTS refused bigint NOT NULL DEFAULT 0
 """
 KEY_CLASSES = ("interactive", "batch")
 LIMIT_FIELDS = ("key_class", "max_parallel_requests", "tpm_limit")
@@ -211,12 +212,19 @@ def add_usage(conn, name: str, prompt_tokens: int, completion_tokens: int) -> No
     conn.commit()
 
 
+def add_refusal(conn, name: str) -> None:
+    """One more request of `name` refused with 429 (over its limit)."""
+    with conn.cursor() as cur:
+        cur.execute("UPDATE sparkops_gateway_keys SET refused = refused + 1 WHERE name = %s", (name,))
+    conn.commit()
+
+
 def usage(conn) -> list[dict]:
-    """Every key's name, state, counters, class and limits (never a key or digest), by name."""
+    """Every key's name, state, counters, class, limits and refusals (never a key or digest), by name."""
     with conn.cursor() as cur:
         cur.execute(
             "SELECT name, created, revoked, requests, prompt_tokens, completion_tokens, "
-            "key_class, max_parallel_requests, tpm_limit FROM sparkops_gateway_keys ORDER BY name"
+            "key_class, max_parallel_requests, tpm_limit, refused FROM sparkops_gateway_keys ORDER BY name"
         )
         rows = cur.fetchall()
     conn.commit()
@@ -232,6 +240,7 @@ def usage(conn) -> list[dict]:
             "key_class": r[6],
             "max_parallel_requests": r[7],
             "tpm_limit": r[8],
+            "refused": int(r[9]),
         }
         for r in rows
     ]

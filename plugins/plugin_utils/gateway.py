@@ -120,7 +120,7 @@ def litellm_config(plan: dict, router: dict | None = None, drained=()) -> dict:
 
 # ------------------------------------------------------------------------------- the keys' usage
 # What plugins/module_utils/gateway_keys.py's usage() gives per key (names, counters, class and limits, never a key).
-COUNT_FIELDS = ("requests", "prompt_tokens", "completion_tokens")
+COUNT_FIELDS = ("requests", "prompt_tokens", "completion_tokens", "refused")
 USAGE_FIELDS = ("name", "state", *COUNT_FIELDS, "key_class", "max_parallel_requests", "tpm_limit")
 
 
@@ -135,7 +135,8 @@ def limit_text(row: dict) -> str:
 
 def usage_lines(keys: list) -> list[str]:
     """One line per key of the gateway_key module's `keys` (playbooks/keys.yml's list, status's keys section):
-    `NAME: STATE, CLASS, N parallel[, T tokens/min], R requests, P prompt and C completion tokens`, by name. Only
+    `NAME: STATE, CLASS, N parallel[, T tokens/min], R requests, P prompt and C completion tokens, X refused (429)`,
+    by name. Only
     those fields are read, so a key or digest that a future usage() added could not reach a line; a row without
     one of them is an error."""
     lines = []
@@ -146,7 +147,8 @@ def usage_lines(keys: list) -> list[str]:
         counts = {f: int(row[f]) for f in COUNT_FIELDS}
         lines.append(
             f"{row['name']}: {row['state']}, {limit_text(row)}, {counts['requests']} requests, "
-            f"{counts['prompt_tokens']} prompt and {counts['completion_tokens']} completion tokens"
+            f"{counts['prompt_tokens']} prompt and {counts['completion_tokens']} completion tokens, "
+            f"{counts['refused']} refused (429)"
         )
     return lines
 

@@ -345,3 +345,64 @@ def test_a_ready_folder_it_cannot_write_is_logged_and_the_worker_serves(tmp_path
     sent = lifespan(auth.ReadyMarker(tmp_path / "missing", config, pid=9), litellm, [{"type": "lifespan.startup"}])
     assert [m["type"] for m in sent] == ["lifespan.startup.complete"]
     assert "cannot write the ready file" in caplog.text
+
+
+class RefusalStore(FakeStore):
+    def __init__(self):
+        super().__init__()
+        self.refused = []
+
+    def add_refusal(self, name):
+        self.refused.append(name)
+
+
+@pytest.mark.parametrize(("status", "counted"), [(429, ["alice"]), (200, []), (401, [])])
+def test_a_429_from_the_app_is_counted_for_the_key_after_it_was_sent(status, counted):
+    sent, order = [], []
+    store = RefusalStore()
+    store.add_refusal = lambda name: (order.append("counted"), store.refused.append(name))
+
+    async def inner(scope, receive, send):
+        await send({"type": "http.response.start", "status": status, "headers": [(b"retry-after", b"60")]})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    async def receive():
+        return {"type": "http.request", "body": b""}
+
+    async def send(message):
+        order.append(message["type"])
+        sent.append(message)
+
+    async def main():
+        scope = {"type": "http", "path": "/v1/chat/completions", "headers": [(b"authorization", b"Bearer sk-good")]}
+        await auth.RequireKeyEverywhere(inner, store, metrics_keys=frozenset())(scope, receive, send)
+        await asyncio.gather(*auth._PENDING)
+
+    asyncio.run(main())
+    assert sent[0]["status"] == status and sent[0]["headers"] == [(b"retry-after", b"60")]  # passed on untouched
+    assert store.refused == counted
+    if counted:
+        assert order.index("counted") > order.index("http.response.start")
+
+
+def test_a_refusal_the_store_cannot_write_fails_no_request(caplog):
+    class Broken(FakeStore):
+        def add_refusal(self, name):
+            raise OSError("database gone")
+
+    async def inner(scope, receive, send):
+        await send({"type": "http.response.start", "status": 429, "headers": []})
+
+    async def main():
+        scope = {"type": "http", "path": "/v1/completions", "headers": [(b"authorization", b"Bearer sk-good")]}
+        sent = []
+
+        async def send(message):
+            sent.append(message)
+
+        await auth.RequireKeyEverywhere(inner, Broken(), metrics_keys=frozenset())(scope, None, send)
+        await asyncio.gather(*auth._PENDING)
+        return sent
+
+    assert asyncio.run(main())[0]["status"] == 429
+    assert "could not count a refusal for key alice" in caplog.text

@@ -78,6 +78,7 @@ CACHE_S = 2.0  # the longest a revoked key still passes (issue 25: "effective wi
 # Unknown keys remembered (each for CACHE_S), at most this many, oldest dropped first: a client repeating a
 # wrong key costs no database round trip, and a flood of wrong keys never pushes the active keys' answers out.
 NEGATIVE_MAX = 4096
+_PENDING: set = set()  # the refusal counts being written (a task nobody references may be collected)
 _LOG = logging.getLogger("sparkops_gateway_auth")
 
 
@@ -144,6 +145,9 @@ class KeyStore:
     def add_usage(self, name: str, prompt: int, completion: int) -> None:
         self._run(gateway_keys.add_usage, name, prompt, completion)
 
+    def add_refusal(self, name: str) -> None:
+        self._run(gateway_keys.add_refusal, name)
+
 
 _STORE: KeyStore | None = None
 
@@ -201,15 +205,20 @@ try:
     if os.environ.get(PREFLIGHT_ENV):
         raise ImportError(PREFLIGHT_ENV)
     from litellm.integrations.custom_logger import CustomLogger
-    from prometheus_client import Counter
+    from prometheus_client import Counter, Gauge
 except ImportError:  # imported by the unit tests without litellm, or by the preflight: the auth wrapper loads
     CustomLogger = object
-    Counter = None
+    Counter = Gauge = None
 
 if Counter is not None:
     REQUESTS = Counter("sparkops_gateway_requests", "Successful requests per client key", ["key"])
     PROMPT = Counter("sparkops_gateway_prompt_tokens", "Prompt tokens per client key", ["key"])
     COMPLETION = Counter("sparkops_gateway_completion_tokens", "Completion tokens per client key", ["key"])
+    # The limits at work (RequireKeyEverywhere.track): a key's requests in flight, and those refused with 429.
+    IN_FLIGHT = Gauge("sparkops_gateway_in_flight", "Client requests in flight per key", ["key"])
+    REFUSED = Counter("sparkops_gateway_refused", "Requests refused with 429 (over the key's limit) per key", ["key"])
+else:
+    IN_FLIGHT = REFUSED = None
 
 
 class UsageCallback(CustomLogger):
@@ -273,7 +282,45 @@ class RequireKeyEverywhere:
             if not self.allowed(name, scope.get("path") or ""):
                 await self._refuse(scope, send, 404, "not found")
                 return
+            if scope["type"] == "http" and scope.get("path") in CLIENT_PATHS:
+                await self.track(name, key_store, scope, receive, send)
+                return
         await self.inner(scope, receive, send)
+
+    async def track(self, name, key_store, scope, receive, send):
+        """A client request of key `name` through the app: in flight until the app returns (a stream: its end),
+        and a 429 answer (the key over its limit: LiteLLM's limiter, see auth_fields) counted on /metrics and in
+        the store, for status. The store's count is written after the answer has gone, never before it."""
+
+        async def send_(message):
+            if message["type"] == "http.response.start" and message.get("status") == 429:
+                if REFUSED is not None:
+                    REFUSED.labels(name).inc()
+                self._later(key_store, name)
+            await send(message)
+
+        if IN_FLIGHT is not None:
+            IN_FLIGHT.labels(name).inc()
+        try:
+            await self.inner(scope, receive, send_)
+        finally:
+            if IN_FLIGHT is not None:
+                IN_FLIGHT.labels(name).dec()
+
+    def _later(self, key_store, name):
+        add = getattr(key_store, "add_refusal", None)
+        if add is None:
+            return
+
+        async def write():
+            try:
+                await asyncio.to_thread(add, name)
+            except Exception:  # bookkeeping must never fail a request
+                _LOG.exception("could not count a refusal for key %s", name)
+
+        task = asyncio.get_running_loop().create_task(write())
+        _PENDING.add(task)
+        task.add_done_callback(_PENDING.discard)
 
     @staticmethod
     async def _refuse(scope, send, status: int, message: str) -> None:

@@ -411,10 +411,22 @@ def test_a_key_at_its_parallel_limit_gets_429_with_retry_after_at_once_while_ano
     assert "ended" not in done  # refused while the first stream was still running
     status, _headers, body, _took = _post(port, other, quick)
     assert status == 200, body[:300]
+    # The limits at work on /metrics (Prometheus' key) while the stream runs: one in flight, one refused.
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request("GET", "/metrics/", headers={"Authorization": f"Bearer {_metrics_key(db)}"})
+    text = conn.getresponse().read().decode()
+    conn.close()
+    assert "ended" not in done
+    assert 'sparkops_gateway_in_flight{key="batchy"} 1.0' in text
+    assert 'sparkops_gateway_refused_total{key="batchy"} 1.0' in text
+    assert 'sparkops_gateway_refused_total{key="inter"}' not in text
     holder.join(60)
     assert done["status"] == 200 and b"[DONE]" in done["body"] and done["ended"] > refused_at
     status, _headers, body, _took = _post(port, limited, quick)  # the slot came back with the stream's end
     assert status == 200, body[:300]
+    rows = {u["name"]: u for u in gateway_keys.usage(db)}  # what status lists
+    assert (rows["batchy"]["refused"], rows["inter"]["refused"]) == (1, 0)
+    assert rows["batchy"]["key_class"] == "batch" and rows["batchy"]["max_parallel_requests"] == 1
     FIGURES["refusal_s"] = round(took, 3)
 
 
@@ -464,7 +476,7 @@ def test_the_module_makes_and_revokes_keys_the_gateway_honours(gw, pg):
     assert all(
         set(k)
         == {"name", "state", "created", "revoked", "requests", "prompt_tokens", "completion_tokens"}
-        | {"key_class", "max_parallel_requests", "tpm_limit"}
+        | {"key_class", "max_parallel_requests", "tpm_limit", "refused"}
         for k in gone["keys"]
     )
     time.sleep(2.1)  # the hook caches an answer 2 s
