@@ -33,7 +33,8 @@ CREATE TABLE IF NOT EXISTS sparkops_gateway_keys (
 )
 """
 # The key's class and its admission limits (docs/gateway.md, "Limits per key"), and how many of its requests
-# were refused over them (429), added to tables made before them; NULL limit = none. The gateway's hook hands them to LiteLLM's limiter in the key's UserAPIKeyAuth.
+# were refused over them (429), added to tables made before them; NULL limit = none. The gateway's hook hands
+# the limits to LiteLLM's limiter in the key's UserAPIKeyAuth.
 LIMIT_COLUMNS = """
 ALTER TABLE sparkops_gateway_keys
     ADD COLUMN IF NOT EXISTS key_class text NOT NULL DEFAULT 'interactive',
