@@ -406,3 +406,27 @@ def test_a_refusal_the_store_cannot_write_fails_no_request(caplog):
 
     assert asyncio.run(main())[0]["status"] == 429
     assert "could not count a refusal for key alice" in caplog.text
+
+
+def test_the_hook_hands_the_key_s_limits_to_litellm_and_no_key():
+    entry = {"name": "nightly", "key_class": "batch", "max_parallel_requests": 1, "tpm_limit": 6000}
+    assert auth.auth_fields(entry) == {
+        "api_key": "sparkops-key:nightly",
+        "token": "sparkops-key:nightly",
+        "key_alias": "nightly",
+        "key_name": "nightly",
+        "metadata": {"sparkops_key_class": "batch"},
+        "max_parallel_requests": 1,
+        "tpm_limit": 6000,
+    }
+    # No limit stored: no field, so LiteLLM makes no descriptor for the key (it limits nothing).
+    free = auth.auth_fields({"name": "alice", "key_class": "interactive", "max_parallel_requests": None})
+    assert "max_parallel_requests" not in free and "tpm_limit" not in free
+
+
+def test_the_store_hands_on_the_whole_entry(monkeypatch):
+    entry = {"name": "alice", "key_class": "batch", "max_parallel_requests": 2, "tpm_limit": None}
+    store = auth.KeyStore("dbname=none")
+    monkeypatch.setattr(store, "_run", lambda fn, key: entry if fn is auth.gateway_keys.lookup_entry else None)
+    key = auth.gateway_keys.new_key()
+    assert store.entry_for(key) == entry and store.name_for(key) == "alice"

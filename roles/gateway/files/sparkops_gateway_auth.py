@@ -167,14 +167,17 @@ def auth_fields(entry: dict) -> dict:
     api_key/token (no key or digest reaches LiteLLM's logs or labels), and its limits.
 
     LiteLLM 1.108.7's own limiter enforces them (the default `parallel_request_limiter` hook is
-    PROXY_MaxParallelRequestsHandler_v3, litellm/proxy/hooks/__init__.py:38-39): its pre-call hook makes an
+    PROXY_MaxParallelRequestsHandler_v3, litellm/proxy/hooks/__init__.py:39, unless the environment sets
+    LEGACY_MULTI_INSTANCE_RATE_LIMITING, :51-52, which the gateway does not): its pre-call hook (:4151-4237) makes an
     `api_key` descriptor from user_api_key_dict.api_key with max_parallel_requests and tpm_limit
     (litellm/proxy/hooks/parallel_request_limiter_v3.py:3293-3318), admits a request only while the key's
     in-flight slots + 1 <= max_parallel_requests (a gauge of slot ids, :1847-1938, in memory :1953-2007: a
     refused request takes no slot, nothing waits) and otherwise raises ProxyRateLimitError at once: status 429
-    with `retry-after` (the window, LITELLM_RATE_LIMIT_WINDOW_SIZE, 60 s by default: :3663-3713, :898). The
+    with `retry-after` (the window, LITELLM_RATE_LIMIT_WINDOW_SIZE, 60 s by default: :3663-3713, :895). The
     slot is released when the answer (a stream: its end) is logged or the client goes away (:5448-5585).
-    None = no limit (the descriptor is made only when a limit is set)."""
+    None = no limit (the descriptor is made only when a limit is set). A tpm_limit also makes it reserve the
+    request's estimated tokens at admission and, below 4096, cap a request without max_tokens at a quarter of
+    it (:4276-4345, :1061-1112, :945-958)."""
     name = entry["name"]
     ident = f"sparkops-key:{name}"
     fields = {"api_key": ident, "token": ident, "key_alias": name, "key_name": name}
