@@ -379,7 +379,7 @@ def test_a_429_from_the_app_is_counted_for_the_key_after_it_was_sent(status, cou
         await asyncio.gather(*auth._PENDING)
 
     asyncio.run(main())
-    assert sent[0]["status"] == status and sent[0]["headers"] == [(b"retry-after", b"60")]  # passed on untouched
+    assert sent[0]["status"] == status and sent[0]["headers"] == [(b"retry-after", b"60")]  # not a parallel limit
     assert store.refused == counted
     if counted:
         assert order.index("counted") > order.index("http.response.start")
@@ -430,3 +430,16 @@ def test_the_store_hands_on_the_whole_entry(monkeypatch):
     monkeypatch.setattr(store, "_run", lambda fn, key: entry if fn is auth.gateway_keys.lookup_entry else None)
     key = auth.gateway_keys.new_key()
     assert store.entry_for(key) == entry and store.name_for(key) == "alice"
+
+
+def test_a_refusal_for_the_parallel_limit_says_retry_after_a_slot_s_time_not_the_rate_window():
+    litellm = [(b"retry-after", b"60"), (b"rate_limit_type", b"max_parallel_requests"), (b"reset_at", b"x")]
+    assert auth.parallel_retry_after(litellm) == [
+        (b"rate_limit_type", b"max_parallel_requests"),
+        (b"reset_at", b"x"),
+        (b"retry-after", str(auth.PARALLEL_RETRY_AFTER_S).encode()),
+    ]
+    assert 1 <= auth.PARALLEL_RETRY_AFTER_S < 60
+    tokens = [(b"retry-after", b"60"), (b"rate_limit_type", b"tokens")]
+    assert auth.parallel_retry_after(tokens) == tokens  # a tokens-per-minute refusal keeps LiteLLM's window
+    assert auth.parallel_retry_after([(b"retry-after", b"60")]) == [(b"retry-after", b"60")]

@@ -78,6 +78,11 @@ CACHE_S = 2.0  # the longest a revoked key still passes (issue 25: "effective wi
 # Unknown keys remembered (each for CACHE_S), at most this many, oldest dropped first: a client repeating a
 # wrong key costs no database round trip, and a flood of wrong keys never pushes the active keys' answers out.
 NEGATIVE_MAX = 4096
+# Retry-After on a 429 for a key at its max_parallel_requests. LiteLLM answers its rate window (60 s: see
+# auth_fields), right for requests or tokens per minute, but a concurrency slot frees when one of the key's
+# requests ends, seconds away: the OpenAI clients wait what Retry-After says (up to 60 s) before they retry, so
+# 60 would idle a batch key's slot for most of a minute after each refusal.
+PARALLEL_RETRY_AFTER_S = 2
 _PENDING: set = set()  # the refusal counts being written (a task nobody references may be collected)
 _LOG = logging.getLogger("sparkops_gateway_auth")
 
@@ -175,6 +180,7 @@ def auth_fields(entry: dict) -> dict:
     refused request takes no slot, nothing waits) and otherwise raises ProxyRateLimitError at once: status 429
     with `retry-after` (the window, LITELLM_RATE_LIMIT_WINDOW_SIZE, 60 s by default: :3663-3713, :895). The
     slot is released when the answer (a stream: its end) is logged or the client goes away (:5448-5585).
+    RequireKeyEverywhere.track makes that 429's Retry-After PARALLEL_RETRY_AFTER_S.
     None = no limit (the descriptor is made only when a limit is set). A tpm_limit also makes it reserve the
     request's estimated tokens at admission and, below 4096, cap a request without max_tokens at a quarter of
     it (:4276-4345, :1061-1112, :945-958)."""
@@ -252,6 +258,16 @@ def metrics_keys(environ=None) -> frozenset:
     return frozenset(n.strip() for n in environ.get(METRICS_KEYS_ENV, "").split(",") if n.strip())
 
 
+def parallel_retry_after(headers: list) -> list:
+    """A 429's headers with Retry-After PARALLEL_RETRY_AFTER_S when LiteLLM refused for max_parallel_requests
+    (its `rate_limit_type` header, parallel_request_limiter_v3.py:3702-3708); any other 429 as it came."""
+    kinds = {bytes(v).strip().lower() for k, v in headers if bytes(k).lower() == b"rate_limit_type"}
+    if kinds != {b"max_parallel_requests"}:
+        return list(headers)
+    kept = [(k, v) for k, v in headers if bytes(k).lower() != b"retry-after"]
+    return [*kept, (b"retry-after", str(PARALLEL_RETRY_AFTER_S).encode())]
+
+
 class RequireKeyEverywhere:
     """ASGI wrapper: every HTTP and WebSocket request needs an active key, before LiteLLM routes it, and then a
     path that key may ask for.
@@ -300,6 +316,7 @@ class RequireKeyEverywhere:
                 if REFUSED is not None:
                     REFUSED.labels(name).inc()
                 self._later(key_store, name)
+                message = {**message, "headers": parallel_retry_after(message.get("headers") or [])}
             await send(message)
 
         if IN_FLIGHT is not None:

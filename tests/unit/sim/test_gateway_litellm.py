@@ -404,8 +404,8 @@ def test_a_key_at_its_parallel_limit_gets_429_with_retry_after_at_once_while_ano
     status, headers, body, took = _post(port, limited, quick)
     refused_at = time.monotonic()
     assert status == 429, (status, body[:300])
-    print(f"\n429: retry-after {headers.get('retry-after')}: {body[:400]!r}")
-    assert int(headers["retry-after"]) >= 1
+    # LiteLLM's 60 s window, made the gateway's shorter wait for a concurrency slot (sparkops_gateway_auth.py).
+    assert headers["retry-after"] == "2" and headers["rate_limit_type"] == "max_parallel_requests"
     assert b"max_parallel_requests" in body and b"sparkops-key:batchy" in body and limited.encode() not in body
     assert took < 1.5, f"the refusal took {took:.2f} s: queued, not refused"
     assert "ended" not in done  # refused while the first stream was still running
