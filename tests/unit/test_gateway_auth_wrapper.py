@@ -443,3 +443,49 @@ def test_a_refusal_for_the_parallel_limit_says_retry_after_a_slot_s_time_not_the
     tokens = [(b"retry-after", b"60"), (b"rate_limit_type", b"tokens")]
     assert auth.parallel_retry_after(tokens) == tokens  # a tokens-per-minute refusal keeps LiteLLM's window
     assert auth.parallel_retry_after([(b"retry-after", b"60")]) == [(b"retry-after", b"60")]
+
+
+def test_a_new_connection_brings_the_table_up_to_date_before_the_first_lookup(monkeypatch):
+    """The hook reads the limit columns: on a table made before them (the gateway upgraded before any keys
+    module run), each new connection adds them first (gateway_keys.ensure_schema), then looks up."""
+    import types  # noqa: PLC0415
+
+    sql = []
+
+    class Cursor:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def execute(self, text, params=None):
+            sql.append(" ".join(text.split()))
+
+        def fetchone(self):
+            return ("alice", "batch", 1, None)
+
+    class Conn:
+        closed = False
+
+        def cursor(self):
+            return Cursor()
+
+        def commit(self):
+            pass
+
+    fake = types.SimpleNamespace(connect=lambda *a, **k: Conn(), OperationalError=OSError)
+    monkeypatch.setitem(sys.modules, "psycopg", fake)
+    store = auth.KeyStore("dbname=none")
+    key = auth.gateway_keys.new_key()
+    assert store.entry_for(key) == {
+        "name": "alice",
+        "key_class": "batch",
+        "max_parallel_requests": 1,
+        "tpm_limit": None,
+    }
+    assert sql[0].startswith("CREATE TABLE IF NOT EXISTS sparkops_gateway_keys")
+    assert sql[1].startswith("ALTER TABLE sparkops_gateway_keys ADD COLUMN IF NOT EXISTS key_class")
+    assert sql[2].startswith("SELECT name, key_class, max_parallel_requests, tpm_limit FROM sparkops_gateway_keys")
+    store.add_refusal("alice")  # the same connection: no second schema check
+    assert len(sql) == 4 and sql[3].startswith("UPDATE sparkops_gateway_keys SET refused = refused + 1")

@@ -106,6 +106,9 @@ class KeyStore:
                 try:
                     if self._conn is None or self._conn.closed:
                         self._conn = psycopg.connect(self.conninfo, connect_timeout=5)
+                        # The columns this file reads (the limits), on a table made before them: a gateway
+                        # upgraded before any keys module run would otherwise fail every lookup.
+                        gateway_keys.ensure_schema(self._conn)
                     return fn(self._conn, *args)
                 except psycopg.OperationalError:
                     self._conn = None

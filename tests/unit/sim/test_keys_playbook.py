@@ -162,3 +162,27 @@ def test_the_listing_shows_each_key_s_class_limits_and_refusals(site):
     assert "alice: active, interactive, 2 parallel, 20000 tokens/min, 0 requests" in _flat(listing)
     line = "nightly: active, batch, 8 parallel, 0 requests, 0 prompt and 0 completion tokens, 0 refused (429)"
     assert line in _flat(listing)
+
+
+def test_a_table_made_before_the_limits_gets_their_columns_and_keeps_its_keys(pg):
+    """An upgrade: the table as the gateway made it before classes and limits (gateway_keys.SCHEMA alone), a key
+    in it; ensure_schema (the module's, and the hook's on each new connection) adds the columns, the key stays
+    valid as an interactive key without limits, and a second run changes nothing."""
+    with psycopg.connect(pg, autocommit=True) as admin:
+        admin.execute("DROP DATABASE IF EXISTS old_keys")
+        admin.execute("CREATE DATABASE old_keys")
+    old = pg.replace("dbname=postgres", "dbname=old_keys")
+    with psycopg.connect(old) as conn:
+        with conn.cursor() as cur:
+            cur.execute(gateway_keys.SCHEMA)
+        conn.commit()
+        key = gateway_keys.create(conn, "veteran")
+        gateway_keys.ensure_schema(conn)
+        gateway_keys.ensure_schema(conn)
+        assert gateway_keys.lookup_entry(conn, key) == {
+            "name": "veteran",
+            "key_class": "interactive",
+            "max_parallel_requests": None,
+            "tpm_limit": None,
+        }
+        assert gateway_keys.usage(conn)[0]["refused"] == 0
