@@ -548,7 +548,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--base-url", required=True)
     parser.add_argument("--model", required=True)
     parser.add_argument("--api-key-file")
-    parser.add_argument("--baseline", help="JSON file holding the baseline figures, bare or under \"figures\"")
+    parser.add_argument("--baseline", help='JSON file holding the baseline figures, bare or under "figures"')
     parser.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE_NATS)
     parser.add_argument("--timeout", type=float, default=30.0)
     args = parser.parse_args(argv)

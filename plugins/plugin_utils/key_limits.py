@@ -8,9 +8,10 @@ whose every user got the SLO):
   deployment holds at the SLO (each may use all of them while the others are idle);
 - a `batch` key gets what is left once one interactive user is in: `users_at_slo - 1`, at least 1;
 - no tokens-per-minute limit.
-With no sweep recorded (or one that held nobody at the SLO), the seats are FALLBACK_SEATS: 1 each, the
-cautious answer until playbooks/benchmark.yml has measured the deployment. An override
-(max_parallel_requests, tpm_limit) wins over the default.
+A sweep where not even one user met the SLO counts as one seat: 1 request at a time for either class.
+With no sweep recorded there is nothing measured to share: interactive keys get no limit (as before limits
+existed) and batch keys BATCH_FALLBACK (1), the least that is left, until playbooks/benchmark.yml has measured
+the deployment. An override (max_parallel_requests, tpm_limit) wins over the default.
 
 LiteLLM counts a key's limit over all its requests, whatever model they ask for.
 """
@@ -22,7 +23,7 @@ import os
 import re
 
 KEY_CLASSES = ("interactive", "batch")
-FALLBACK_SEATS = 1
+BATCH_FALLBACK = 1  # a batch key's requests in flight while no sweep is recorded
 # benchmark_report's file names: <cluster_name>-<timestamp>.json (plugins/modules/benchmark_report.py TIMESTAMP_RE)
 TIMESTAMP_RE = r"\d{8}T\d{6}Z"
 OVERRIDES = ("max_parallel_requests", "tpm_limit")
@@ -56,16 +57,18 @@ def check_class(name: str, key_class) -> str:
     return key_class
 
 
-def seats(users_at_slo) -> tuple[int, bool]:
-    """The seats the defaults share and whether they were measured: users_at_slo when the sweep found at
-    least one, else FALLBACK_SEATS."""
-    if isinstance(users_at_slo, int) and not isinstance(users_at_slo, bool) and users_at_slo >= 1:
-        return users_at_slo, True
-    return FALLBACK_SEATS, False
+def seats(users_at_slo) -> int | None:
+    """The seats the defaults share: users_at_slo of the sweep, at least 1; None when no sweep is recorded."""
+    if isinstance(users_at_slo, int) and not isinstance(users_at_slo, bool) and users_at_slo >= 0:
+        return max(1, users_at_slo)
+    return None
 
 
-def default_parallel(key_class: str, users_at_slo) -> int:
-    count, _measured = seats(users_at_slo)
+def default_parallel(key_class: str, users_at_slo) -> int | None:
+    """A class's requests in flight (None: no limit) for the sweep's users_at_slo (None: no sweep)."""
+    count = seats(users_at_slo)
+    if count is None:
+        return None if key_class == "interactive" else BATCH_FALLBACK
     return count if key_class == "interactive" else max(1, count - 1)
 
 
@@ -75,16 +78,18 @@ def key_limits(name: str, key_class=None, max_parallel_requests=None, tpm_limit=
     key_class = check_class(name, key_class)
     parallel = _whole(name, "max_parallel_requests", max_parallel_requests)
     tpm = _whole(name, "tpm_limit", tpm_limit)
-    count, measured = seats(users_at_slo)
     default = default_parallel(key_class, users_at_slo)
-    where = (
-        f"{count} users at the SLO in the last capacity sweep"
-        if measured
-        else f"no capacity sweep holding a user at the SLO recorded: {FALLBACK_SEATS} seat until "
-        "playbooks/benchmark.yml measures one"
-    )
+    if seats(users_at_slo) is not None:
+        where = f"{users_at_slo} users at the SLO in the last capacity sweep"
+    else:
+        where = "no capacity sweep recorded: run playbooks/benchmark.yml, then keys.yml again for this key"
     rule = "the interactive keys' share" if key_class == "interactive" else "what is left after one interactive user"
-    basis = f"{parallel} parallel (override)" if parallel is not None else f"{default} parallel, {rule} ({where})"
+    if parallel is not None:
+        basis = f"{parallel} parallel (override)"
+    elif default is None:
+        basis = f"no parallel limit ({where})"
+    else:
+        basis = f"{default} parallel, {rule} ({where})"
     basis += f", {tpm} tokens/min (override)" if tpm is not None else ", no tokens/min limit"
     return {
         "limits": {

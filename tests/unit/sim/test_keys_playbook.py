@@ -102,11 +102,14 @@ def _stored(pg, name):
 
 def test_keys_yml_stores_the_class_and_limits_from_the_sweep_and_the_overrides(site, pg):
     run, sweeps, top = site
-    # No sweep yet: one request at a time, and the play says why.
+    # No sweep yet: an interactive key without a limit, a batch key at one request, and the play says why.
     first = run("-e", "sparkops_key_name=alice")
     assert first.returncode == 0, first.stdout[-3000:]
-    assert "no capacity sweep holding a user at the SLO recorded" in _flat(first)
-    assert _stored(pg, "alice") == {"key_class": "interactive", "max_parallel_requests": 1, "tpm_limit": None}
+    assert "no parallel limit (no capacity sweep recorded: run playbooks/benchmark.yml" in _flat(first)
+    assert _stored(pg, "alice") == {"key_class": "interactive", "max_parallel_requests": None, "tpm_limit": None}
+    early = run("-e", "sparkops_key_name=early", "-e", "sparkops_key_class=batch")
+    assert early.returncode == 0, early.stdout[-3000:]
+    assert _stored(pg, "early") == {"key_class": "batch", "max_parallel_requests": 1, "tpm_limit": None}
     secret = (top / "creds" / "keys" / "alice").read_text().strip()
     assert secret.startswith("sk-sparkops-") and secret not in first.stdout + first.stderr
     # benchmark.yml's records on the control node: the first deployment (chat) holds 4 users, code 9.

@@ -31,13 +31,21 @@ def test_interactive_keys_share_the_seats_at_the_slo_and_batch_gets_what_is_left
     assert limits("batch", users_at_slo=users)["max_parallel_requests"] == batch
 
 
-@pytest.mark.parametrize("users", [None, 0, -1, "2", True, 2.0])
-def test_without_a_measured_seat_every_class_gets_the_fallback(users):
-    assert kl.FALLBACK_SEATS == 1
-    for key_class in kl.KEY_CLASSES:
-        assert limits(key_class, users_at_slo=users)["max_parallel_requests"] == 1
+@pytest.mark.parametrize("users", [None, -1, "2", True, 2.0])
+def test_without_a_sweep_interactive_keys_are_unlimited_and_batch_keys_get_one(users):
+    assert kl.BATCH_FALLBACK == 1
+    assert limits("interactive", users_at_slo=users)["max_parallel_requests"] is None
+    assert limits("batch", users_at_slo=users)["max_parallel_requests"] == 1
     basis = kl.key_limits("alice", "interactive", users_at_slo=users)["basis"]
-    assert "no capacity sweep" in basis and "benchmark.yml" in basis
+    assert basis == (
+        "alice: interactive, no parallel limit (no capacity sweep recorded: run playbooks/benchmark.yml, then "
+        "keys.yml again for this key), no tokens/min limit"
+    )
+
+
+def test_a_sweep_where_nobody_met_the_slo_gives_one_request_at_a_time():
+    for key_class in kl.KEY_CLASSES:
+        assert limits(key_class, users_at_slo=0)["max_parallel_requests"] == 1
 
 
 def test_the_class_defaults_to_interactive():
@@ -155,4 +163,4 @@ def test_the_filter_reads_the_sweep_and_says_where_the_limit_comes_from(tmp_path
     assert out["sweep"] == {"path": path, "users_at_slo": 2}
     assert "2 users at the SLO in the last capacity sweep" in out["basis"]
     none = gateway_key_limits("inter", None, sweep_dir=str(tmp_path), sweep_name="spark-sim", source="hardware")
-    assert none["limits"]["max_parallel_requests"] == 1 and none["sweep"]["path"] is None
+    assert none["limits"]["max_parallel_requests"] is None and none["sweep"]["path"] is None
