@@ -6,12 +6,14 @@ plugins/plugin_utils/gateway.py, these turn its errors into AnsibleFilterError.
     {{ pip | sparkops.cluster.gateway_pip_download(dest, reqs, arch=, python=, glibc=) }} -> argv
     {{ python | sparkops.cluster.gateway_wheelhouse_download(dest, reqs, arch=, python=, glibc=) }} -> argv
     {{ result['keys'] | sparkops.cluster.gateway_usage_lines }}                     -> one line per key
+    {{ name | sparkops.cluster.gateway_key_limits(class, parallel, tpm, sweep_dir=, sweep_name=, source=) }}
+        -> {limits, basis, sweep}: the key's class and limits (plugins/plugin_utils/key_limits.py)
 """
 
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.sparkops.cluster.plugins.plugin_utils import gateway
+from ansible_collections.sparkops.cluster.plugins.plugin_utils import gateway, key_limits
 
 
 def gateway_litellm_config(plan: dict, drained=()) -> dict:
@@ -60,6 +62,19 @@ def gateway_usage_lines(keys: list) -> list:
         raise AnsibleFilterError(f"gateway_usage_lines: {err}") from None
 
 
+def gateway_key_limits(
+    name, key_class=None, max_parallel_requests=None, tpm_limit=None, *, sweep_dir: str, sweep_name: str, source: str
+) -> dict:
+    """The key's class and limits from its overrides and the newest capacity sweep of `sweep_name` in
+    `sweep_dir` with `source` (key_limits.latest_sweep): {limits, basis, sweep: {path, users_at_slo}}."""
+    sweep = key_limits.latest_sweep(str(sweep_dir), str(sweep_name), str(source))
+    try:
+        out = key_limits.key_limits(str(name), key_class, max_parallel_requests, tpm_limit, sweep["users_at_slo"])
+    except key_limits.KeyLimitsError as err:
+        raise AnsibleFilterError(f"{err}. Nothing was changed.") from None
+    return {**out, "sweep": sweep}
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -68,4 +83,5 @@ class FilterModule:
             "gateway_pip_download": gateway_pip_download,
             "gateway_wheelhouse_download": gateway_wheelhouse_download,
             "gateway_usage_lines": gateway_usage_lines,
+            "gateway_key_limits": gateway_key_limits,
         }

@@ -32,6 +32,18 @@ CREATE TABLE IF NOT EXISTS sparkops_gateway_keys (
     completion_tokens bigint NOT NULL DEFAULT 0
 )
 """
+# The key's class and its admission limits (docs/gateway.md, "Limits per key"), and how many of its requests
+# were refused over them (429), added to tables made before them; NULL limit = none. The gateway's hook hands
+# the limits to LiteLLM's limiter in the key's UserAPIKeyAuth.
+LIMIT_COLUMNS = """
+ALTER TABLE sparkops_gateway_keys
+    ADD COLUMN IF NOT EXISTS key_class text NOT NULL DEFAULT 'interactive',
+    ADD COLUMN IF NOT EXISTS max_parallel_requests integer,
+    ADD COLUMN IF NOT EXISTS tpm_limit integer,
+    ADD COLUMN IF NOT EXISTS refused bigint NOT NULL DEFAULT 0
+"""
+KEY_CLASSES = ("interactive", "batch")
+LIMIT_FIELDS = ("key_class", "max_parallel_requests", "tpm_limit")
 
 
 class KeyNameError(ValueError):
@@ -72,7 +84,59 @@ def bearer_token(authorization: str | None) -> str:
 def ensure_schema(conn) -> None:
     with conn.cursor() as cur:
         cur.execute(SCHEMA)
+        cur.execute(LIMIT_COLUMNS)
     conn.commit()
+
+
+class KeyLimitsError(ValueError):
+    """A key's class or limits cannot be stored."""
+
+
+def check_limits(name: str, limits: dict | None) -> dict:
+    """`limits` ({key_class, max_parallel_requests, tpm_limit}; missing: interactive, no limit) made whole and
+    checked: a known class, each limit a whole number >= 1 or None. The error names the key."""
+    limits = dict(limits or {})
+    unknown = sorted(set(limits) - set(LIMIT_FIELDS))
+    if unknown:
+        raise KeyLimitsError(
+            f"key {name}: unknown limit field(s) {', '.join(unknown)}; known: {', '.join(LIMIT_FIELDS)}"
+        )
+    out = {"key_class": limits.get("key_class") or "interactive"}
+    if out["key_class"] not in KEY_CLASSES:
+        raise KeyLimitsError(f"key {name}: class {out['key_class']!r} is not one of {', '.join(KEY_CLASSES)}")
+    for field in LIMIT_FIELDS[1:]:
+        value = limits.get(field)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise KeyLimitsError(f"key {name}: {field} must be a whole number >= 1 (or unset), got {value!r}")
+        out[field] = value
+    return out
+
+
+def key_limits(conn, name: str) -> dict | None:
+    """The stored class and limits of `name`'s row, or None when there is no row."""
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT key_class, max_parallel_requests, tpm_limit FROM sparkops_gateway_keys WHERE name = %s",
+            (check_name(name),),
+        )
+        row = cur.fetchone()
+    conn.commit()
+    return None if row is None else dict(zip(LIMIT_FIELDS, row, strict=True))
+
+
+def set_limits(conn, name: str, limits: dict) -> bool:
+    """Store `name`'s class and limits (check_limits); True when the row changed. The hook sees them within
+    its cache window (2 s), without a restart."""
+    limits = check_limits(name, limits)
+    with conn.cursor() as cur:
+        cur.execute(
+            "UPDATE sparkops_gateway_keys SET key_class = %s, max_parallel_requests = %s, tpm_limit = %s "
+            "WHERE name = %s AND (key_class, max_parallel_requests, tpm_limit) IS DISTINCT FROM (%s, %s, %s)",
+            (*(limits[f] for f in LIMIT_FIELDS), name, *(limits[f] for f in LIMIT_FIELDS)),
+        )
+        changed = cur.rowcount == 1
+    conn.commit()
+    return changed
 
 
 def key_state(conn, name: str) -> str:
@@ -117,15 +181,26 @@ def revoke(conn, name: str) -> bool:
     return changed
 
 
-def lookup(conn, key: str) -> str | None:
-    """The name of the active key `key`, or None."""
+def lookup_entry(conn, key: str) -> dict | None:
+    """The active key `key`'s name, class and limits ({name, key_class, max_parallel_requests, tpm_limit}), or
+    None."""
     if not key:
         return None
     with conn.cursor() as cur:
-        cur.execute("SELECT name FROM sparkops_gateway_keys WHERE digest = %s AND revoked IS NULL", (digest(key),))
+        cur.execute(
+            "SELECT name, key_class, max_parallel_requests, tpm_limit FROM sparkops_gateway_keys "
+            "WHERE digest = %s AND revoked IS NULL",
+            (digest(key),),
+        )
         row = cur.fetchone()
     conn.commit()  # end the read transaction: the next lookup sees a revocation committed meanwhile
-    return row[0] if row else None
+    return dict(zip(("name", *LIMIT_FIELDS), row, strict=True)) if row else None
+
+
+def lookup(conn, key: str) -> str | None:
+    """The name of the active key `key`, or None."""
+    entry = lookup_entry(conn, key)
+    return entry["name"] if entry else None
 
 
 def add_usage(conn, name: str, prompt_tokens: int, completion_tokens: int) -> None:
@@ -138,12 +213,19 @@ def add_usage(conn, name: str, prompt_tokens: int, completion_tokens: int) -> No
     conn.commit()
 
 
+def add_refusal(conn, name: str) -> None:
+    """One more request of `name` refused with 429 (over its limit)."""
+    with conn.cursor() as cur:
+        cur.execute("UPDATE sparkops_gateway_keys SET refused = refused + 1 WHERE name = %s", (name,))
+    conn.commit()
+
+
 def usage(conn) -> list[dict]:
-    """Every key's name, state and counters (never a key or digest), by name."""
+    """Every key's name, state, counters, class, limits and refusals (never a key or digest), by name."""
     with conn.cursor() as cur:
         cur.execute(
-            "SELECT name, created, revoked, requests, prompt_tokens, completion_tokens "
-            "FROM sparkops_gateway_keys ORDER BY name"
+            "SELECT name, created, revoked, requests, prompt_tokens, completion_tokens, "
+            "key_class, max_parallel_requests, tpm_limit, refused FROM sparkops_gateway_keys ORDER BY name"
         )
         rows = cur.fetchall()
     conn.commit()
@@ -156,6 +238,10 @@ def usage(conn) -> list[dict]:
             "requests": int(r[3]),
             "prompt_tokens": int(r[4]),
             "completion_tokens": int(r[5]),
+            "key_class": r[6],
+            "max_parallel_requests": r[7],
+            "tpm_limit": r[8],
+            "refused": int(r[9]),
         }
         for r in rows
     ]

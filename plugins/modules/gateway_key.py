@@ -18,6 +18,10 @@ description:
   - "The task must set C(no_log: true): C(key) is the secret itself."
   - With I(state=present) and an active key of that name, nothing changes and no key is returned (the
     controller already has it); a revoked name gets a new key.
+  - I(limits) stores the key's class and admission limits with it (the C(gateway_key_limits) filter computes
+    them from the capacity sweep); the gateway hands them to LiteLLM's limiter, which answers a request over
+    the limit at once with 429 and C(Retry-After). Changed limits apply within 2 seconds, without a new key or a
+    restart.
 version_added: "0.1.0"
 author:
   - sparkops maintainers (!UNKNOWN)
@@ -34,6 +38,23 @@ options:
     type: str
     choices: [present, absent]
     default: present
+  limits:
+    description:
+      - The key's class and limits, with I(state=present). Left out, the stored ones stay (a new key is
+        C(interactive) without limits).
+    type: dict
+    suboptions:
+      key_class:
+        description: C(interactive) or C(batch) (docs/gateway.md, "Limits per key").
+        type: str
+        choices: [interactive, batch]
+        default: interactive
+      max_parallel_requests:
+        description: Requests of this key in flight at once (at least 1); unset, no limit.
+        type: int
+      tpm_limit:
+        description: Tokens per minute of this key (at least 1); unset, no limit.
+        type: int
   conninfo:
     description:
       - libpq connection string of the key database, without a password (peer authentication over the Unix
@@ -64,6 +85,18 @@ EXAMPLES = r"""
   no_log: true
   register: gateway_key_made
 
+- name: Make batch job nightly's key, two requests at a time
+  sparkops.cluster.gateway_key:
+    name: nightly
+    limits:
+      key_class: batch
+      max_parallel_requests: 2
+  vars:
+    ansible_python_interpreter: /opt/sparkops/gateway/bin/python
+  become: true
+  become_user: sparkops-gateway
+  no_log: true
+
 - name: Revoke it
   sparkops.cluster.gateway_key:
     name: alice
@@ -85,8 +118,18 @@ state_after:
   description: The name's key after (what it would be, in check mode).
   returned: always
   type: str
+limits_before:
+  description: The name's class and limits before (null when it had no row).
+  returned: always
+  type: dict
+limits_after:
+  description: The name's class and limits after (what they would be, in check mode; null for no row).
+  returned: always
+  type: dict
 keys:
-  description: Every key's name, state, created and revoked times and its requests, prompt and completion tokens.
+  description: >-
+    Every key's name, state, created and revoked times, its requests, prompt and completion tokens, its class
+    (key_class) and limits (max_parallel_requests, tpm_limit: null for none).
   returned: always
   type: list
   elements: dict
@@ -98,6 +141,8 @@ msg:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.sparkops.cluster.plugins.module_utils import gateway_keys
+
+NO_LIMITS = {"key_class": "interactive", "max_parallel_requests": None, "tpm_limit": None}  # a new row's
 
 
 def connect(conninfo: str):
@@ -111,6 +156,18 @@ def main() -> None:
         argument_spec={
             "name": {"type": "str", "required": True},
             "state": {"type": "str", "choices": ["present", "absent"], "default": "present"},
+            "limits": {
+                "type": "dict",
+                "options": {
+                    "key_class": {
+                        "type": "str",
+                        "choices": list(gateway_keys.KEY_CLASSES),
+                        "default": "interactive",
+                    },
+                    "max_parallel_requests": {"type": "int"},
+                    "tpm_limit": {"type": "int"},
+                },
+            },
             "conninfo": {"type": "str", "default": "dbname=sparkops_gateway"},
         },
         supports_check_mode=True,
@@ -120,6 +177,12 @@ def main() -> None:
         gateway_keys.check_name(name)
     except gateway_keys.KeyNameError as exc:
         module.fail_json(msg=str(exc))
+    wanted = None
+    if module.params["limits"] is not None:
+        try:
+            wanted = gateway_keys.check_limits(name, module.params["limits"])
+        except gateway_keys.KeyLimitsError as exc:
+            module.fail_json(msg=f"{exc}. Nothing was changed.")
     try:
         conn = connect(module.params["conninfo"])
     except ImportError:
@@ -135,6 +198,7 @@ def main() -> None:
     with conn:
         gateway_keys.ensure_schema(conn)
         before = gateway_keys.key_state(conn, name)
+        limits_before = gateway_keys.key_limits(conn, name)
         after, key = before, None
         if state == "present" and before != "active":
             after = "active"
@@ -146,14 +210,35 @@ def main() -> None:
             after = "revoked"
             if not module.check_mode:
                 gateway_keys.revoke(conn, name)
+        # A new row has the table's defaults: interactive, no limit.
+        predicted = limits_before or (dict(NO_LIMITS) if after == "active" else None)
+        if state == "present" and wanted is not None and wanted != predicted:
+            predicted = wanted
+            if not module.check_mode:
+                gateway_keys.set_limits(conn, name, wanted)
+        limits_after = predicted if module.check_mode else gateway_keys.key_limits(conn, name)
         keys = gateway_keys.usage(conn)
-    changed = after != before
+    limits_changed = after == "active" and limits_after != (limits_before or NO_LIMITS)
+    changed = after != before or limits_changed
     verbs = {
         "active": ("made a key for", "would make a key for"),
         "revoked": ("revoked the key of", "would revoke the key of"),
     }
-    msg = f"{verbs[after][module.check_mode]} {name}" if changed else f"{name}: {before}, nothing to do"
-    result = {"changed": changed, "msg": msg, "state_before": before, "state_after": after, "keys": keys}
+    if after != before:
+        msg = f"{verbs[after][module.check_mode]} {name}"
+    elif limits_changed:
+        msg = f"{'would set' if module.check_mode else 'set'} the limits of {name}"
+    else:
+        msg = f"{name}: {before}, nothing to do"
+    result = {
+        "changed": changed,
+        "msg": msg,
+        "state_before": before,
+        "state_after": after,
+        "limits_before": limits_before,
+        "limits_after": limits_after,
+        "keys": keys,
+    }
     if key is not None:
         result["key"] = key
     module.exit_json(**result)

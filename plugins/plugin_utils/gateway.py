@@ -119,23 +119,36 @@ def litellm_config(plan: dict, router: dict | None = None, drained=()) -> dict:
 
 
 # ------------------------------------------------------------------------------- the keys' usage
-# What plugins/module_utils/gateway_keys.py's usage() gives per key (names and counters, never a key).
-USAGE_FIELDS = ("name", "state", "requests", "prompt_tokens", "completion_tokens")
+# What plugins/module_utils/gateway_keys.py's usage() gives per key (names, counters, class and limits, never a key).
+COUNT_FIELDS = ("requests", "prompt_tokens", "completion_tokens", "refused")
+USAGE_FIELDS = ("name", "state", *COUNT_FIELDS, "key_class", "max_parallel_requests", "tpm_limit")
+
+
+def limit_text(row: dict) -> str:
+    """`CLASS, N parallel[, T tokens/min]` ("no parallel limit" when the key has none)."""
+    parallel, tpm = row.get("max_parallel_requests"), row.get("tpm_limit")
+    text = f"{row.get('key_class') or 'interactive'}, " + (
+        f"{int(parallel)} parallel" if parallel is not None else "no parallel limit"
+    )
+    return text + (f", {int(tpm)} tokens/min" if tpm is not None else "")
 
 
 def usage_lines(keys: list) -> list[str]:
     """One line per key of the gateway_key module's `keys` (playbooks/keys.yml's list, status's keys section):
-    `NAME: STATE, R requests, P prompt and C completion tokens`, by name. Only those fields are read, so a key
-    or digest that a future usage() added could not reach a line; a row without one of them is an error."""
+    `NAME: STATE, CLASS, N parallel[, T tokens/min], R requests, P prompt and C completion tokens, X refused (429)`,
+    by name. Only
+    those fields are read, so a key or digest that a future usage() added could not reach a line; a row without
+    one of them is an error."""
     lines = []
     for row in sorted(keys or [], key=lambda r: str(r.get("name", "")) if isinstance(r, dict) else ""):
         missing = [f for f in USAGE_FIELDS if not isinstance(row, dict) or f not in row]
         if missing:
             raise ValueError(f"a key's usage row lacks {', '.join(missing)}")
-        counts = {f: int(row[f]) for f in USAGE_FIELDS[2:]}
+        counts = {f: int(row[f]) for f in COUNT_FIELDS}
         lines.append(
-            f"{row['name']}: {row['state']}, {counts['requests']} requests, {counts['prompt_tokens']} prompt and "
-            f"{counts['completion_tokens']} completion tokens"
+            f"{row['name']}: {row['state']}, {limit_text(row)}, {counts['requests']} requests, "
+            f"{counts['prompt_tokens']} prompt and {counts['completion_tokens']} completion tokens, "
+            f"{counts['refused']} refused (429)"
         )
     return lines
 

@@ -157,7 +157,7 @@ def test_lifespan_passes_untouched():
 
 
 def test_the_store_caches_an_answer_for_at_most_its_window(monkeypatch):
-    answers = iter(["alice", None])
+    answers = iter([{"name": "alice"}, None])
     store = auth.KeyStore("dbname=none", cache_s=2.0)
     monkeypatch.setattr(store, "_run", lambda fn, key: next(answers))
     clock = [100.0]
@@ -177,7 +177,7 @@ def _counting_store(monkeypatch, active: dict):
 
     def run(fn, key):
         asked.append(key)
-        return active.get(key)
+        return {"name": active[key]} if key in active else None
 
     monkeypatch.setattr(store, "_run", run)
     clock = [100.0]
@@ -345,3 +345,147 @@ def test_a_ready_folder_it_cannot_write_is_logged_and_the_worker_serves(tmp_path
     sent = lifespan(auth.ReadyMarker(tmp_path / "missing", config, pid=9), litellm, [{"type": "lifespan.startup"}])
     assert [m["type"] for m in sent] == ["lifespan.startup.complete"]
     assert "cannot write the ready file" in caplog.text
+
+
+class RefusalStore(FakeStore):
+    def __init__(self):
+        super().__init__()
+        self.refused = []
+
+    def add_refusal(self, name):
+        self.refused.append(name)
+
+
+@pytest.mark.parametrize(("status", "counted"), [(429, ["alice"]), (200, []), (401, [])])
+def test_a_429_from_the_app_is_counted_for_the_key_after_it_was_sent(status, counted):
+    sent, order = [], []
+    store = RefusalStore()
+    store.add_refusal = lambda name: (order.append("counted"), store.refused.append(name))
+
+    async def inner(scope, receive, send):
+        await send({"type": "http.response.start", "status": status, "headers": [(b"retry-after", b"60")]})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    async def receive():
+        return {"type": "http.request", "body": b""}
+
+    async def send(message):
+        order.append(message["type"])
+        sent.append(message)
+
+    async def main():
+        scope = {"type": "http", "path": "/v1/chat/completions", "headers": [(b"authorization", b"Bearer sk-good")]}
+        await auth.RequireKeyEverywhere(inner, store, metrics_keys=frozenset())(scope, receive, send)
+        await asyncio.gather(*auth._PENDING)
+
+    asyncio.run(main())
+    assert sent[0]["status"] == status and sent[0]["headers"] == [(b"retry-after", b"60")]  # not a parallel limit
+    assert store.refused == counted
+    if counted:
+        assert order.index("counted") > order.index("http.response.start")
+
+
+def test_a_refusal_the_store_cannot_write_fails_no_request(caplog):
+    class Broken(FakeStore):
+        def add_refusal(self, name):
+            raise OSError("database gone")
+
+    async def inner(scope, receive, send):
+        await send({"type": "http.response.start", "status": 429, "headers": []})
+
+    async def main():
+        scope = {"type": "http", "path": "/v1/completions", "headers": [(b"authorization", b"Bearer sk-good")]}
+        sent = []
+
+        async def send(message):
+            sent.append(message)
+
+        await auth.RequireKeyEverywhere(inner, Broken(), metrics_keys=frozenset())(scope, None, send)
+        await asyncio.gather(*auth._PENDING)
+        return sent
+
+    assert asyncio.run(main())[0]["status"] == 429
+    assert "could not count a refusal for key alice" in caplog.text
+
+
+def test_the_hook_hands_the_key_s_limits_to_litellm_and_no_key():
+    entry = {"name": "nightly", "key_class": "batch", "max_parallel_requests": 1, "tpm_limit": 6000}
+    assert auth.auth_fields(entry) == {
+        "api_key": "sparkops-key:nightly",
+        "token": "sparkops-key:nightly",
+        "key_alias": "nightly",
+        "key_name": "nightly",
+        "metadata": {"sparkops_key_class": "batch"},
+        "max_parallel_requests": 1,
+        "tpm_limit": 6000,
+    }
+    # No limit stored: no field, so LiteLLM makes no descriptor for the key (it limits nothing).
+    free = auth.auth_fields({"name": "alice", "key_class": "interactive", "max_parallel_requests": None})
+    assert "max_parallel_requests" not in free and "tpm_limit" not in free
+
+
+def test_the_store_hands_on_the_whole_entry(monkeypatch):
+    entry = {"name": "alice", "key_class": "batch", "max_parallel_requests": 2, "tpm_limit": None}
+    store = auth.KeyStore("dbname=none")
+    monkeypatch.setattr(store, "_run", lambda fn, key: entry if fn is auth.gateway_keys.lookup_entry else None)
+    key = auth.gateway_keys.new_key()
+    assert store.entry_for(key) == entry and store.name_for(key) == "alice"
+
+
+def test_a_refusal_for_the_parallel_limit_says_retry_after_a_slot_s_time_not_the_rate_window():
+    litellm = [(b"retry-after", b"60"), (b"rate_limit_type", b"max_parallel_requests"), (b"reset_at", b"x")]
+    assert auth.parallel_retry_after(litellm) == [
+        (b"rate_limit_type", b"max_parallel_requests"),
+        (b"reset_at", b"x"),
+        (b"retry-after", str(auth.PARALLEL_RETRY_AFTER_S).encode()),
+    ]
+    assert 1 <= auth.PARALLEL_RETRY_AFTER_S < 60
+    tokens = [(b"retry-after", b"60"), (b"rate_limit_type", b"tokens")]
+    assert auth.parallel_retry_after(tokens) == tokens  # a tokens-per-minute refusal keeps LiteLLM's window
+    assert auth.parallel_retry_after([(b"retry-after", b"60")]) == [(b"retry-after", b"60")]
+
+
+def test_a_new_connection_brings_the_table_up_to_date_before_the_first_lookup(monkeypatch):
+    """The hook reads the limit columns: on a table made before them (the gateway upgraded before any keys
+    module run), each new connection adds them first (gateway_keys.ensure_schema), then looks up."""
+    import types  # noqa: PLC0415
+
+    sql = []
+
+    class Cursor:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def execute(self, text, params=None):
+            sql.append(" ".join(text.split()))
+
+        def fetchone(self):
+            return ("alice", "batch", 1, None)
+
+    class Conn:
+        closed = False
+
+        def cursor(self):
+            return Cursor()
+
+        def commit(self):
+            pass
+
+    fake = types.SimpleNamespace(connect=lambda *a, **k: Conn(), OperationalError=OSError)
+    monkeypatch.setitem(sys.modules, "psycopg", fake)
+    store = auth.KeyStore("dbname=none")
+    key = auth.gateway_keys.new_key()
+    assert store.entry_for(key) == {
+        "name": "alice",
+        "key_class": "batch",
+        "max_parallel_requests": 1,
+        "tpm_limit": None,
+    }
+    assert sql[0].startswith("CREATE TABLE IF NOT EXISTS sparkops_gateway_keys")
+    assert sql[1].startswith("ALTER TABLE sparkops_gateway_keys ADD COLUMN IF NOT EXISTS key_class")
+    assert sql[2].startswith("SELECT name, key_class, max_parallel_requests, tpm_limit FROM sparkops_gateway_keys")
+    store.add_refusal("alice")  # the same connection: no second schema check
+    assert len(sql) == 4 and sql[3].startswith("UPDATE sparkops_gateway_keys SET refused = refused + 1")

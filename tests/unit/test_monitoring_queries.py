@@ -110,14 +110,16 @@ def sparkops_series(tmp_path: Path) -> set[str]:
 
 
 def gateway_series() -> dict[str, list[str]]:
-    """The gateway's counters as exposed (`X_total`), each with its label names, read from the Counter(...) calls
-    of the auth hook's source (it imports LiteLLM, which the unit tests do not have)."""
+    """The gateway's counters as exposed (`X_total`) and gauges (`X`), each with its label names, read from the
+    Counter(...) and Gauge(...) calls of the auth hook's source (it imports LiteLLM, which the unit tests do not
+    have)."""
     series = {}
     for node in ast.walk(ast.parse(GATEWAY_AUTH.read_text())):
-        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Counter":
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("Counter", "Gauge"):
             name = ast.literal_eval(node.args[0])
             labels = ast.literal_eval(node.args[2]) if len(node.args) > 2 else []
-            series[name.removesuffix("_total") + "_total"] = labels
+            counter = node.func.id == "Counter"
+            series[name.removesuffix("_total") + "_total" if counter else name] = labels
     return series
 
 
@@ -195,12 +197,16 @@ def test_the_gateway_panels_read_its_counters_by_key_and_its_up_state():
         "sparkops_gateway_requests_total",
         "sparkops_gateway_prompt_tokens_total",
         "sparkops_gateway_completion_tokens_total",
+        "sparkops_gateway_refused_total",
+        "sparkops_gateway_in_flight",
     }
     assert all(labels == ["key"] for labels in series.values()), series
     gateway_exprs = [e for _t, e in dashboard_exprs() if metric_names(e) & set(series)]
-    assert len(gateway_exprs) == 3, gateway_exprs
+    assert len(gateway_exprs) == 5, gateway_exprs
     for expr in gateway_exprs:
-        assert re.search(r"sum by \(key\) \(rate\(", expr) and 'job="gateway"' in expr, expr
+        rated = re.search(r"sum by \(key\) \(rate\(", expr)
+        gauge = expr == 'sum by (key) (sparkops_gateway_in_flight{job="gateway"})'
+        assert (rated or gauge) and 'job="gateway"' in expr, expr
     assert 'up{job="gateway"}' in [e for _t, e in dashboard_exprs()]
     template = (ROLE / "templates" / "prometheus.yml.j2").read_text()
     job = re.search(r"job_name: (\w+)\n    metrics_path: /metrics/", template)

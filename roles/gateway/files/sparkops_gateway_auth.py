@@ -78,6 +78,12 @@ CACHE_S = 2.0  # the longest a revoked key still passes (issue 25: "effective wi
 # Unknown keys remembered (each for CACHE_S), at most this many, oldest dropped first: a client repeating a
 # wrong key costs no database round trip, and a flood of wrong keys never pushes the active keys' answers out.
 NEGATIVE_MAX = 4096
+# Retry-After on a 429 for a key at its max_parallel_requests. LiteLLM answers its rate window (60 s: see
+# auth_fields), right for requests or tokens per minute, but a concurrency slot frees when one of the key's
+# requests ends, seconds away: the OpenAI clients wait what Retry-After says (up to 60 s) before they retry, so
+# 60 would idle a batch key's slot for most of a minute after each refusal.
+PARALLEL_RETRY_AFTER_S = 2
+_PENDING: set = set()  # the refusal counts being written (a task nobody references may be collected)
 _LOG = logging.getLogger("sparkops_gateway_auth")
 
 
@@ -89,7 +95,7 @@ class KeyStore:
         self.cache_s = cache_s
         self._conn = None
         self._lock = threading.Lock()
-        self._cache: dict[str, tuple[float, str]] = {}  # active keys' answers
+        self._cache: dict[str, tuple[float, dict]] = {}  # active keys' answers
         self._unknown: collections.OrderedDict[str, float] = collections.OrderedDict()  # bounded, see NEGATIVE_MAX
 
     def _run(self, fn, *args):
@@ -100,6 +106,9 @@ class KeyStore:
                 try:
                     if self._conn is None or self._conn.closed:
                         self._conn = psycopg.connect(self.conninfo, connect_timeout=5)
+                        # The columns this file reads (the limits), on a table made before them: a gateway
+                        # upgraded before any keys module run would otherwise fail every lookup.
+                        gateway_keys.ensure_schema(self._conn)
                     return fn(self._conn, *args)
                 except psycopg.OperationalError:
                     self._conn = None
@@ -108,8 +117,14 @@ class KeyStore:
         return None
 
     def name_for(self, key: str) -> str | None:
-        """The name of the active key `key`, or None; an answer is at most cache_s old (a revoked key is refused
-        within cache_s), and a key that is no sparkops key at all is refused without a database round trip."""
+        """The name of the active key `key`, or None (entry_for)."""
+        entry = self.entry_for(key)
+        return entry["name"] if entry else None
+
+    def entry_for(self, key: str) -> dict | None:
+        """The active key `key`'s {name, key_class, max_parallel_requests, tpm_limit}, or None; an answer is at
+        most cache_s old (a revoked key is refused, and changed limits apply, within cache_s), and a key that is
+        no sparkops key at all is refused without a database round trip."""
         if not key or not gateway_keys.KEY_RE.match(key):
             return None
         digest = gateway_keys.digest(key)
@@ -120,9 +135,9 @@ class KeyStore:
         seen = self._unknown.get(digest)
         if seen is not None and now - seen < self.cache_s:
             return None
-        name = self._run(gateway_keys.lookup, key)
+        entry = self._run(gateway_keys.lookup_entry, key)
         with self._lock:
-            if name is None:
+            if entry is None:
                 self._cache.pop(digest, None)
                 self._unknown[digest] = now
                 self._unknown.move_to_end(digest)
@@ -132,11 +147,14 @@ class KeyStore:
                 self._unknown.pop(digest, None)
                 if len(self._cache) > 10000:  # active keys only: bounded by the table, kept so anyway
                     self._cache.clear()
-                self._cache[digest] = (now, name)
-        return name
+                self._cache[digest] = (now, entry)
+        return entry
 
     def add_usage(self, name: str, prompt: int, completion: int) -> None:
         self._run(gateway_keys.add_usage, name, prompt, completion)
+
+    def add_refusal(self, name: str) -> None:
+        self._run(gateway_keys.add_refusal, name)
 
 
 _STORE: KeyStore | None = None
@@ -152,18 +170,44 @@ def store() -> KeyStore:
     return _STORE
 
 
+def auth_fields(entry: dict) -> dict:
+    """The UserAPIKeyAuth fields for a key's store entry: its name as key_alias, an id derived from the name as
+    api_key/token (no key or digest reaches LiteLLM's logs or labels), and its limits.
+
+    LiteLLM 1.108.7's own limiter enforces them (the default `parallel_request_limiter` hook is
+    PROXY_MaxParallelRequestsHandler_v3, litellm/proxy/hooks/__init__.py:39, unless the environment sets
+    LEGACY_MULTI_INSTANCE_RATE_LIMITING, :51-52, which the gateway does not): its pre-call hook (:4151-4237) makes an
+    `api_key` descriptor from user_api_key_dict.api_key with max_parallel_requests and tpm_limit
+    (litellm/proxy/hooks/parallel_request_limiter_v3.py:3293-3318), admits a request only while the key's
+    in-flight slots + 1 <= max_parallel_requests (a gauge of slot ids, :1847-1938, in memory :1953-2007: a
+    refused request takes no slot, nothing waits) and otherwise raises ProxyRateLimitError at once: status 429
+    with `retry-after` (the window, LITELLM_RATE_LIMIT_WINDOW_SIZE, 60 s by default: :3663-3713, :895). The
+    slot is released when the answer (a stream: its end) is logged or the client goes away (:5448-5585).
+    RequireKeyEverywhere.track makes that 429's Retry-After PARALLEL_RETRY_AFTER_S.
+    None = no limit (the descriptor is made only when a limit is set). A tpm_limit also makes it reserve the
+    request's estimated tokens at admission and, below 4096, cap a request without max_tokens at a quarter of
+    it (:4276-4345, :1061-1112, :945-958)."""
+    name = entry["name"]
+    ident = f"sparkops-key:{name}"
+    fields = {"api_key": ident, "token": ident, "key_alias": name, "key_name": name}
+    fields["metadata"] = {"sparkops_key_class": entry.get("key_class") or "interactive"}
+    for limit in ("max_parallel_requests", "tpm_limit"):
+        if entry.get(limit) is not None:
+            fields[limit] = int(entry[limit])
+    return fields
+
+
 async def user_api_key_auth(request, api_key: str):
-    """LiteLLM's custom_auth: the key's name as key_alias, or 401."""
+    """LiteLLM's custom_auth: the key's name as key_alias and its limits (auth_fields), or 401."""
     from litellm.proxy._types import ProxyException, UserAPIKeyAuth  # noqa: PLC0415 - only inside LiteLLM
 
     token = api_key or ""
     if token.lower().startswith("bearer "):
         token = gateway_keys.bearer_token(token)
-    name = await asyncio.to_thread(store().name_for, token) if token else None
-    if name is None:
+    entry = await asyncio.to_thread(store().entry_for, token) if token else None
+    if entry is None:
         raise ProxyException(message="invalid or revoked API key", type="auth_error", param="api_key", code=401)
-    # token/api_key: an id derived from the name, so no key or digest reaches LiteLLM's logs or labels.
-    return UserAPIKeyAuth(api_key=f"sparkops-key:{name}", token=f"sparkops-key:{name}", key_alias=name, key_name=name)
+    return UserAPIKeyAuth(**auth_fields(entry))
 
 
 # The reload's check before it asks gunicorn for a worker (preflight, below) imports this module without LiteLLM:
@@ -173,15 +217,20 @@ try:
     if os.environ.get(PREFLIGHT_ENV):
         raise ImportError(PREFLIGHT_ENV)
     from litellm.integrations.custom_logger import CustomLogger
-    from prometheus_client import Counter
+    from prometheus_client import Counter, Gauge
 except ImportError:  # imported by the unit tests without litellm, or by the preflight: the auth wrapper loads
     CustomLogger = object
-    Counter = None
+    Counter = Gauge = None
 
 if Counter is not None:
     REQUESTS = Counter("sparkops_gateway_requests", "Successful requests per client key", ["key"])
     PROMPT = Counter("sparkops_gateway_prompt_tokens", "Prompt tokens per client key", ["key"])
     COMPLETION = Counter("sparkops_gateway_completion_tokens", "Completion tokens per client key", ["key"])
+    # The limits at work (RequireKeyEverywhere.track): a key's requests in flight, and those refused with 429.
+    IN_FLIGHT = Gauge("sparkops_gateway_in_flight", "Client requests in flight per key", ["key"])
+    REFUSED = Counter("sparkops_gateway_refused", "Requests refused with 429 (over the key's limit) per key", ["key"])
+else:
+    IN_FLIGHT = REFUSED = None
 
 
 class UsageCallback(CustomLogger):
@@ -210,6 +259,16 @@ usage_callback = UsageCallback()
 def metrics_keys(environ=None) -> frozenset:
     environ = os.environ if environ is None else environ
     return frozenset(n.strip() for n in environ.get(METRICS_KEYS_ENV, "").split(",") if n.strip())
+
+
+def parallel_retry_after(headers: list) -> list:
+    """A 429's headers with Retry-After PARALLEL_RETRY_AFTER_S when LiteLLM refused for max_parallel_requests
+    (its `rate_limit_type` header, parallel_request_limiter_v3.py:3702-3708); any other 429 as it came."""
+    kinds = {bytes(v).strip().lower() for k, v in headers if bytes(k).lower() == b"rate_limit_type"}
+    if kinds != {b"max_parallel_requests"}:
+        return list(headers)
+    kept = [(k, v) for k, v in headers if bytes(k).lower() != b"retry-after"]
+    return [*kept, (b"retry-after", str(PARALLEL_RETRY_AFTER_S).encode())]
 
 
 class RequireKeyEverywhere:
@@ -245,7 +304,46 @@ class RequireKeyEverywhere:
             if not self.allowed(name, scope.get("path") or ""):
                 await self._refuse(scope, send, 404, "not found")
                 return
+            if scope["type"] == "http" and scope.get("path") in CLIENT_PATHS:
+                await self.track(name, key_store, scope, receive, send)
+                return
         await self.inner(scope, receive, send)
+
+    async def track(self, name, key_store, scope, receive, send):
+        """A client request of key `name` through the app: in flight until the app returns (a stream: its end),
+        and a 429 answer (the key over its limit: LiteLLM's limiter, see auth_fields) counted on /metrics and in
+        the store, for status. The store's count is written after the answer has gone, never before it."""
+
+        async def send_(message):
+            if message["type"] == "http.response.start" and message.get("status") == 429:
+                if REFUSED is not None:
+                    REFUSED.labels(name).inc()
+                self._later(key_store, name)
+                message = {**message, "headers": parallel_retry_after(message.get("headers") or [])}
+            await send(message)
+
+        if IN_FLIGHT is not None:
+            IN_FLIGHT.labels(name).inc()
+        try:
+            await self.inner(scope, receive, send_)
+        finally:
+            if IN_FLIGHT is not None:
+                IN_FLIGHT.labels(name).dec()
+
+    def _later(self, key_store, name):
+        add = getattr(key_store, "add_refusal", None)
+        if add is None:
+            return
+
+        async def write():
+            try:
+                await asyncio.to_thread(add, name)
+            except Exception:  # bookkeeping must never fail a request
+                _LOG.exception("could not count a refusal for key %s", name)
+
+        task = asyncio.get_running_loop().create_task(write())
+        _PENDING.add(task)
+        task.add_done_callback(_PENDING.discard)
 
     @staticmethod
     async def _refuse(scope, send, status: int, message: str) -> None:

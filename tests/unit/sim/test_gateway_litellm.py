@@ -5,7 +5,9 @@ PostgreSQL's server binaries are installed (Debian's postgresql-15): run it from
 (docs/gateway.md: `.venv-gw/bin/pytest tests/unit/sim/test_gateway_litellm.py`). What it proves (issue 25): a key
 from the store is served; without a key every path of the app is refused (the route list is the app's own); a
 revoked key is refused within seconds with no restart; /v1/models lists both served models; with one of two
-replicas killed requests still succeed; per-key requests and tokens are on /metrics (behind the key).
+replicas killed requests still succeed; per-key requests and tokens are on /metrics (behind the key). And the
+per-key limits: a key at its max_parallel_requests is answered 429 with Retry-After at once, never queued, while
+another key is served.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -348,6 +351,85 @@ def test_per_key_usage_is_on_metrics_behind_the_key_and_in_the_store(gw, db):
     assert all("digest" not in u and "key" not in u for u in gateway_keys.usage(db))
 
 
+def _post(port: int, key: str, body: dict) -> tuple[int, dict, bytes, float]:
+    """One POST /v1/chat/completions, read to the end: status, headers (lower-case), body, seconds."""
+    start = time.monotonic()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn.request(
+        "POST",
+        "/v1/chat/completions",
+        body=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
+    )
+    resp = conn.getresponse()
+    data = resp.read()
+    conn.close()
+    return resp.status, {k.lower(): v for k, v in resp.getheaders()}, data, time.monotonic() - start
+
+
+def test_a_key_at_its_parallel_limit_gets_429_with_retry_after_at_once_while_another_key_is_served(gw, db):
+    """max_parallel_requests=1 stored with the key (gateway_keys.set_limits, what keys.yml writes): while one of its
+    streams is running, its second request is refused at once with 429 and Retry-After (LiteLLM's limiter, fed
+    by the hook's UserAPIKeyAuth), another key is served meanwhile, and once the stream ends the key is served
+    again (its slot released)."""
+    port, _proc = gw
+    limited, other = _key(db, "batchy"), _key(db, "inter")
+    assert gateway_keys.set_limits(db, "batchy", {"key_class": "batch", "max_parallel_requests": 1}) is True
+    assert gateway_keys.set_limits(db, "inter", {"key_class": "interactive", "max_parallel_requests": 2}) is True
+    assert gateway_keys.set_limits(db, "batchy", {"key_class": "batch", "max_parallel_requests": 1}) is False
+    # ~4 s at the double's 500 tok/s: the slow stream the key holds.
+    slow = {"model": "tiny-b", "messages": [{"role": "user", "content": "go"}], "max_tokens": 2000, "stream": True}
+    quick = {"model": "tiny-b", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    first_chunk, done = threading.Event(), {}
+
+    def hold():
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        conn.request(
+            "POST",
+            "/v1/chat/completions",
+            body=json.dumps(slow).encode(),
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {limited}"},
+        )
+        resp = conn.getresponse()
+        done["status"] = resp.status
+        resp.readline()
+        first_chunk.set()
+        done["body"] = resp.read()
+        done["ended"] = time.monotonic()
+        conn.close()
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    assert first_chunk.wait(30), "the slow stream never started"
+    status, headers, body, took = _post(port, limited, quick)
+    refused_at = time.monotonic()
+    assert status == 429, (status, body[:300])
+    # LiteLLM's 60 s window, made the gateway's shorter wait for a concurrency slot (sparkops_gateway_auth.py).
+    assert headers["retry-after"] == "2" and headers["rate_limit_type"] == "max_parallel_requests"
+    assert b"max_parallel_requests" in body and b"sparkops-key:batchy" in body and limited.encode() not in body
+    assert took < 1.5, f"the refusal took {took:.2f} s: queued, not refused"
+    assert "ended" not in done  # refused while the first stream was still running
+    status, _headers, body, _took = _post(port, other, quick)
+    assert status == 200, body[:300]
+    # The limits at work on /metrics (Prometheus' key) while the stream runs: one in flight, one refused.
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request("GET", "/metrics/", headers={"Authorization": f"Bearer {_metrics_key(db)}"})
+    text = conn.getresponse().read().decode()
+    conn.close()
+    assert "ended" not in done
+    assert 'sparkops_gateway_in_flight{key="batchy"} 1.0' in text
+    assert 'sparkops_gateway_refused_total{key="batchy"} 1.0' in text
+    assert 'sparkops_gateway_refused_total{key="inter"}' not in text
+    holder.join(60)
+    assert done["status"] == 200 and b"[DONE]" in done["body"] and done["ended"] > refused_at
+    status, _headers, body, _took = _post(port, limited, quick)  # the slot came back with the stream's end
+    assert status == 200, body[:300]
+    rows = {u["name"]: u for u in gateway_keys.usage(db)}  # what status lists
+    assert (rows["batchy"]["refused"], rows["inter"]["refused"]) == (1, 0)
+    assert rows["batchy"]["key_class"] == "batch" and rows["batchy"]["max_parallel_requests"] == 1
+    FIGURES["refusal_s"] = round(took, 3)
+
+
 def test_with_one_replica_killed_requests_still_succeed(gw, db, doubles):
     port, _proc = gw
     client = _client(port, _key(db, "dave"))
@@ -392,9 +474,46 @@ def test_the_module_makes_and_revokes_keys_the_gateway_honours(gw, pg):
     assert gone["changed"] and gone["state_after"] == "revoked"
     assert {k["name"]: k["state"] for k in gone["keys"]}["frank"] == "revoked"
     assert all(
-        set(k) == {"name", "state", "created", "revoked", "requests", "prompt_tokens", "completion_tokens"}
+        set(k)
+        == {"name", "state", "created", "revoked", "requests", "prompt_tokens", "completion_tokens"}
+        | {"key_class", "max_parallel_requests", "tpm_limit", "refused"}
         for k in gone["keys"]
     )
     time.sleep(2.1)  # the hook caches an answer 2 s
     with pytest.raises(openai.AuthenticationError):
         _client(port, made["key"]).models.list()
+
+
+def test_the_module_stores_a_key_s_class_and_limits_and_changes_them_in_place(gw, pg):
+    """plugins/modules/gateway_key.py with `limits` (what keys.yml passes): stored with the key, what the hook
+    reads; check mode predicts; a second run changes nothing; new limits change the row, not the key."""
+    pytest.importorskip("ansible")
+    from ansible_collections.sparkops.cluster.plugins.modules import gateway_key  # noqa: PLC0415
+    from module_runner import run_module  # noqa: PLC0415
+
+    port, _proc = gw
+    batch = {"key_class": "batch", "max_parallel_requests": 1}
+    args = {"name": "grace", "conninfo": pg, "limits": batch}
+    checked = run_module(gateway_key, args, check_mode=True)
+    assert checked["changed"] and checked["limits_before"] is None
+    assert checked["limits_after"] == {**batch, "tpm_limit": None}
+    made = run_module(gateway_key, args)
+    assert made["changed"] and made["limits_after"] == {**batch, "tpm_limit": None}
+    with psycopg.connect(pg) as conn:
+        entry = gateway_keys.lookup_entry(conn, made["key"])
+    assert entry == {"name": "grace", **batch, "tpm_limit": None}
+    again = run_module(gateway_key, args)
+    assert not again["changed"] and "key" not in again and again["msg"] == "grace: active, nothing to do"
+    wider = {**args, "limits": {"key_class": "interactive", "max_parallel_requests": 3, "tpm_limit": 9000}}
+    predicted = run_module(gateway_key, wider, check_mode=True)
+    assert predicted["changed"] and predicted["msg"] == "would set the limits of grace"
+    assert run_module(gateway_key, args)["changed"] is False  # check mode stored nothing
+    widened = run_module(gateway_key, wider)
+    assert widened["changed"] and "key" not in widened and widened["msg"] == "set the limits of grace"
+    row = {k["name"]: k for k in widened["keys"]}["grace"]
+    assert (row["key_class"], row["max_parallel_requests"], row["tpm_limit"]) == ("interactive", 3, 9000)
+    assert [m.id for m in _client(port, made["key"]).models.list()]  # the same key still works
+    bad = run_module(gateway_key, {**args, "limits": {"max_parallel_requests": 0}})
+    assert bad.get("failed") and "key grace: max_parallel_requests must be a whole number >= 1" in bad["msg"]
+    unknown = run_module(gateway_key, {**args, "limits": {"key_class": "gold"}})
+    assert unknown.get("failed") and "gold" in unknown["msg"]

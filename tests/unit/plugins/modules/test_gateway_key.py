@@ -35,3 +35,18 @@ def test_an_unreachable_database_is_named_with_what_to_check(monkeypatch):
     r = run_module(mod, {"name": "alice", "conninfo": "host=127.0.0.1 port=1 dbname=x"})
     assert r["failed"] and "cannot reach the key database (host=127.0.0.1 port=1 dbname=x)" in r["msg"]
     assert "PostgreSQL running" in r["msg"]
+
+
+@pytest.mark.parametrize(
+    ("limits", "said"),
+    [
+        ({"max_parallel_requests": 0}, "key alice: max_parallel_requests must be a whole number >= 1"),
+        ({"tpm_limit": -5}, "key alice: tpm_limit must be a whole number >= 1"),
+        ({"max_parallel_requests": "two"}, "max_parallel_requests"),
+        ({"key_class": "gold"}, "key_class"),
+    ],
+)
+def test_bad_limits_fail_before_touching_the_database_and_name_the_key(monkeypatch, limits, said):
+    monkeypatch.setattr(mod, "connect", _no_connect)
+    r = run_module(mod, {"name": "alice", "limits": limits})
+    assert r["failed"] and said in r["msg"] and "key" not in r

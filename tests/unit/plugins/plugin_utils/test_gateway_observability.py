@@ -104,22 +104,30 @@ USAGE = {
     "changed": False,
     "keys": [
         {"name": "sparkops-prometheus", "state": "active", "created": "2026-11-25T10:00:00+00:00", "revoked": None,
-         "requests": 0, "prompt_tokens": 0, "completion_tokens": 0},
+         "requests": 0, "prompt_tokens": 0, "completion_tokens": 0,
+         "key_class": "interactive", "max_parallel_requests": None, "tpm_limit": None, "refused": 0},
         {"name": "alice", "state": "active", "created": "2026-11-25T10:00:00+00:00", "revoked": None,
-         "requests": 3, "prompt_tokens": 45, "completion_tokens": 120, "key": SECRET},
+         "requests": 3, "prompt_tokens": 45, "completion_tokens": 120, "key": SECRET,
+         "key_class": "interactive", "max_parallel_requests": 2, "tpm_limit": None, "refused": 0},
         {"name": "bob", "state": "revoked", "created": "2026-11-25T10:00:00+00:00",
-         "revoked": "2026-11-25T11:00:00+00:00", "requests": 1, "prompt_tokens": 9, "completion_tokens": 2},
+         "revoked": "2026-11-25T11:00:00+00:00", "requests": 1, "prompt_tokens": 9, "completion_tokens": 2,
+         "key_class": "batch", "max_parallel_requests": 1, "tpm_limit": 20000, "refused": 15},
     ],
 }  # fmt: skip
 
 
 def test_status_lists_every_key_s_name_state_and_usage_when_the_gateway_is_on():
     out, plan = _status(True, USAGE)
-    start = out.index("keys: 3 (names only; requests, prompt and completion tokens since each was made)")
+    start = out.index(
+        "keys: 3 (names only; class and limits, then requests, prompt and completion tokens and refusals (429) "
+        "since each was made)"
+    )
     assert out[start + 1 : start + 4] == [
-        "  alice: active, 3 requests, 45 prompt and 120 completion tokens",
-        "  bob: revoked, 1 requests, 9 prompt and 2 completion tokens",
-        "  sparkops-prometheus: active, 0 requests, 0 prompt and 0 completion tokens",
+        "  alice: active, interactive, 2 parallel, 3 requests, 45 prompt and 120 completion tokens, 0 refused (429)",
+        "  bob: revoked, batch, 1 parallel, 20000 tokens/min, 1 requests, 9 prompt and 2 completion tokens, "
+        "15 refused (429)",
+        "  sparkops-prometheus: active, interactive, no parallel limit, 0 requests, 0 prompt and 0 completion tokens, "
+        "0 refused (429)",
     ]
     gw = plan["gateway"]
     assert f"gateway: {gw['client_url']}/v1 (clients), {gw['url']}/v1 (nodes)" in out
