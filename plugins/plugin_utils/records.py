@@ -132,10 +132,14 @@ def record_file(plan: Mapping, image: Mapping, drivers: Mapping) -> dict:
 def changes(plan: Mapping, image: str) -> dict:
     """What an upgrade changes, from plan.records and the image this run serves: `moves` (whether any
     deployment's profile or model commit or the image moves) and `lines` (one for the image, one per
-    deployment that moves, or that nothing is recorded for)."""
+    deployment that moves, or that nothing is recorded for; one for the stack first, when it moves)."""
     records = plan.get("records") or {}
     before = {str((rec.get("previous") or {}).get("image") or "") for rec in records.values()} - {""}
     lines = []
+    stacks = {str((rec.get("previous") or {}).get("stack") or "") for rec in records.values()} - {""}
+    stack = next((str(rec.get("stack")) for rec in records.values() if rec.get("stack")), "")
+    if stack and stacks and stacks != {stack}:
+        lines.append(f"stack {', '.join(sorted(stacks))} -> {stack}")
     if before != {str(image)}:
         lines.append(f"image {', '.join(sorted(before)) or 'none recorded'} -> {image}")
     for name, rec in records.items():

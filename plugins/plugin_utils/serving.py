@@ -810,12 +810,17 @@ def build_serving(cluster: dict, inputs: dict) -> dict:  # noqa: PLR0912, PLR091
 
 def _one_deployment_upgrade_problems(name: str, names: list, lock: dict, wanted: dict) -> list:
     """An upgrade of deployment `name` alone moves its lock record only: the image (every deployment's) and
-    every other deployment must be as the lock has them, else the run would serve what it says it leaves."""
+    every other deployment must be as the lock has them, else the run would serve what it says it leaves.
+    The only deployment of the cluster may move the image and the stack with it."""
     if name not in names:
         return [
             f"sparkops_deployment={name!r} is no deployment of this cluster; it serves {', '.join(names)}: name one "
             "of them, or leave sparkops_deployment out to upgrade the whole cluster"
         ]
+    if names == [name]:
+        # The cluster's only deployment: the image (a new stack's, too) is its own, and it may move with it
+        # (blue-green behind the gateway where its replicas allow it).
+        return []
     own = ("models." + name + ".",) + (("model.",) if lock_model_deployment(wanted) == name else ())
     others = [c for c in lock_conflicts(lock, wanted) + lock_model_conflicts(lock, wanted) if not c.startswith(own)]
     if not others:

@@ -312,3 +312,26 @@ def test_the_filters_wrap_the_logic_and_refuse_with_its_message():
     assert filters["registry_digest_ref"](json.dumps([f"vllm/vllm-openai@{D1}"]), TAG) == f"vllm/vllm-openai@{D1}"
     with pytest.raises(AnsibleFilterError, match="carries no digest"):
         filters["registry_digest_ref"]("[]", TAG)
+
+
+def test_the_only_deployment_may_move_the_stack_alone_and_one_of_two_may_not():
+    """upgrade.yml -e sparkops_stack=... -e sparkops_deployment=NAME: blue-green behind the gateway."""
+    lock, _served, record = site_on_0_19()
+    only = [{"name": "main", "profile": BOTH, "hosts": ["spark-1", "spark-2"]}]
+    up = plan("vllm-0.33.0", lock=lock, upgrade=True, records=record, deployments=only, upgrade_deployment="main")
+    assert up["stack"]["name"] == "vllm-0.33.0"
+    two = [
+        {"name": "main", "profile": "qwen3-30b-a3b", "hosts": ["spark-1"]},
+        {"name": "chat", "profile": "qwen3.6-27b-fp8", "hosts": ["spark-2"]},
+    ]
+    with pytest.raises(ClusterError, match="One image serves every deployment"):
+        plan("vllm-0.33.0", lock=lock, upgrade=True, deployments=two, upgrade_deployment="main")
+
+
+def test_the_upgrade_says_the_stack_moves():
+    lock, _served, record = site_on_0_19()
+    up = plan("vllm-0.33.0", lock=lock, upgrade=True, records=record)
+    lines = rec.changes(up, "vllm-node:registry-111111111111")["lines"]
+    assert lines[0] == "stack vllm-0.19.0 -> vllm-0.33.0", lines
+    same = plan(DEFAULT_STACK, lock=lock, records=record)
+    assert rec.changes(same, same["image"]["image"]) == {"moves": False, "lines": ["nothing changes"]}
