@@ -22,7 +22,9 @@ def stack_lines(stack):
 def registry_pull_plan(image, lock_image=None, upgrade=False):
     """Which reference the registry source pulls (plugin_utils/registry_image.py pull_plan)."""
     if not isinstance(image, dict):
-        raise AnsibleFilterError(f"registry_pull_plan: expected {{registry_ref, registry_image}}, got {type(image).__name__}")
+        raise AnsibleFilterError(
+            f"registry_pull_plan: expected {{registry_ref, registry_image}}, got {type(image).__name__}"
+        )
     return pull_plan(image, lock_image if isinstance(lock_image, dict) else {}, bool(upgrade))
 
 

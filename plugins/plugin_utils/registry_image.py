@@ -26,7 +26,10 @@ from collections.abc import Mapping
 
 DIGEST_REF_RE = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
 # name[:port]/path:tag (the tag after the last '/'), without a digest
-_TAG_RE = re.compile(r"^([a-z0-9][a-z0-9._-]*(?::[0-9]+)?(?:/[a-z0-9][a-z0-9._-]*)*):([A-Za-z0-9_][A-Za-z0-9_.-]{0,127})$")
+_TAG_RE = re.compile(
+    r"^([a-z0-9][a-z0-9._-]*(?::[0-9]+)?(?:/[a-z0-9][a-z0-9._-]*)*)"  # the repository, a registry host:port first
+    r":([A-Za-z0-9_][A-Za-z0-9_.-]{0,127})$"  # the tag
+)
 # Docker Hub's names as `docker image inspect` writes them in RepoDigests: a repository without a
 # registry host is docker.io's, a one-part name is under library/ (distribution/reference normalize.go).
 _HUB_PREFIXES = ("docker.io/", "index.docker.io/", "registry-1.docker.io/")

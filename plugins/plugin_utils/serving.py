@@ -64,13 +64,13 @@ from ansible_collections.sparkops.cluster.plugins.plugin_utils.records import (
     rollback_image,
     rollback_problems,
 )
+from ansible_collections.sparkops.cluster.plugins.plugin_utils.registry_image import pull_plan
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving_profile import (
     allowed_rule_warnings,
     normalize_profile,
     profile_violations,
     vllm_serve_args,
 )
-from ansible_collections.sparkops.cluster.plugins.plugin_utils.registry_image import pull_plan
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.stacks import served_by_hint, stack_plan
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.vllm_contract import load_contract
 

@@ -177,7 +177,8 @@ def inputs_on(stack, **extra):
     spec = STACKS[stack]
     image = dict(spec["image"])
     if image["source"] == "registry":
-        image = {"source": "registry", "name": "vllm-node", "registry_ref": "", "registry_image": image["registry_image"]}
+        tag = image["registry_image"]
+        image = {"source": "registry", "name": "vllm-node", "registry_ref": "", "registry_image": tag}
     base = {
         "profile_name": BOTH,
         "profiles": PROFILES,
@@ -234,7 +235,8 @@ def test_the_upgrade_plans_the_new_stack_s_image_by_its_tag_and_then_holds_the_d
     assert up["lock"]["wanted"]["image"]["registry_image"] == TAG
     # the digest is not known before the first pull: the image role resolves it
     assert up["image"]["source"] == "registry" and not up["image"]["resolved"]
-    assert up["records"]["main"]["stack"] == "vllm-0.33.0" and up["records"]["main"]["previous"]["stack"] == DEFAULT_STACK
+    assert up["records"]["main"]["stack"] == "vllm-0.33.0"
+    assert up["records"]["main"]["previous"]["stack"] == DEFAULT_STACK
     # after the move the lock holds the digest: the plan names the image by it, a rerun conflicts with nothing
     moved = lf.merge(lf.merge(lock, up["lock"]["wanted"]), {"image": {"registry_ref": f"vllm/vllm-openai@{D1}"}})
     again = plan("vllm-0.33.0", lock=moved)
