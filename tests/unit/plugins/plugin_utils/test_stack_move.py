@@ -294,6 +294,10 @@ def test_the_pull_reads_the_tag_once_on_the_build_host_and_every_node_pulls_the_
         assert task["run_once"] is True and task["delegate_to"] == "{{ spark_vllm_image_build_host }}"
         assert task["when"] == "spark_vllm_image_pull.by_tag"
     assert "{{json .RepoDigests}}" in json.dumps(by_tag[1]["ansible.builtin.command"]).replace("' }}", "")
+    # a check run pulls nothing: before the first pull it stops, saying so (not with a missing-digest error)
+    check = tasks["Stop a check run before the tag's first pull (a check pulls nothing, so it has no digest to read)"]
+    assert check["when"] == "spark_vllm_image_pull.by_tag and spark_vllm_image_tag_digests.rc != 0"
+    assert "not ansible_check_mode" in by_tag[1]["failed_when"]
     chosen = json.dumps(tasks["Pull by that digest from now on"])
     assert "registry_digest_ref(spark_vllm_image_pull.tag)" in chosen
     node_pull = tasks["Pull by digest on every node (docker checks the content against the digest)"]
