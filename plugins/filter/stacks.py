@@ -5,6 +5,7 @@ Documentation: stack_lines.yml next to this file (`ansible-doc -t filter`)."""
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
+from ansible_collections.sparkops.cluster.plugins.plugin_utils.registry_image import digest_ref, pull_plan
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.stacks import stack_lines as _stack_lines
 
 
@@ -18,8 +19,29 @@ def stack_lines(stack):
         raise AnsibleFilterError(f"stack_lines: not a stack from the plan ({exc})") from exc
 
 
+def registry_pull_plan(image, lock_image=None, upgrade=False):
+    """Which reference the registry source pulls (plugin_utils/registry_image.py pull_plan)."""
+    if not isinstance(image, dict):
+        raise AnsibleFilterError(
+            f"registry_pull_plan: expected {{registry_ref, registry_image}}, got {type(image).__name__}"
+        )
+    return pull_plan(image, lock_image if isinstance(lock_image, dict) else {}, bool(upgrade))
+
+
+def registry_digest_ref(repo_digests, tag):
+    """The digest reference a pull of `tag` resolved to (plugin_utils/registry_image.py digest_ref)."""
+    try:
+        return digest_ref(repo_digests, tag)
+    except ValueError as exc:
+        raise AnsibleFilterError(str(exc)) from None
+
+
 class FilterModule:
     """Stack filters."""
 
     def filters(self):
-        return {"stack_lines": stack_lines}
+        return {
+            "stack_lines": stack_lines,
+            "registry_pull_plan": registry_pull_plan,
+            "registry_digest_ref": registry_digest_ref,
+        }

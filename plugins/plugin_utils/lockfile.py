@@ -22,16 +22,20 @@ import json
 import re
 from collections.abc import Mapping
 
+from ansible_collections.sparkops.cluster.plugins.plugin_utils.stacks import DEFAULT_STACK
+
 LOCK_VERSION = 1
 
 # What the inventory asks for, by lock path. A difference between these and the lock means the
 # inventory was edited since the lock was written: site.yml refuses (the upgrade is the way to move).
 WANTED_KEYS = (
+    ("stack",),
     ("image", "source"),
     ("image", "repo"),
     ("image", "ref"),
     ("image", "build_args"),
     ("image", "registry_ref"),
+    ("image", "registry_image"),
     ("model", "profile"),
     ("model", "id"),
     ("model", "revision"),
@@ -127,14 +131,33 @@ def conflicts(lock: dict, wanted: dict) -> list[str]:
     # "main" was removed or renamed: site.yml may add and remove deployments (each keeps its own commit
     # under `models`), so only the image is held to the lock then.
     same_deployment = model_deployment(lock) == model_deployment(wanted)
+    wanted = held_digest(lock, wanted)
     for path in WANTED_KEYS:
         if path[0] == "model" and not same_deployment:
             continue
         have = _norm(_get(lock, path))
         want = _norm(_get(wanted, path))
+        if path == ("image", "registry_image") and want is None:
+            continue  # only a registry image by tag is held to its tag (a stale one of an earlier stack is not)
+        if path == ("stack",):
+            # A lock written before stacks were named is the default stack's; a caller that names none
+            # (no stacks) is held to the image alone.
+            if want is None:
+                continue
+            have = have or DEFAULT_STACK
         if have != want:
             out.append(f"{'.'.join(path)}: the lock has {json.dumps(have)}, the inventory asks for {json.dumps(want)}")
     return out
+
+
+def held_digest(lock: dict, wanted: dict) -> dict:
+    """`wanted` with the lock's digest as its registry_ref where it names the image by the tag the lock
+    holds a digest for (the first pull resolved it; every later run pulls that digest, not the tag)."""
+    want = _get(wanted or {}, ("image",)) or {}
+    tag = want.get("registry_image") if isinstance(want, Mapping) else None
+    if not tag or want.get("registry_ref") or _get(lock or {}, ("image", "registry_image")) != tag:
+        return wanted
+    return {**wanted, "image": {**want, "registry_ref": _get(lock, ("image", "registry_ref"))}}
 
 
 def model_deployment(lock: dict) -> str:

@@ -18,8 +18,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-# The image every deployment runs, as the record names it (the top level of the file holds the same keys).
-IMAGE_KEYS = ("image", "image_id", "image_repo", "image_ref", "image_commit")
+from ansible_collections.sparkops.cluster.plugins.plugin_utils.stacks import DEFAULT_STACK
+
+# The image every deployment runs, and the stack it is of, as the record names them (the top level of the
+# file holds the same keys). A record written before stacks were named is the default stack's.
+IMAGE_KEYS = ("image", "image_id", "image_repo", "image_ref", "image_commit", "stack")
 RECORD_KEYS = ("profile_name", "profile", "model", "model_revision", *IMAGE_KEYS)
 
 
@@ -37,6 +40,7 @@ def _record(entry: Mapping, top: Mapping) -> dict:
     for key in IMAGE_KEYS:
         if out[key] in (None, ""):
             out[key] = _plain(top.get(key))
+    out["stack"] = out["stack"] or DEFAULT_STACK
     return out
 
 
@@ -75,6 +79,7 @@ def planned_image(image: Mapping) -> dict:
         "image_repo": image.get("repo") or None,
         "image_ref": image.get("ref") or image.get("registry_ref") or None,
         "image_commit": image.get("commit") or None,
+        "stack": image.get("stack") or None,
     }
 
 
@@ -127,10 +132,14 @@ def record_file(plan: Mapping, image: Mapping, drivers: Mapping) -> dict:
 def changes(plan: Mapping, image: str) -> dict:
     """What an upgrade changes, from plan.records and the image this run serves: `moves` (whether any
     deployment's profile or model commit or the image moves) and `lines` (one for the image, one per
-    deployment that moves, or that nothing is recorded for)."""
+    deployment that moves, or that nothing is recorded for; one for the stack first, when it moves)."""
     records = plan.get("records") or {}
     before = {str((rec.get("previous") or {}).get("image") or "") for rec in records.values()} - {""}
     lines = []
+    stacks = {str((rec.get("previous") or {}).get("stack") or "") for rec in records.values()} - {""}
+    stack = next((str(rec.get("stack")) for rec in records.values() if rec.get("stack")), "")
+    if stack and stacks and stacks != {stack}:
+        lines.append(f"stack {', '.join(sorted(stacks))} -> {stack}")
     if before != {str(image)}:
         lines.append(f"image {', '.join(sorted(before)) or 'none recorded'} -> {image}")
     for name, rec in records.items():

@@ -64,6 +64,7 @@ from ansible_collections.sparkops.cluster.plugins.plugin_utils.records import (
     rollback_image,
     rollback_problems,
 )
+from ansible_collections.sparkops.cluster.plugins.plugin_utils.registry_image import pull_plan
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving_profile import (
     allowed_rule_warnings,
     normalize_profile,
@@ -171,6 +172,7 @@ IMAGE_VARIABLES = {
     "ref": "spark_vllm_image_ref",
     "build_args": "spark_vllm_image_build_args",
     "registry_ref": "spark_vllm_image_registry_ref",
+    "registry_image": "spark_vllm_image_registry_image",
 }
 _DEFAULT_CONTAINERS = {"ray": "sparkops-ray", "vllm": "sparkops-vllm", "watchdog": "sparkops-watchdog"}
 
@@ -283,7 +285,9 @@ def plan_image(image: dict, lock: dict, upgrade: bool) -> dict:
     locked = {} if upgrade else (lock.get("image") or {})
     out = {"source": source, "name": name, "commit": "", "args_hash": "", "tag": "", "image": "", "resolved": False}
     if source == "registry":
-        ref = str(locked.get("registry_ref") or image.get("registry_ref") or "")
+        # The lock's digest, or the one given; a tag the lock holds no digest for is resolved by its first
+        # pull (the image role; registry_image.pull_plan decides for both).
+        ref = pull_plan(image, lock.get("image") or {}, upgrade)["ref"]
         match = _DIGEST_RE.match(ref)
         out["registry_ref"] = ref
         if match:
@@ -303,17 +307,20 @@ def plan_image(image: dict, lock: dict, upgrade: bool) -> dict:
     return out
 
 
-def lock_wanted(image: dict, profile_name: str, profile: dict | None) -> dict:
-    """What the inventory asks for, in the lock's shape (deployment_state compares the two)."""
+def lock_wanted(image: dict, profile_name: str, profile: dict | None, stack: str | None = None) -> dict:
+    """What the inventory asks for, in the lock's shape (deployment_state compares the two). `stack`: the
+    stack's name (sparkops_stack), recorded with the image it names."""
     source = str(image.get("source") or "eugr")
     eugr = source == "eugr"
-    return {
+    given = "" if eugr else str(image.get("registry_ref") or "")
+    wanted = {
+        **({"stack": str(stack)} if stack else {}),
         "image": {
             "source": source,
             "repo": str(image.get("repo") or "") if eugr else "",
             "ref": str(image.get("ref") or "") if eugr else "",
             "build_args": list(image.get("build_args") or []) if eugr else [],
-            "registry_ref": "" if eugr else str(image.get("registry_ref") or ""),
+            "registry_ref": given,
         },
         "model": {
             "profile": profile_name,
@@ -321,6 +328,10 @@ def lock_wanted(image: dict, profile_name: str, profile: dict | None) -> dict:
             "revision": (profile or {}).get("revision"),
         },
     }
+    if not eugr:
+        # A stack's image by tag: the lock holds the digest its first pull resolved (registry_image.py).
+        wanted["image"]["registry_image"] = "" if given else str(image.get("registry_image") or "")
+    return wanted
 
 
 def _contract_problems(inputs: dict, profiles: dict, sizes: dict) -> tuple:
@@ -614,6 +625,9 @@ def build_serving(cluster: dict, inputs: dict) -> dict:  # noqa: PLR0912, PLR091
             if spec["name"] in recorded:
                 spec["profile_name"] = recorded[spec["name"]]["profile_name"]
                 profiles = {**profiles, str(spec["profile_name"]): recorded[spec["name"]]["profile"]}
+        if inputs.get("stacks") and specs and specs[0]["name"] in recorded:
+            # ... on the recorded stack (its contract, its release), whatever -e sparkops_stack says now.
+            inputs = {**inputs, "stack_name": recorded[specs[0]["name"]]["stack"], "vllm_version": None}
     contract, contract_problems, stack = _contract_problems(inputs, profiles, sizes)
     served, by_model = [], {}
     for spec in specs:
@@ -685,7 +699,8 @@ def build_serving(cluster: dict, inputs: dict) -> dict:  # noqa: PLR0912, PLR091
     lock = inputs.get("lock") or {}
     upgrade = bool(inputs.get("upgrade"))
     first = served[0] if served else ({"profile_name": name}, None, None, 0)
-    wanted = lock_wanted(image_in, str(first[0]["profile_name"]), first[2])
+    stack_name = stack["name"] if stack and inputs.get("stacks") else None
+    wanted = lock_wanted(image_in, str(first[0]["profile_name"]), first[2], stack_name)
     first_name = str(first[0].get("name") or "main")
     if first_name != "main":
         # Only a deployment other than the default names itself: a default cluster's lock stays byte-identical.
@@ -776,7 +791,7 @@ def build_serving(cluster: dict, inputs: dict) -> dict:  # noqa: PLR0912, PLR091
         )
     plan = {"deployments": deployments, "lock": {"wanted": wanted, "upgrade": upgrade}, "rollback": rollback}
     # Each deployment's record (profile, model commit, image) and the one recorded before (records.py).
-    plan["records"] = plan_records(deployments, image, recorded)
+    plan["records"] = plan_records(deployments, {**image, "stack": stack_name}, recorded)
     # The roles that run vLLM plan every member's container in one task (vllm_serve container.yml).
     plan["vllm_members"] = vllm_members(plan)
     # Every replica's API, for what checks, watches and reports on serving (monitoring, verify, doctor, the
@@ -795,12 +810,17 @@ def build_serving(cluster: dict, inputs: dict) -> dict:  # noqa: PLR0912, PLR091
 
 def _one_deployment_upgrade_problems(name: str, names: list, lock: dict, wanted: dict) -> list:
     """An upgrade of deployment `name` alone moves its lock record only: the image (every deployment's) and
-    every other deployment must be as the lock has them, else the run would serve what it says it leaves."""
+    every other deployment must be as the lock has them, else the run would serve what it says it leaves.
+    The only deployment of the cluster may move the image and the stack with it."""
     if name not in names:
         return [
             f"sparkops_deployment={name!r} is no deployment of this cluster; it serves {', '.join(names)}: name one "
             "of them, or leave sparkops_deployment out to upgrade the whole cluster"
         ]
+    if names == [name]:
+        # The cluster's only deployment: the image (a new stack's, too) is its own, and it may move with it
+        # (blue-green behind the gateway where its replicas allow it).
+        return []
     own = ("models." + name + ".",) + (("model.",) if lock_model_deployment(wanted) == name else ())
     others = [c for c in lock_conflicts(lock, wanted) + lock_model_conflicts(lock, wanted) if not c.startswith(own)]
     if not others:

@@ -121,6 +121,26 @@ def installed_version(contract: dict) -> str:
 
 _RELEASE_RE = re.compile(r"^(\d+\.\d+\.\d+)(\+[0-9A-Za-z.]+)?$")
 
+# The API server's start-up lines, by the release of the contract the double speaks (the one its image
+# reports, contract_file()): the version line, then the line before the port listens. Each recorded from that
+# release's official wheel; a release without its own entry prints the default stack's lines.
+#   0.33.0 (vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl, sha256 4b6bdec4...883aa):
+#     vllm/entrypoints/launchers/launcher.py:367 setup_server -> vllm/entrypoints/common/startup.py:16-19,
+#     log_version_and_model, "vLLM server version %s, serving model %s" (the form without the logo:
+#     VLLM_DISABLE_LOG_LOGO, or a logger without a formatter; the logo carries the same two values);
+#     launcher.py:368 -> startup.py:94-96 "non-default args: %s"; vllm/entrypoints/launchers/api_server/
+#     entry.py:139 "Starting vLLM server on %s", the listen address of launcher.py:385-391
+#     (http://<host or 0.0.0.0>:<port>).
+STARTUP_LINES = {
+    "0.33.0": ("vLLM server version {version}, serving model {model}", "Starting vLLM server on http://{host}:{port}"),
+}
+DEFAULT_STARTUP_LINES = ("vLLM API server version {version}", "Starting vLLM API server 0 on http://{host}:{port}")
+
+
+def startup_lines(contract: dict) -> tuple[str, str]:
+    """The version line and the listening line of the release `contract` was recorded from."""
+    return STARTUP_LINES.get(str(contract.get("vllm_version")), DEFAULT_STARTUP_LINES)
+
 
 def contract_file(version: str | None = None) -> Path:
     """The contract the double speaks: SPARKOPS_TEST_DOUBLE_CONTRACT when set; else the recording of the
@@ -1944,7 +1964,8 @@ def main(argv: list[str] | None = None) -> int:
         log(problems[0], "ERROR")
         return 1
     if not args.headless:  # a headless rank runs no API server and logs neither line (serve.py:115-116)
-        log(f"vLLM API server version {version} (TEST DOUBLE, not vLLM)")
+        line = startup_lines(contract)[0].format(version=version, model=args.model_tag)
+        log(f"{line} (TEST DOUBLE, not vLLM)")
         log(f"non-default args: {json.dumps({k: v for k, v in vars(args).items() if v is not None}, default=str)}")
     for name in unknown_vllm_env(contract):
         # vllm/envs.py validate_environ: a warning, or a ValueError with --fail-on-environ-validation
@@ -2015,7 +2036,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGUSR2, lambda signum, frame: engine.text.set_mode("honest"))
     if engine.text.mode == "wrong":
         log("TEST DOUBLE: SPARKOPS_TEST_DOUBLE_ANSWERS=wrong: answers are fluent but wrong; /health stays 200")
-    log(f"Starting vLLM API server 0 on http://{args.host or '0.0.0.0'}:{srv.server_port}")
+    log(startup_lines(contract)[1].format(host=args.host or "0.0.0.0", port=srv.server_port))
     log("Application startup complete.")
     try:
         srv.serve_forever(poll_interval=0.2)

@@ -70,6 +70,7 @@ def lock_write(lock, plan, hub=None, upgrade=False, missing=()):
 def record_write(plan, state=None):
     """roles/deployment_state/tasks/record.yml: the new record, the old one as `previous`."""
     image = {"image": plan["image"]["image"], "image_id": "sha256:" + "9" * 64, "image_commit": plan["image"]["commit"]}
+    image["stack"] = "vllm-0.19.0"  # record.yml passes sparkops_stack
     now = rec.record_file(plan, image, {"spark-1": "580.95.05-1", "spark-2": "580.95.05-1"})
     old = {k: v for k, v in (state or {}).items() if k != "previous"} or None
     return {**now, "deployed_at": "t", "previous": old}
