@@ -1033,6 +1033,76 @@ def configure_node_registries() -> None:
             time.sleep(0.5)
 
 
+# A registry stack's image (roles/sparkops_defaults/defaults/main/stacks.yml, `image.source: registry`, e.g.
+# vllm/vllm-openai:v0.33.0-aarch64) comes, in the test bed, from its registry under the same path and tag
+# (inventory/sim's spark_vllm_image_registry_image; a listed difference): a stand-in of that release, built
+# on the head from sim/standin with the stack's versions, as vLLM's own image carries them. Like vLLM's image
+# it has ENTRYPOINT ["vllm", "serve"] (vllm-project/vllm docker/Dockerfile, its last stage `vllm-openai`), which
+# sparkops' thin layer must clear. Built and pushed once: the registry's storage outlives `down`.
+STACK_BUILD_SCRIPT = r"""
+set -euo pipefail
+ctx=$1 ref=$2 version=$3 commit=$4 flashinfer=$5 torch=$6 cuda=$7
+cp -r /srv/sparkops-sim/wheels "$ctx/wheels"
+ray=$(find "$ctx/wheels" -maxdepth 1 -name 'ray-*.whl' -printf '%f\n' | head -1 | cut -d- -f2)
+docker build --quiet --network none -t sparkops-sim/stack-standin:build \
+    --build-arg "VLLM_VERSION=$version" --build-arg "VLLM_COMMIT=$commit" \
+    --build-arg "FLASHINFER_VERSION=$flashinfer" --build-arg "TORCH_VERSION=$torch" \
+    --build-arg "NCCL_VERSION=2.28.9" --build-arg "CUDA_VERSION=$cuda" --build-arg "RAY_VERSION=$ray" "$ctx" >/dev/null
+printf 'FROM sparkops-sim/stack-standin:build\nENTRYPOINT ["vllm", "serve"]\n' \
+    | docker build --quiet --network none -t "$ref" - >/dev/null
+docker push --quiet "$ref" >/dev/null
+# Gone from the head again: the first deployment pulls it from the registry, as from Docker Hub.
+docker image rm "$ref" sparkops-sim/stack-standin:build >/dev/null
+rm -rf "$ctx"
+"""
+
+
+def registry_stacks() -> dict:
+    """{name: stack} of the shipped stacks whose image comes from a registry by tag."""
+    import yaml  # noqa: PLC0415 - the dev venv that runs simctl has it (ansible needs it)
+
+    data = yaml.safe_load((ROOT / "roles/sparkops_defaults/defaults/main/stacks.yml").read_text())
+    return {
+        name: stack
+        for name, stack in data["sparkops_stacks"].items()
+        if stack["image"]["source"] == "registry" and stack["image"].get("registry_image")
+    }
+
+
+def registry_has(repo_tag: str) -> bool:
+    repo, tag = repo_tag.rsplit(":", 1)
+    req = urllib.request.Request(  # noqa: S310 - fixed http URL of the test bed's registry
+        f"http://{REGISTRY_ADDR}/v2/{repo}/manifests/{tag}", method="HEAD",
+        headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"},
+    )  # fmt: skip
+    try:
+        with urllib.request.urlopen(req, timeout=5) as resp:  # noqa: S310
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+def push_stack_images() -> None:
+    """Each registry stack's stand-in image in the test bed's registry (built on the head once)."""
+    head = NODES[0]["name"]
+    for name, stack in registry_stacks().items():
+        repo_tag = stack["image"]["registry_image"]
+        if registry_has(repo_tag):
+            log(f"{REGISTRY_ADDR}/{repo_tag} ({name}): in the registry")
+            continue
+        t0 = time.monotonic()
+        ctx = f"/tmp/sparkops-stack-{name}"
+        run(["docker", "exec", head, "rm", "-rf", ctx])
+        run(["docker", "cp", str(ROOT / "sim" / "standin"), f"{head}:{ctx}"])
+        pins = stack.get("pins") or {}
+        torch = f"{pins.get('torch') or '2.14.0'}+cu130"
+        argv = [ctx, f"{REGISTRY_ADDR}/{repo_tag}", str(stack["vllm_version"]), str(stack["vllm_commit"]),
+                str(pins.get("flashinfer") or "0.0.0"), torch, str(pins.get("cuda") or "13.0.2")]  # fmt: skip
+        run(["docker", "exec", head, "bash", "-c", STACK_BUILD_SCRIPT, "-", *argv], capture=True)
+        log(f"{REGISTRY_ADDR}/{repo_tag} ({name}): a stand-in of vLLM {stack['vllm_version']} pushed "
+            f"({time.monotonic() - t0:.0f} s)")  # fmt: skip
+
+
 # Where the inventory finds this cluster's SSH key and known_hosts: an absolute path written into the
 # inventory itself (git-ignored), so a copy of inventory/sim made anywhere still connects; no path
 # relative to the checkout is needed.
@@ -1074,6 +1144,7 @@ def up(args: argparse.Namespace) -> None:
     load_base_into_nodes()
     ensure_registry()
     configure_node_registries()
+    push_stack_images()
     ensure_hub(args.model, args.revision, args.shards, args.shard_mib)
     write_inventory_facts(key)
     write_inventory_state()

@@ -206,3 +206,50 @@ def test_upgrade_to_a_broken_image_rolls_back(tmp_path):
     serving = node_sh("spark-sim-1", "docker inspect --format '{{.Config.Image}}' sparkops-vllm").stdout.strip()
     assert serving == before["image"]
     assert_watchdog_running()
+
+
+def served_release(node: str = "spark-sim-1") -> str:
+    return node_sh(node, "docker exec sparkops-vllm vllm --version").stdout.strip().splitlines()[-1]
+
+
+def test_the_reference_deployment_moves_to_the_current_vllm_stack_and_a_rerun_changes_nothing(tmp_path):
+    """upgrade.yml -e sparkops_stack=vllm-0.33.0: vLLM's own image, named by tag in the stack, pulled once by tag
+    (from the test bed's registry) and by its digest from then on; the profile checked against 0.33.0's contract
+    before anything stops; the swap; the lock and the record name the stack. Back to the reference stack with
+    site.yml under the inventory's own lock (the converge every later test starts from)."""
+    registry = json.loads((ROOT / ".sim" / "cluster.json").read_text())["registry"]
+    reset_watchdog()
+    lock, before = locked_copy(tmp_path), state_file()
+    extra = {"sparkops_stack": "vllm-0.33.0", "sparkops_lock_file": str(lock)}
+    up = run_playbook("playbooks/upgrade.yml", extra_vars=extra, timeout=1800)
+    assert up.returncode == 0, up.stdout[-5000:]
+    text = " ".join(up.stdout.split()).replace('\\"', '"')
+    assert "stack vllm-0.19.0 -> vllm-0.33.0" in text, text[-3000:]
+    down = re.search(r"downtime ([0-9.]+) s", text)
+    print(f"\nmove to vllm-0.33.0: {up.elapsed:.1f} s, downtime {down.group(1) if down else '?'} s")
+    locked = json.loads(lock.read_text())
+    ref = locked["image"]["registry_ref"]
+    assert locked["stack"] == "vllm-0.33.0" and locked["image"]["source"] == "registry", locked
+    assert locked["image"]["registry_image"] == f"{registry}/vllm/vllm-openai:v0.33.0-aarch64"
+    assert re.fullmatch(re.escape(f"{registry}/vllm/vllm-openai") + r"@sha256:[0-9a-f]{64}", ref), ref
+    assert locked["versions"]["vllm_commit"] == "4ba787ec9", locked["versions"]
+    after = state_file()
+    assert after["stack"] == "vllm-0.33.0" and after["previous"]["image"] == before["image"]
+    for node in NODES:  # every node holds the digest, and vLLM runs the image's command, not `vllm serve vllm ...`
+        assert node_sh(node, f"docker image inspect {ref}", check=False).returncode == 0
+        entry = node_sh(node, "docker inspect --format '{{json .Config.Entrypoint}}' sparkops-ray").stdout.strip()
+        assert entry in ("null", "[]"), (node, entry)
+    assert served_release() == "0.33.0"
+    assert not health().get("failed")
+    # A rerun changes nothing and leaves the lock as it is (the tag is not followed again).
+    locked_bytes = lock.read_bytes()
+    again = run_playbook("site.yml", extra_vars=extra, timeout=1800)
+    assert again.returncode == 0, again.stdout[-5000:]
+    assert all(c["changed"] == 0 for c in recap(again.stdout).values()), again.stdout[-3000:]
+    assert lock.read_bytes() == locked_bytes
+    # Back to the inventory's stack and lock: one converge.
+    back = run_playbook("site.yml", timeout=1800)
+    assert back.returncode == 0, back.stdout[-5000:]
+    assert served_release().startswith("0.19.1.dev0+g2a69949bd")
+    assert not health().get("failed")
+    assert_watchdog_running()

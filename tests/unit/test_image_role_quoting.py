@@ -36,7 +36,7 @@ def test_no_task_of_the_role_uses_a_shell():
                 )
 
 
-def render_thin_layer(from_ref: str, have_ray, want_ray: str) -> str:
+def render_thin_layer(from_ref: str, have_ray, want_ray: str, source: str = "eugr") -> str:
     from ansible.template import Templar  # noqa: PLC0415
 
     try:  # ansible-core 2.19+: only trusted strings are templates
@@ -54,6 +54,7 @@ def render_thin_layer(from_ref: str, have_ray, want_ray: str) -> str:
             "spark_vllm_image_thin_layer_from": from_ref,
             "spark_vllm_image_thin_layer_ray": have_ray,
             "sparkops_ray_version": want_ray,
+            "spark_vllm_image_source": source,
         }
     )
     return templar.template(trust(template))
@@ -72,6 +73,17 @@ def test_thin_layer_runs_pip_without_a_shell_whatever_the_version_says():
 def test_thin_layer_without_ray_change_is_only_from():
     text = render_thin_layer("vllm-node:x", "2.52.1", "2.52.1")
     assert [line for line in text.splitlines() if line.strip()] == ["FROM vllm-node:x"]
+
+
+def test_thin_layer_clears_a_registry_images_entrypoint():
+    """vLLM's own image runs `vllm serve` with the container's command as its arguments (ENTRYPOINT ["vllm",
+    "serve"]); sparkops' containers give the whole command, so the layer on a pulled image clears it."""
+    text = render_thin_layer("vllm/vllm-openai@sha256:" + "a" * 64, "2.52.1", "2.52.1", source="registry")
+    assert [line for line in text.splitlines() if line.strip()][1:] == ["ENTRYPOINT []"]
+    built = render_thin_layer("vllm-node:x", "2.52.1", "2.52.1", source="eugr")
+    # eugr's image keeps its own (Dockerfile@fc08740:266 sets none beyond NVIDIA's CUDA base, which runs the command
+    # it is given): its layer, and so its image ID, stay as they were.
+    assert "ENTRYPOINT" not in built
 
 
 def test_the_image_name_check_refuses_spaces_quotes_and_newlines():
