@@ -23,7 +23,6 @@ declare -A budget=(
     [ruff]=30 [yamllint]=30 [ansible-lint]=240 [syntax-check]=150 [changelog-lint]=20
     [pytest-unit]=300 [promtool]=10 [hub-clients]=60 [pytest-system]=240
     [collection-install]=60 [collection-syntax]=150 [collection-docs]=60 [sanity]=420 [ansible-test-units]=180
-    [collection]=900
     [sim-bringup]=1200 [integration]=1320 [integration-ring]=540 [sim-down]=60
 )
 run_t0=$SECONDS
@@ -140,22 +139,6 @@ collection() {
     stage ansible-test-units tests/collection-checks.sh units
 }
 
-# The same checks as one background stage (`all` runs them beside the integration tests, which mostly
-# wait on the simulated nodes): every step runs even after one fails, each step's time is printed, and
-# the stage fails if any step did.
-collection_steps() {
-    local step t0 rc failed_steps=""
-    for step in install syntax docs sanity units; do
-        t0=$SECONDS
-        echo "--- collection step: $step"
-        tests/collection-checks.sh "$step"
-        rc=$?
-        echo "--- collection step: $step: rc=$rc in $((SECONDS - t0)) s"
-        [ "$rc" -eq 0 ] || failed_steps="$failed_steps $step"
-    done
-    [ -z "$failed_steps" ] || { echo "collection steps that failed:$failed_steps"; return 1; }
-}
-
 # The simulated pair from nothing, deployed by molecule (converge, idempotence, verify). It needs no CPU
 # the checks above cannot spare for long (most of it waits on SSH, apt and Docker), so `all` runs it in
 # the background beside them; nothing it asserts is a timing.
@@ -202,24 +185,15 @@ case "$what" in
     all)
         # The pair is brought up and deployed while the checks that need no host run; the integration
         # stages wait for it. A failed bring-up is reported as its own stage and skips them.
-        # The collection's checks (CPU: sanity, ansible-test units) then run beside the integration stages,
-        # which spend most of their time waiting on the simulated nodes; the run ends when both have.
         stage_bg sim-bringup sim_bringup
-        lint; unit; system
-        if stage_wait sim-bringup; then
-            stage_bg collection collection_steps
-            sim_tests
-        else
-            echo "the simulated pair did not come up: integration skipped"
-            collection
-        fi
-        [ -z "${bg_pid[collection]:-}" ] || stage_wait collection
+        lint; unit; system; collection
+        if stage_wait sim-bringup; then sim_tests; else echo "the simulated pair did not come up: integration skipped"; fi
         ;;
     *) echo "usage: $0 lint|unit|promtool|system|collection|sim|all" >&2; exit 2 ;;
 esac
 
 echo
-echo "Stage timings (seconds; budget; a background stage overlaps the ones listed before it):"
+echo "Stage timings (seconds; budget; the background stage overlaps the ones listed before it):"
 for i in "${!names[@]}"; do
     b=${budget[${names[$i]}]:-0}
     over=""
