@@ -9,6 +9,7 @@ each a copy of the command line the daemon runs under, in a scratch folder stand
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 import time
@@ -26,6 +27,13 @@ def simctl(tmp_path):
     spec.loader.exec_module(mod)
     mod.STATE = tmp_path / "ours" / ".sim"
     mod.log = lambda msg: None
+    # A port of these tests' own: stop_daemon stops EVERY process with the marker, and a simulated cluster that
+    # is up while the unit tests run (make test brings it up beside them) must keep its Hub.
+    mod.HUB_PORT = 15080 + os.getpid() % 1000
+    mod.HUB_MARKER = (
+        b"tests/system/hub_server.py",
+        f"--address\0{mod.REGISTRY_HOST}\0--port\0{mod.HUB_PORT}\0".encode(),
+    )
     return mod
 
 
