@@ -268,7 +268,10 @@ def test_the_rollback_plans_the_recorded_stack_and_image_whatever_sparkops_stack
     assert back["stack"]["name"] == DEFAULT_STACK  # its contract, its release
     assert back["image"]["image"] == served["image"]["image"] and back["image"]["commit"] == REF_0_19
     assert back["records"]["main"]["stack"] == DEFAULT_STACK
-    argv = lambda p: [(m["vllm"] or {}).get("argv") for d in p["deployments"] for m in d["members"]]  # noqa: E731
+
+    def argv(p):
+        return [(m["vllm"] or {}).get("argv") for d in p["deployments"] for m in d["members"]]
+
     assert argv(back) == argv(served)
     # the other way round: from 0.33.0 back to 0.19.0, a failure returns to 0.33.0's digest
     moved = lf.merge(lf.merge(lock, plan("vllm-0.33.0", lock=lock, upgrade=True)["lock"]["wanted"]),
