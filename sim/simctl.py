@@ -1091,7 +1091,7 @@ def push_stack_images() -> None:
             log(f"{REGISTRY_ADDR}/{repo_tag} ({name}): in the registry")
             continue
         t0 = time.monotonic()
-        ctx = f"/tmp/sparkops-stack-{name}"
+        ctx = f"/var/tmp/sparkops-stack-{name}"  # not /tmp: a tmpfs on the node, which `docker cp` cannot write
         run(["docker", "exec", head, "rm", "-rf", ctx])
         run(["docker", "cp", str(ROOT / "sim" / "standin"), f"{head}:{ctx}"])
         pins = stack.get("pins") or {}
