@@ -219,8 +219,13 @@ def test_status_lists_every_key_s_name_and_usage_never_a_key(gateway):
     res = run_playbook("playbooks/status.yml", extra_vars=TWO, timeout=300)
     assert res.returncode == 0, res.stdout[-3000:]
     screen = " ".join(res.stdout.split("TASK [Show the status]")[-1].split())
-    assert re.search(r"keys: \d+ \(names only; requests, prompt and completion tokens", screen), screen[-3000:]
-    mine = re.search(rf"{KEY_NAME}: active, (\d+) requests, (\d+) prompt and (\d+) completion tokens", screen)
+    assert re.search(r"keys: \d+ \(names only; class and limits, then requests, prompt and completion", screen), screen
+    # Its class and limit (no capacity sweep of chat yet: an interactive key has none), its usage, its refusals.
+    mine = re.search(
+        rf"{KEY_NAME}: active, interactive, no parallel limit, (\d+) requests, (\d+) prompt and (\d+) completion "
+        r"tokens, 0 refused \(429\)",
+        screen,
+    )
     assert mine and all(int(n) >= 1 for n in mine.groups()), screen[-3000:]
     assert "sparkops-prometheus: active, " in screen
     assert f"gateway: http://{HEAD_MGMT}:4000/v1 (clients), {GATEWAY}/v1 (nodes)" in screen
