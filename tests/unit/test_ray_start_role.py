@@ -6,31 +6,19 @@ the plan cluster_facts would set (plugins/plugin_utils/serving.py) for each node
 
 from __future__ import annotations
 
-import importlib
 import sys
 from pathlib import Path
 
 import yaml
-from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving import node_part
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests/unit/plugins/plugin_utils"))
 from cluster_inventories import switch  # noqa: E402
+from role_templates import render_role  # noqa: E402
 from test_serving_plan import plan_of  # noqa: E402
 
 QWEN30 = "qwen3-30b-a3b"
 TP2 = "qwen3-235b-a22b-gptq-int4-tp2"
-
-
-def _trusted(value):
-    tag = importlib.import_module("ansible._internal._datatag._tags").TrustedAsTemplate()  # ansible-core 2.19+
-    if isinstance(value, str):
-        return tag.tag(value)
-    if isinstance(value, list):
-        return [_trusted(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _trusted(v) for k, v in value.items()}
-    return value
 
 
 def _task(name: str, file: str = "containers.yml") -> dict:
@@ -40,21 +28,7 @@ def _task(name: str, file: str = "containers.yml") -> dict:
 
 
 def _render(expr, cluster: dict, plan: dict, host: str, **more):
-    from ansible.template import Templar  # noqa: PLC0415
-
-    names = {}
-    for path in sorted((ROOT / "roles/sparkops_defaults/defaults/main").glob("*.yml")):
-        names.update(yaml.safe_load(path.read_text()) or {})
-    names.update(yaml.safe_load((ROOT / "roles/ray_cluster/defaults/main.yml").read_text()))
-    names.update(yaml.safe_load((ROOT / "roles/ray_cluster/vars/main.yml").read_text()))
-    names = _trusted(names)
-    names.update(
-        sparkops_cluster={**cluster, "serving": plan},
-        sparkops_node={**cluster["nodes"][host], "serving": node_part(plan, host)},
-        inventory_hostname=host,
-        **more,
-    )
-    return Templar(variables=names).template(_trusted(expr))
+    return render_role("ray_cluster", expr, cluster, plan, host, **more)
 
 
 def test_each_node_runs_its_member_s_ray_start_and_the_head_tells_its_own_workers():

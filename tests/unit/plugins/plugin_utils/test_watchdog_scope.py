@@ -8,7 +8,6 @@ is judged from the node's part alone, as playbooks/serve.yml does before Ray and
 
 from __future__ import annotations
 
-import importlib
 import json
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from ansible_collections.sparkops.cluster.plugins.filter.serving import FilterMo
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving import node_part
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.watchdog_scope import outdated_reasons, planned_group
 from cluster_inventories import switch
+from role_templates import render_role
 from test_serving_plan import CLUSTER_DEFAULTS, plan_of
 
 ROOT = Path(__file__).resolve().parents[4]
@@ -27,33 +27,9 @@ QWEN30 = "qwen3-30b-a3b"
 NAMES = CLUSTER_DEFAULTS["sparkops_container_names"]
 
 
-def _trusted(value):
-    tag = importlib.import_module("ansible._internal._datatag._tags").TrustedAsTemplate()  # ansible-core 2.19+
-    if isinstance(value, str):
-        return tag.tag(value)
-    if isinstance(value, list):
-        return [_trusted(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _trusted(v) for k, v in value.items()}
-    return value
-
-
 def written_config(cluster: dict, plan: dict, host: str) -> str:
     """watchdog.json as roles/watchdog writes it on `host` for `plan` (to_nice_json of watchdog_config)."""
-    from ansible.template import Templar  # noqa: PLC0415
-
-    names = {}
-    for path in sorted((ROOT / "roles/sparkops_defaults/defaults/main").glob("*.yml")):
-        names.update(yaml.safe_load(path.read_text()) or {})
-    names.update(yaml.safe_load((ROOT / "roles/watchdog/defaults/main.yml").read_text()))
-    names.update(yaml.safe_load((ROOT / "roles/watchdog/vars/main.yml").read_text()))
-    names = _trusted(names)
-    names.update(
-        sparkops_cluster={**cluster, "serving": plan},
-        sparkops_node={**cluster["nodes"][host], "serving": node_part(plan, host)},
-        inventory_hostname=host,
-    )
-    config = Templar(variables=names).template(_trusted("{{ watchdog_config }}"))
+    config = render_role("watchdog", "{{ watchdog_config }}", cluster, plan, host)
     return json.dumps(config, indent=4, sort_keys=True) + "\n"
 
 
