@@ -132,6 +132,20 @@ def run_playbook(
     return res
 
 
+def failure(res) -> str:
+    """What a failed playbook run says about why: each failed task's lines and its `msg`, else the run's end.
+    CI shows only the end of the output, and a failed task's result (a plan, a long loop item) can push its
+    message far from the run's last lines, so an assertion quotes the message itself."""
+    lines = res.stdout.splitlines()
+    at = [i for i, line in enumerate(lines) if line.startswith(("fatal:", "failed:")) or "FAILED!" in line]
+    parts = []
+    for i in at[:3]:
+        block = lines[max(0, i - 3) : i + 12]
+        msgs = [line for line in lines[i + 12 : i + 600] if line.lstrip().startswith(("msg:", '"msg":'))]
+        parts.append("\n".join(block + msgs[:1]))
+    return "\n".join(parts) or res.stdout[-4000:]
+
+
 # What each test spends on playbook runs, kept so that the end of the stage can print where the
 # integration stage's time goes (converges per file, the slowest task kinds): the budget is seen
 # in every CI log instead of found after a run past it.

@@ -12,7 +12,7 @@ import re
 import time
 
 import pytest
-from conftest import ROOT, SIM_STATE, api_key, node_sh, quiet_watchdog_history, reset_watchdog, run_playbook
+from conftest import ROOT, SIM_STATE, api_key, failure, node_sh, quiet_watchdog_history, reset_watchdog, run_playbook
 
 HEAD, WORKER = "spark-sim-1", "spark-sim-2"
 EVENTS = "/var/lib/sparkops/watchdog.jsonl"
@@ -113,7 +113,7 @@ def test_a_killed_ray_worker_recovers_and_doctor_passes_once_the_history_is_set_
     kept = quiet_watchdog_history(HEAD)
     assert '"restart_begun"' in node_sh(HEAD, f"cat {kept}").stdout  # set aside, not lost
     res, report = doctor()
-    assert res.returncode == 0, res.stdout[-3000:]
+    assert res.returncode == 0, failure(res)
     assert report["overall"] == "PASS", verdicts(report, "CRITICAL") + verdicts(report, "WARN")
     na = [v for v in report["verdicts"] if v["verdict"] == "N/A"]
     assert any(v["check"] == "NIC firmware and PCIe width" and "not applicable" in v["evidence"] for v in na)

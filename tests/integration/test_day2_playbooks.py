@@ -22,6 +22,7 @@ from conftest import (
     WORKER_FAST,
     ansible_env,
     assert_watchdog_running,
+    failure,
     node_sh,
     run_playbook,
     stop_worker_ray_unwatched,
@@ -48,7 +49,7 @@ def test_status_runs_and_agrees_with_verify_on_a_dead_worker_and_site_repairs_it
     """A worker's Ray gone: status reports it (read-only), verify fails naming it with the same membership,
     the health check sees the dead engine, and one site.yml repairs it."""
     res = run_playbook("playbooks/status.yml", timeout=300)
-    assert res.returncode == 0, res.stdout[-4000:]
+    assert res.returncode == 0, failure(res)
     out = flat(res.stdout)
     assert "ray: ok: 2/2 nodes alive, 2.0/2.0 GPUs" in out, res.stdout[-3000:]
     assert f"endpoint: http://{HEAD_FAST}:8000/v1 HEALTHY" in out
@@ -84,7 +85,7 @@ def test_status_runs_and_agrees_with_verify_on_a_dead_worker_and_site_repairs_it
         assert seen["failure_kind"] in ("server_error", "engine_dead", "refused"), seen
     finally:
         repair = run_playbook("site.yml")
-    assert repair.returncode == 0, repair.stdout[-4000:]
+    assert repair.returncode == 0, failure(repair)
     assert not health().get("failed")
     assert_watchdog_running()
 
@@ -95,7 +96,7 @@ def test_benchmark_on_the_sim_is_marked_as_the_test_double():
         extra_vars={"benchmark_concurrency": [1, 2], "benchmark_max_tokens": 32},
         timeout=600,
     )
-    assert res.returncode == 0, res.stdout[-4000:]
+    assert res.returncode == 0, failure(res)
     m = re.search(r"JSON: (\S+\.json)", res.stdout)
     assert m, res.stdout[-3000:]
     path = Path(m.group(1))
@@ -115,7 +116,7 @@ def test_benchmark_sweep_finds_the_doubles_knee():
     paced on the two-Spark seed figures, meets the SLO at 1 and 2 users (17.0, 12.1 tok/s each), misses it
     at 4 (9.1) and gives under half of it at 16 (4.8), where the sweep stops."""
     res = run_playbook("playbooks/benchmark.yml", extra_vars={"benchmark_max_tokens": 32}, timeout=900)
-    assert res.returncode == 0, res.stdout[-4000:]
+    assert res.returncode == 0, failure(res)
     path = Path(re.search(r"JSON: (\S+\.json)", res.stdout).group(1))
     doc = json.loads(path.read_text())
     runs = doc["runs"]
@@ -138,13 +139,13 @@ def test_benchmark_sweep_finds_the_doubles_knee():
 
 def test_teardown_then_site_brings_serving_back():
     res = run_playbook("playbooks/teardown.yml", timeout=300)
-    assert res.returncode == 0, res.stdout[-4000:]
+    assert res.returncode == 0, failure(res)
     for node in NODES:
         left = node_sh(node, "docker ps -a --format '{{.Names}}'").stdout.split()
         assert not {"sparkops-vllm", "sparkops-ray", "sparkops-watchdog"} & set(left), (node, left)
     print(f"\nteardown.yml: {res.elapsed:.1f} s")
     res = run_playbook("site.yml")
-    assert res.returncode == 0, res.stdout[-4000:]
+    assert res.returncode == 0, failure(res)
     print(f"site.yml after teardown: {res.elapsed:.1f} s")
 
 
@@ -161,7 +162,7 @@ def make(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 def test_report_and_make_sim_info_print_a_curl_that_works_and_never_the_key():
     res = run_playbook("playbooks/report.yml", timeout=300)
-    assert res.returncode == 0, res.stdout[-4000:]
+    assert res.returncode == 0, failure(res)
     assert "synthetic shards seeded by sim/simctl.py" in flat(res.stdout)  # not a Hub link that 404s
     info = make("sim-info")
     assert info.returncode == 0, info.stdout + info.stderr
@@ -182,7 +183,7 @@ def test_report_and_make_sim_info_print_a_curl_that_works_and_never_the_key():
 
 def test_make_status_target():
     status = make("status")
-    assert status.returncode == 0, status.stdout[-3000:]
+    assert status.returncode == 0, failure(status)
     assert "ray: ok: 2/2 nodes alive" in flat(status.stdout)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, links_by_host, run_playbook, subnet_ends
+from conftest import ROOT, failure, links_by_host, run_playbook, subnet_ends
 
 pytestmark = pytest.mark.usefixtures("sim_cluster")
 
@@ -38,7 +38,7 @@ def discover_pair(out: Path):
 def test_discovery_writes_the_hand_written_pair_and_plan_takes_it(tmp_path):
     out = tmp_path / "discovered"
     hosts_only, res = discover_pair(out)
-    assert res.returncode == 0, res.stdout[-4000:]
+    assert res.returncode == 0, failure(res)
     print(f"\ndiscover.yml on the pair: {res.elapsed:.1f} s")
     written = yaml.safe_load((out / "hosts.yml").read_text())
     hand = yaml.safe_load((ROOT / "inventory" / "sim" / "hosts.yml").read_text())
@@ -52,11 +52,11 @@ def test_discovery_writes_the_hand_written_pair_and_plan_takes_it(tmp_path):
         extra_vars={"sparkops_discover_out": str(out), "sparkops_discover_pool": "10.213.0.0/23"},
         timeout=300,
     )
-    assert again.returncode == 0, again.stdout[-3000:]
+    assert again.returncode == 0, failure(again)
     # plan.yml accepts it with the simulated cluster's settings.
     (out / "group_vars").symlink_to(ROOT / "inventory" / "sim" / "group_vars")
     plan = run_playbook("playbooks/plan.yml", inventory=out, timeout=300)
-    assert plan.returncode == 0, plan.stdout[-3000:]
+    assert plan.returncode == 0, failure(plan)
 
 
 # A neighbour's System Name TLV that, written raw into hosts.yml as a comment, would end the comment and write

@@ -19,6 +19,7 @@ from conftest import (
     WORKER_FAST,
     api_key,
     assert_watchdog_running,
+    failure,
     node_sh,
     recap,
     reset_watchdog,
@@ -79,7 +80,7 @@ def test_interrupted_image_transfer_is_redone():
     assert cut.returncode != 0
     assert node_sh("spark-sim-2", f"docker image inspect {tag}", check=False).returncode != 0
     res = run_playbook("playbooks/image.yml")
-    assert res.returncode == 0, res.stdout[-4000:]
+    assert res.returncode == 0, failure(res)
     assert recap(res.stdout)["spark-sim-1"]["changed"] >= 1
     got = node_sh("spark-sim-2", f"docker image inspect --format '{{{{.Id}}}}' {tag}").stdout.strip()
     assert got == want
@@ -102,7 +103,7 @@ def test_ray_answers_on_the_fast_links_only_and_a_lost_rule_comes_back():
     node_sh("spark-sim-1", f"iptables -D SPARKOPS-RAY {drop}")
     assert reaches(mgmt)
     res = run_playbook("playbooks/serve.yml")
-    assert res.returncode == 0, res.stdout[-4000:]
+    assert res.returncode == 0, failure(res)
     assert recap(res.stdout)["spark-sim-1"]["changed"] >= 1
     assert not reaches(mgmt), "the rerun did not put the DROP rule back"
     assert reaches(HEAD_FAST)
@@ -126,7 +127,7 @@ def test_head_node_restart_brings_serving_back():
         for chain in ("SPARKOPS-API", "SPARKOPS-RAY", "SPARKOPS-MONITORING"):
             assert f"-N {chain}" in rules and f"-j {chain}" in rules, (tool, chain, rules)
     res = run_playbook("site.yml")
-    assert res.returncode == 0, res.stdout[-4000:]
+    assert res.returncode == 0, failure(res)
     assert not health().get("failed")
 
 
@@ -150,7 +151,7 @@ def test_upgrade_to_a_new_image_commit(tmp_path):
     res = run_playbook(
         "playbooks/upgrade.yml", extra_vars={"spark_vllm_image_ref": "sim-v2", "sparkops_lock_file": str(lock)}
     )
-    assert res.returncode == 0, res.stdout[-5000:]
+    assert res.returncode == 0, failure(res)
     text = " ".join(res.stdout.split())
     down = re.search(r"downtime ([0-9.]+) s", text)
     assert down, text[-3000:]
@@ -222,7 +223,7 @@ def test_the_reference_deployment_moves_to_the_current_vllm_stack_and_a_rerun_ch
     lock, before = locked_copy(tmp_path), state_file()
     extra = {"sparkops_stack": "vllm-0.33.0", "sparkops_lock_file": str(lock)}
     up = run_playbook("playbooks/upgrade.yml", extra_vars=extra, timeout=1800)
-    assert up.returncode == 0, up.stdout[-5000:]
+    assert up.returncode == 0, failure(up)
     text = " ".join(up.stdout.split()).replace('\\"', '"')
     assert "stack vllm-0.19.0 -> vllm-0.33.0" in text, text[-3000:]
     down = re.search(r"downtime ([0-9.]+) s", text)
@@ -244,12 +245,12 @@ def test_the_reference_deployment_moves_to_the_current_vllm_stack_and_a_rerun_ch
     # A rerun changes nothing and leaves the lock as it is (the tag is not followed again).
     locked_bytes = lock.read_bytes()
     again = run_playbook("site.yml", extra_vars=extra, timeout=1800)
-    assert again.returncode == 0, again.stdout[-5000:]
+    assert again.returncode == 0, failure(again)
     assert all(c["changed"] == 0 for c in recap(again.stdout).values()), again.stdout[-3000:]
     assert lock.read_bytes() == locked_bytes
     # Back to the inventory's stack and lock: one converge.
     back = run_playbook("site.yml", timeout=1800)
-    assert back.returncode == 0, back.stdout[-5000:]
+    assert back.returncode == 0, failure(back)
     assert served_release().startswith("0.19.1.dev0+g2a69949bd")
     assert not health().get("failed")
     assert_watchdog_running()

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import HEAD_FAST, NODES, ROOT, SIM_STATE, WORKER_FAST, node_sh, recap, run_playbook
+from conftest import HEAD_FAST, NODES, ROOT, SIM_STATE, WORKER_FAST, failure, node_sh, recap, run_playbook
 from gateway_routes import ROUTES, SWEEP, client_paths, operations
 from test_deployments import CHAT as CHAT_DEPLOYMENT
 from test_deployments import CODE, EXTRA, completion
@@ -119,7 +119,7 @@ def gateway():
         pytest.fail(f"no gateway wheelhouse under {wheels}: run `sim/simctl.py build` (it downloads it, once)")
     t0 = time.monotonic()
     first = run_playbook("site.yml", extra_vars=TWO, timeout=1800)
-    assert first.returncode == 0, first.stdout[-5000:]
+    assert first.returncode == 0, failure(first)
     print(f"\n[chain] chat alone -> chat + code behind the gateway: {time.monotonic() - t0:.0f} s")
     yield first
     gone = {**TWO, "sparkops_key_name": KEY_NAME, "sparkops_key_state": "absent"}
@@ -129,7 +129,7 @@ def gateway():
 
 def test_a_key_is_made_once_kept_0600_and_printed_nowhere(gateway):
     made = run_playbook("playbooks/keys.yml", extra_vars={**TWO, "sparkops_key_name": KEY_NAME})
-    assert made.returncode == 0, made.stdout[-3000:]
+    assert made.returncode == 0, failure(made)
     key_file = KEYS_DIR / KEY_NAME
     key = key_file.read_text().strip()
     assert key.startswith("sk-sparkops-")
@@ -217,7 +217,7 @@ def test_status_lists_every_key_s_name_and_usage_never_a_key(gateway):
     """status.yml's screen (its last task's debug, one string per line; the YAML callback may wrap them) has a keys
     section with KEY_NAME's usage from the database: at least the completion made above."""
     res = run_playbook("playbooks/status.yml", extra_vars=TWO, timeout=300)
-    assert res.returncode == 0, res.stdout[-3000:]
+    assert res.returncode == 0, failure(res)
     screen = " ".join(res.stdout.split("TASK [Show the status]")[-1].split())
     assert re.search(r"keys: \d+ \(names only; class and limits, then requests, prompt and completion", screen), screen
     # Its class and limit (no capacity sweep of chat yet: an interactive key has none), its usage, its refusals.
@@ -312,7 +312,7 @@ def test_vllm_is_kept_from_the_client_networks_while_the_gateway_is_on(gateway):
 
 def test_a_rerun_changes_nothing(gateway):
     again = run_playbook("site.yml", extra_vars=TWO, timeout=1800)
-    assert again.returncode == 0, again.stdout[-4000:]
+    assert again.returncode == 0, failure(again)
     counts = recap(again.stdout)
     assert set(counts) == set(NODES) and all(c["changed"] == 0 for c in counts.values()), counts
 
@@ -345,7 +345,7 @@ def test_a_revoked_key_is_refused_within_seconds(gateway):
     revoked = run_playbook(
         "playbooks/keys.yml", extra_vars={**TWO, "sparkops_key_name": KEY_NAME, "sparkops_key_state": "absent"}
     )
-    assert revoked.returncode == 0, revoked.stdout[-3000:]
+    assert revoked.returncode == 0, failure(revoked)
     done = time.monotonic()
     assert not (KEYS_DIR / KEY_NAME).exists()
     status = None
@@ -400,7 +400,7 @@ def test_a_config_change_is_applied_with_no_failed_client_request(gateway):
     `reload` and once by the role (gateway_reload): a new worker, the old one retired, no request fails."""
     if not (KEYS_DIR / KEY_NAME).exists():
         made = run_playbook("playbooks/keys.yml", extra_vars={**TWO, "sparkops_key_name": KEY_NAME})
-        assert made.returncode == 0, made.stdout[-3000:]
+        assert made.returncode == 0, failure(made)
     path = key_on_head((KEYS_DIR / KEY_NAME).read_text().strip())
     [first] = workers_on_head()
     out = "/root/.itest-streams.json"
@@ -417,7 +417,7 @@ def test_a_config_change_is_applied_with_no_failed_client_request(gateway):
     time.sleep(5)
     # The role writes its config back (the comment goes): a changed file, so the module reloads again.
     again = run_playbook("playbooks/gateway.yml", extra_vars=TWO, timeout=900)
-    assert again.returncode == 0, again.stdout[-4000:]
+    assert again.returncode == 0, failure(again)
     time.sleep(5)  # requests after the second switch, on the worker left
     node_sh(NODES[0], f"touch {out}.stop")
     for _ in range(150):  # each client ends its request in flight (a stream of 32 tokens), then writes the result
@@ -474,7 +474,7 @@ while not os.path.exists(stop) and time.monotonic() - t0 < 900 and ok + failed <
 
 def client_key() -> str:
     made = run_playbook("playbooks/keys.yml", extra_vars={**ON, "sparkops_key_name": CLIENT})
-    assert made.returncode == 0, made.stdout[-3000:]
+    assert made.returncode == 0, failure(made)
     return key_on_head((KEYS_DIR / CLIENT).read_text().strip())
 
 
@@ -501,7 +501,7 @@ def test_a_killed_replica_is_ejected_and_the_other_serves(gateway):
     retries still gets its answer: the gateway cools the dead replica down and sends to the other."""
     t0 = time.monotonic()
     res = run_playbook("site.yml", extra_vars=REPLICAS, timeout=1800)
-    assert res.returncode == 0, res.stdout[-5000:]
+    assert res.returncode == 0, failure(res)
     print(f"\n[chain] chat + code -> two replicas of chat: {time.monotonic() - t0:.0f} s")
     assert vllm_cmd(NODES[1]) and vllm_cmd(NODES[0]), "chat should run on both nodes"
     path = client_key()
@@ -560,7 +560,7 @@ def test_a_blue_green_upgrade_of_one_deployment_fails_no_request_of_a_streaming_
     assert after_wrong == before  # the previous vLLM serves again on both nodes
     print(f"\n[gateway] an upgrade answering wrongly: refused by the quality gate, rolled back in {refused_in:.0f} s")
     out = " ".join(up.stdout.split())
-    assert up.returncode == 0, up.stdout[-6000:]
+    assert up.returncode == 0, failure(up)
     switches = re.search(r"gateway switches took ([0-9., s]+) s", out)
     print(
         f"\n[gateway] blue-green upgrade of chat (2 replicas): {took:.0f} s; the client: {got['ok']} streams, "
@@ -575,6 +575,6 @@ def test_a_blue_green_upgrade_of_one_deployment_fails_no_request_of_a_streaming_
     lock = json.loads((SIM_STATE / "sparkops.lock.json").read_text())
     assert lock["model"]["profile"] == "sim-chat-v2" and lock["model"]["deployment"] == "chat", lock["model"]
     again = run_playbook("site.yml", extra_vars=REPLICAS_V2, timeout=1800)
-    assert again.returncode == 0, again.stdout[-5000:]
+    assert again.returncode == 0, failure(again)
     counts = recap(again.stdout)
     assert all(c["changed"] == 0 for c in counts.values()), counts

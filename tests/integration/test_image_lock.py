@@ -9,7 +9,7 @@ import re
 import subprocess
 
 import pytest
-from conftest import NODES, ROOT, node_sh, run_playbook
+from conftest import NODES, ROOT, failure, node_sh, run_playbook
 
 pytestmark = pytest.mark.usefixtures("sim_cluster")
 HEAD = NODES[0]
@@ -38,7 +38,7 @@ def serving_image() -> str:
 def test_first_deployment_writes_the_lock_and_the_next_run_keeps_it(tmp_path):
     lock = tmp_path / "sparkops.lock.json"
     res = run("site.yml", lock)
-    assert res.returncode == 0, res.stdout[-5000:]
+    assert res.returncode == 0, failure(res)
     assert "written for the first time" in out(res)
     data = json.loads(lock.read_text())
     # What the stand-in built from the pinned arguments (--vllm-ref v0.19.0 --flashinfer-ref v0.6.6),
@@ -64,7 +64,7 @@ def test_first_deployment_writes_the_lock_and_the_next_run_keeps_it(tmp_path):
     written = lock.read_bytes()
     mtime = lock.stat().st_mtime_ns
     again = run("playbooks/image.yml", lock)
-    assert again.returncode == 0, again.stdout[-4000:]
+    assert again.returncode == 0, failure(again)
     assert "nothing moved" in out(again)
     assert lock.read_bytes() == written and lock.stat().st_mtime_ns == mtime
 

@@ -15,7 +15,7 @@ from urllib.parse import quote
 
 import pytest
 import yaml
-from conftest import NODES, ROOT, SIM_STATE, node_sh, recap, reset_watchdog, run_playbook
+from conftest import NODES, ROOT, SIM_STATE, failure, node_sh, recap, reset_watchdog, run_playbook
 
 HEAD = NODES[0]
 HOSTS = yaml.safe_load((ROOT / "inventory" / "sim" / "hosts.yml").read_text())
@@ -120,7 +120,7 @@ def test_the_last_start_is_recorded_phase_by_phase(sim_cluster):
     node_sh(HEAD, "docker stop -t 2 sparkops-watchdog >/dev/null; docker rm -f sparkops-vllm >/dev/null")
     try:
         res = run_playbook("playbooks/serve.yml", timeout=600)
-        assert res.returncode == 0, res.stdout[-3000:]
+        assert res.returncode == 0, failure(res)
     finally:
         reset_watchdog(HEAD)
     state = json.loads(node_sh(HEAD, "cat /var/lib/sparkops/startup-phases.json").stdout)
@@ -201,7 +201,7 @@ def test_the_dashboard_is_provisioned_where_grafana_is_installed(sim_cluster):
     node_sh(HEAD, f"test ! -e {GRAFANA_DIR} && test ! -e /var/lib/grafana && mkdir -p {GRAFANA_DIR}/provisioning")
     try:
         first = run_playbook("playbooks/monitoring.yml", timeout=300)
-        assert first.returncode == 0, first.stdout[-3000:]
+        assert first.returncode == 0, failure(first)
         assert recap(first.stdout)[HEAD]["changed"] >= 1, first.stdout[-3000:]
         assert recap(first.stdout)[worker]["changed"] == 0, "the worker has no Grafana: nothing to provision"
         # Grafana's files are no other daemon's configuration: nothing else restarts for them (and no
@@ -229,7 +229,7 @@ def test_the_dashboard_is_provisioned_where_grafana_is_installed(sim_cluster):
         assert node_sh(worker, f"test -e {GRAFANA_DIR} || test -e /var/lib/grafana", check=False).returncode != 0
 
         again = run_playbook("playbooks/monitoring.yml", timeout=300)
-        assert again.returncode == 0, again.stdout[-3000:]
+        assert again.returncode == 0, failure(again)
         assert {h: r["changed"] for h, r in recap(again.stdout).items()} == dict.fromkeys(NODES, 0), again.stdout[
             -3000:
         ]

@@ -12,7 +12,7 @@ import json
 import time
 
 import pytest
-from conftest import NODES, node_sh, recap, run_playbook
+from conftest import NODES, failure, node_sh, recap, run_playbook
 from test_day2_faults import HEAD, WORKER, completion_ok, wait_serving
 
 pytestmark = pytest.mark.usefixtures("sim_cluster")
@@ -24,17 +24,10 @@ def container(node: str, name: str) -> dict | None:
     return json.loads(res.stdout)[0] if res.returncode == 0 else None
 
 
-def failure(res) -> str:
-    """The failed tasks' lines of a run, else its end (a long run's failure is far from its end)."""
-    lines = res.stdout.splitlines()
-    at = [i for i, line in enumerate(lines) if line.startswith(("fatal:", "failed:")) or "FAILED!" in line]
-    return "\n".join("\n".join(lines[max(0, i - 3) : i + 25]) for i in at[:3]) or res.stdout[-4000:]
-
-
 def plan(tmp_path, extra_vars=None) -> dict:
     out = tmp_path / "plan.json"
     res = run_playbook("playbooks/plan.yml", extra_vars={"sparkops_plan_file": str(out), **(extra_vars or {})})
-    assert res.returncode == 0, res.stdout[-3000:]
+    assert res.returncode == 0, failure(res)
     return json.loads(out.read_text())["serving"]["deployments"][0]
 
 
@@ -49,7 +42,7 @@ def test_serve_alone_starts_what_site_started_and_plan_shows_it(tmp_path):
     locked = json.loads(node_sh(HEAD, "cat /var/lib/sparkops/deployment.json").stdout)
     assert argv[argv.index("--revision") + 1] == locked["model_revision"]
     res = run_playbook("playbooks/serve.yml", args=["--check"])
-    assert res.returncode == 0, res.stdout[-4000:]
+    assert res.returncode == 0, failure(res)
     counts = recap(res.stdout)
     assert all(c["changed"] == 0 for c in counts.values()), counts
 

@@ -32,6 +32,7 @@ import yaml
 from conftest import (
     SIM_STATE,
     discover,
+    failure,
     inventory_hosts,
     links_by_host,
     node_sh,
@@ -63,7 +64,7 @@ def discovered_inventory(n: int, topology: str, pool: str, out):
     give this cluster its own lock and reports but no topology); the run and the written hosts.yml."""
     src = hosts_only(n, topology)
     res = discover(src, out, pool)
-    assert res.returncode == 0, res.stdout[-4000:]
+    assert res.returncode == 0, failure(res)
     print(f"\ndiscover.yml on the {topology} of {n}: {res.elapsed:.1f} s")
     (out / "group_vars").symlink_to(src / "group_vars")
     return res, yaml.safe_load((out / "hosts.yml").read_text())
@@ -101,7 +102,7 @@ def test_switch_discovery_writes_the_hand_written_switch_and_plan_takes_it(switc
     assert subnet_ends(written) == subnet_ends(hand)
     assert links_by_host(written) == links_by_host(hand)
     plan = run_playbook("playbooks/plan.yml", inventory=tmp_path, timeout=300)
-    assert plan.returncode == 0, plan.stdout[-3000:]
+    assert plan.returncode == 0, failure(plan)
     print(f"plan.yml on the discovered switch of 4: {plan.elapsed:.1f} s")
 
 
@@ -125,12 +126,12 @@ def test_switch_serves_tp2_and_two_replicas_behind_the_gateway_and_upgrades_one_
     shape_v2 = {**shape, "sparkops_deployments": [big, REPLICAS_V2["sparkops_deployments"][0] | {"hosts": nodes[2:]}]}
     t0 = time.monotonic()
     res = run_playbook("site.yml", inventory=switch4, extra_vars=shape, timeout=2400)
-    assert res.returncode == 0, res.stdout[-6000:]
+    assert res.returncode == 0, failure(res)
     print(f"\n[switch-4] site.yml: big TP=2 on 1-2, chat x2 on 3-4, gateway on the head: {time.monotonic() - t0:.0f} s")
     head_link = inventory_hosts(hand_written(4, "switch"))[nodes[0]]["sparkops_fast_links"][0]["address"]
     gateway = f"http://{head_link.split('/')[0]}:4000"
     made = run_playbook("playbooks/keys.yml", inventory=switch4, extra_vars={**shape, "sparkops_key_name": "itest-bg"})
-    assert made.returncode == 0, made.stdout[-3000:]
+    assert made.returncode == 0, failure(made)
     key = (SIM_STATE / "credentials" / "keys" / "itest-bg").read_text().strip()
     node_sh(nodes[0], f"umask 077; printf '%s\\n' '{key}' > /root/.itest-bg-key; rm -f /root/bg.stop /root/bg.json")
     started = "docker inspect --format '{{.State.StartedAt}}' sparkops-vllm sparkops-ray"
@@ -164,7 +165,7 @@ def test_switch_serves_tp2_and_two_replicas_behind_the_gateway_and_upgrades_one_
         f"[switch-4] blue-green upgrade of chat: {took:.0f} s; the streaming client: {got['ok']} streams, "
         f"{got['failed']} failed {got['errors']}; gateway switches {switches.group(1) if switches else '?'} s (2 cores)"
     )
-    assert up.returncode == 0, up.stdout[-6000:]
+    assert up.returncode == 0, failure(up)
     assert "blue-green" in out and got["failed"] == 0 and got["ok"] >= 20, (got, out[-3000:])
     for node in nodes[2:]:
         cmd = json.loads(node_sh(node, "docker inspect --format '{{json .Config.Cmd}}' sparkops-vllm").stdout)
@@ -217,7 +218,7 @@ def test_ring_of_four_converges_on_the_discovered_inventory(ring4_discovered):
     log = node_sh("spark-sim-1", "docker logs sparkops-vllm 2>&1").stdout
     assert "placement group placed on 4 nodes" in log, log[-2000:]
     served = run_playbook("playbooks/verify.yml", inventory=inv, extra_vars=RING_PROFILE, timeout=600)
-    assert served.returncode == 0, served.stdout[-3000:]
+    assert served.returncode == 0, failure(served)
     again = run_playbook("site.yml", inventory=inv, extra_vars=RING_PROFILE, timeout=900)
     assert again.returncode == 0
     assert all(r["changed"] == 0 for r in recap(again.stdout).values()), again.stdout[-3000:]
@@ -235,7 +236,7 @@ def test_mp_executor_on_the_ring_serves_survives_a_killed_rank_and_a_hang(ring4_
     mp = {**RING_PROFILE, "sparkops_executor": "mp"}
     out = tmp_path / "plan.json"
     shown = run_playbook("playbooks/plan.yml", inventory=inv, extra_vars={**mp, "sparkops_plan_file": str(out)})
-    assert shown.returncode == 0, shown.stdout[-3000:]
+    assert shown.returncode == 0, failure(shown)
     dep = json.loads(out.read_text())["serving"]["deployments"][0]
     members = dep["members"]
     assert [m["rank"] for m in members] == [0, 1, 2, 3] and dep["executor"] == "mp"
@@ -246,7 +247,7 @@ def test_mp_executor_on_the_ring_serves_survives_a_killed_rank_and_a_hang(ring4_
         assert argv[argv.index("--master-addr") + 1] == head_ip
         assert argv[argv.index("--node-rank") + 1] == str(m["rank"])
     res = run_playbook("site.yml", inventory=inv, extra_vars=mp, timeout=1200)
-    assert res.returncode == 0, res.stdout[-4000:]
+    assert res.returncode == 0, failure(res)
     print(f"\nring-4 Ray -> mp: {res.elapsed:.0f} s")
     for m in members:
         running = node_sh(m["host"], "docker ps --format '{{.Names}}'").stdout.split()
@@ -272,7 +273,7 @@ def test_mp_executor_on_the_ring_serves_survives_a_killed_rank_and_a_hang(ring4_
         f"after {ended['epoch'] - t1:.1f} s; head hung, serving after {hang_ended['epoch'] - t2:.1f} s (2 cores)"
     )
     served = run_playbook("playbooks/verify.yml", inventory=inv, extra_vars=mp, timeout=600)
-    assert served.returncode == 0, served.stdout[-3000:]
+    assert served.returncode == 0, failure(served)
 
 
 def refusal(res) -> str:
@@ -310,6 +311,6 @@ def test_unplugged_and_crossed_cables_are_refused_naming_the_cable(ring4):
         simctl("replug")
     # Put back, the cabling is the hand-written ring again.
     again = discover(src, None, RING_POOL)
-    assert again.returncode == 0, again.stdout[-3000:]
+    assert again.returncode == 0, failure(again)
     said = " ".join(again.stdout.split())
     assert "ring order: spark-sim-1 -> spark-sim-2 -> spark-sim-3 -> spark-sim-4 -> spark-sim-1" in said

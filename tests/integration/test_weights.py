@@ -12,7 +12,7 @@ import subprocess
 import time
 
 import pytest
-from conftest import NODES, ROOT, SIM_STATE, ansible_env, node_sh, run_adhoc, run_playbook
+from conftest import NODES, ROOT, SIM_STATE, ansible_env, failure, node_sh, run_adhoc, run_playbook
 
 pytestmark = pytest.mark.usefixtures("sim_cluster")
 
@@ -168,7 +168,7 @@ def test_corrupt_blob_on_target_is_found_and_only_it_is_resynced():
     node_sh(TARGET, f"printf '\\x00' | dd of={REPO}/blobs/{shard} bs=1 seek=4194304 count=1 conv=notrunc 2>/dev/null")
     assert node_sh(TARGET, f"sha256sum {REPO}/blobs/{shard}").stdout.split()[0] != shard
     res = run_playbook("playbooks/weights.yml", extra_vars={"weight_cache_verify": "full"})
-    assert res.returncode == 0, res.stdout[-3000:]
+    assert res.returncode == 0, failure(res)
     assert "copied 8388608 bytes in 1 files" in res.stdout
     assert node_sh(TARGET, f"sha256sum {REPO}/blobs/{shard}").stdout.split()[0] == shard
     assert {n: v for n, v in blobs(TARGET, REPO).items() if n != shard} == others
@@ -256,14 +256,14 @@ def test_incomplete_snapshot_is_refused_when_preseeded_and_resumed_from_the_hub(
 def test_flipped_byte_sizes_check_says_so_and_verify_finds_it():
     # Issue 16 item 3. verify.yml first: every blob hashed on both nodes, the hashes recorded.
     first = run_playbook("playbooks/verify.yml")
-    assert first.returncode == 0, first.stdout[-3000:]
+    assert first.returncode == 0, failure(first)
     assert "every blob hashed" in flat(first.stdout)
     _name, blob = shard_of(TARGET, 2)
     node_sh(TARGET, f"printf '\\xff' | dd of={REPO}/blobs/{blob} bs=1 seek=1000 count=1 conv=notrunc 2>/dev/null")
     assert node_sh(TARGET, f"sha256sum {REPO}/blobs/{blob}").stdout.split()[0] != blob
     try:
         res = run_playbook("playbooks/weights.yml")  # site.yml's weights play
-        assert res.returncode == 0, res.stdout[-3000:]
+        assert res.returncode == 0, failure(res)
         # The default check says what it compared, and the hash record shows the blob changed since.
         out = flat(res.stdout)
         assert "sizes match; contents not hashed" in out, out[-3000:]
@@ -275,5 +275,5 @@ def test_flipped_byte_sizes_check_says_so_and_verify_finds_it():
         assert "weight_cache_verify=full" in out
     finally:
         fix = run_playbook("playbooks/weights.yml", extra_vars={"weight_cache_verify": "full"})
-    assert fix.returncode == 0, fix.stdout[-3000:]
+    assert fix.returncode == 0, failure(fix)
     assert node_sh(TARGET, f"sha256sum {REPO}/blobs/{blob}").stdout.split()[0] == blob
