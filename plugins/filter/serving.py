@@ -10,7 +10,8 @@
     {{ sparkops_allow_rules | sparkops.cluster.serving_allowed_rules(name, profile, vllm_version='0.19.0') }}
                                             -> one warning line per allowed SM121 rule, with its reason
     {{ watchdog_json_text | sparkops.cluster.watchdog_outdated(sparkops_node.serving, inventory_hostname,
-                                                               sparkops_cluster.nodes, sparkops_container_names) }}
+                                                               sparkops_cluster.nodes, sparkops_container_names,
+                                                               image=sparkops_image) }}
                                             -> why the node's running watchdog watches what the plan changes
 Every filter that judges rules takes allow_rules= (sparkops_allow_rules): an allowed rule is not refused.
 
@@ -148,11 +149,13 @@ def serving_weight_repos(profile):
         raise AnsibleFilterError(f"serving_weight_repos: {exc}") from exc
 
 
-def watchdog_outdated(running, part, host, nodes, container_names):
+def watchdog_outdated(running, part, host, nodes, container_names, *, image):
     """Why this node's running watchdog (its watchdog.json, text or parsed; empty or None when there is none)
     watches a group the plan changes; an empty list when it may keep running."""
     try:
-        return outdated_reasons(_plain(running), _plain(part) or [], str(host), _plain(nodes), _plain(container_names))
+        return outdated_reasons(
+            _plain(running), _plain(part) or [], str(host), _plain(nodes), _plain(container_names), image=str(image)
+        )
     except (KeyError, TypeError, AttributeError) as exc:
         raise AnsibleFilterError(
             f"watchdog_outdated: {host}'s part of the serving plan or the cluster's nodes are incomplete ({exc!r}); "

@@ -5,8 +5,8 @@
 A node's watchdog (roles/watchdog) restarts the serving group its config names: the replica whose API
 runs on the node (`watch`), under its executor, at its endpoint, serving its model, with its vLLM and Ray
 containers and its workers by name and fast-link address. When the plan moves that group (another
-executor, other workers, the replica elsewhere, another model), the converge removes and replaces the
-very containers the old watchdog watches; left running it takes the change for a failure and restarts
+executor, other workers, the replica elsewhere, another model, another image), the converge removes and
+replaces the very containers the old watchdog watches; left running it takes the change for a failure and restarts
 the old group under the run. Such a watchdog is stopped before anything else moves (playbooks/serve.yml);
 watchdog.yml starts it again on its new config.
 
@@ -24,7 +24,10 @@ import json
 from collections.abc import Mapping, Sequence
 
 # The fields of watchdog.json that name the watched group (roles/watchdog/vars/main.yml watchdog_config).
-GROUP_FIELDS = ("executor", "endpoint", "model", "vllm_container", "ray_container", "workers")
+# The image is one of them: a new image (an upgrade, a move to another stack, a rollback) replaces Ray's and vLLM's
+# containers on every node, and a watchdog that sees a worker's Ray container missing for a moment restarts
+# its group under the run.
+GROUP_FIELDS = ("executor", "endpoint", "model", "vllm_container", "ray_container", "workers", "image")
 _SHOWN = 120  # characters of a value from the node shown in a reason
 
 
@@ -51,10 +54,11 @@ def _workers(value: object) -> object:
     return sorted(pairs)
 
 
-def planned_group(part: Sequence, host: str, nodes: Mapping, container_names: Mapping) -> dict | None:
+def planned_group(part: Sequence, host: str, nodes: Mapping, container_names: Mapping, image: str) -> dict | None:
     """What this node's watchdog will watch under the plan, in watchdog.json's fields; None when it watches
     nothing (the node serves no replica's API). `part` is this node's part of the serving plan
-    (serving.py node_part, `sparkops_node.serving`); the watchdog reads its first member, as the role does."""
+    (serving.py node_part, `sparkops_node.serving`); the watchdog reads its first member, as the role does.
+    `image` is the serving image this run puts on the node (sparkops_image), the one its containers will run."""
     member = part[0] if part else {}
     if member.get("role") != "api":
         return None
@@ -66,6 +70,7 @@ def planned_group(part: Sequence, host: str, nodes: Mapping, container_names: Ma
         "vllm_container": container_names["vllm"],
         "ray_container": container_names["ray"],
         "workers": [{"name": h, "address": nodes[h]["primary"]["ip"]} for h in workers],
+        "image": image,
     }
 
 
@@ -86,14 +91,17 @@ def _running(config: object) -> tuple[Mapping | None, str]:
     return config, ""
 
 
-def outdated_reasons(running: object, part: Sequence, host: str, nodes: Mapping, container_names: Mapping) -> list:
+def outdated_reasons(
+    running: object, part: Sequence, host: str, nodes: Mapping, container_names: Mapping, *, image: str
+) -> list:
     """Why this node's running watchdog watches something the plan changes: one sentence per field that
     differs; empty when it may keep running (no config on the node, it watches nothing, or it watches
     exactly the group the plan keeps here).
 
     running: the node's watchdog.json (its text, or parsed), None or "" when the node has none.
-    part, host, nodes, container_names: this node's part of the plan, its inventory name, the cluster
-    model's nodes (for the workers' fast-link addresses) and sparkops_container_names."""
+    part, host, nodes, container_names, image: this node's part of the plan, its inventory name, the cluster
+    model's nodes (for the workers' fast-link addresses), sparkops_container_names and sparkops_image. A config
+    that names no image (written before the watchdog recorded it) cannot say it watches this one: outdated."""
     config, unreadable = _running(running)
     if config is None:
         return []
@@ -101,7 +109,7 @@ def outdated_reasons(running: object, part: Sequence, host: str, nodes: Mapping,
         return [unreadable]
     if not _watches(config.get("watch", False)):
         return []
-    planned = planned_group(part, host, nodes, container_names)
+    planned = planned_group(part, host, nodes, container_names, image)
     watched = {**config, "executor": config.get("executor", "ray")}  # the watchdog's own default (runs_ray)
     if planned is None:
         return [

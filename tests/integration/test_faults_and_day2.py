@@ -248,9 +248,13 @@ def test_the_reference_deployment_moves_to_the_current_vllm_stack_and_a_rerun_ch
     assert again.returncode == 0, failure(again)
     assert all(c["changed"] == 0 for c in recap(again.stdout).values()), again.stdout[-3000:]
     assert lock.read_bytes() == locked_bytes
-    # Back to the inventory's stack and lock: one converge.
+    # Back to the inventory's stack and lock: one converge. The head's watchdog stands aside first: the other image
+    # replaces the containers it watches (seeing the worker's Ray container gone, it would restart the group).
     back = run_playbook("site.yml", timeout=1800)
     assert back.returncode == 0, failure(back)
+    flat = " ".join(back.stdout.split())
+    assert "The watchdog on spark-sim-1 stops until watchdog.yml starts it on the new plan:" in flat, failure(back)
+    assert re.search(r"image: \S*registry-[0-9a-f]{12} -> \S+", flat), flat[-3000:]
     assert served_release().startswith("0.19.1.dev0+g2a69949bd")
     assert not health().get("failed")
     assert_watchdog_running()

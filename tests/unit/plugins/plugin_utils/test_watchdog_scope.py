@@ -25,11 +25,12 @@ TP2 = "qwen3-235b-a22b-gptq-int4-tp2"
 GPT_OSS = "gpt-oss-120b-mxfp4"
 QWEN30 = "qwen3-30b-a3b"
 NAMES = CLUSTER_DEFAULTS["sparkops_container_names"]
+IMAGE = "vllm-node:74c02c37c280-1a2b3c4d"  # sparkops_image as the image role names a build
 
 
-def written_config(cluster: dict, plan: dict, host: str) -> str:
+def written_config(cluster: dict, plan: dict, host: str, image: str = IMAGE) -> str:
     """watchdog.json as roles/watchdog writes it on `host` for `plan` (to_nice_json of watchdog_config)."""
-    config = render_role("watchdog", "{{ watchdog_config }}", cluster, plan, host)
+    config = render_role("watchdog", "{{ watchdog_config }}", cluster, plan, host, sparkops_image=image)
     return json.dumps(config, indent=4, sort_keys=True) + "\n"
 
 
@@ -37,7 +38,7 @@ def reasons(old: tuple, new: tuple, host: str) -> list:
     """Why `host`'s watchdog, configured by the role for the old plan, watches what the new plan changes."""
     (old_cluster, old_plan), (cluster, plan) = old, new
     running = written_config(old_cluster, old_plan, host)
-    return outdated_reasons(running, node_part(plan, host), host, cluster["nodes"], NAMES)
+    return outdated_reasons(running, node_part(plan, host), host, cluster["nodes"], NAMES, image=IMAGE)
 
 
 REFERENCE = {}  # the reference: Ray TP=2 over the pair
@@ -70,11 +71,11 @@ def test_the_role_writes_the_group_the_function_expects():
     """planned_group names watchdog.json's own fields and values (the comparison is not vacuous)."""
     cluster, plan = plan_of()
     written = json.loads(written_config(cluster, plan, "spark-1"))
-    group = planned_group(node_part(plan, "spark-1"), "spark-1", cluster["nodes"], NAMES)
+    group = planned_group(node_part(plan, "spark-1"), "spark-1", cluster["nodes"], NAMES, image=IMAGE)
     assert written["watch"] is True
     assert {k: written[k] for k in group} == group
     assert group["executor"] == "ray" and [w["name"] for w in group["workers"]] == ["spark-2"]
-    assert planned_group(node_part(plan, "spark-2"), "spark-2", cluster["nodes"], NAMES) is None
+    assert planned_group(node_part(plan, "spark-2"), "spark-2", cluster["nodes"], NAMES, image=IMAGE) is None
     assert json.loads(written_config(cluster, plan, "spark-2"))["watch"] is False
 
 
@@ -125,12 +126,16 @@ def test_a_replica_whose_endpoint_moves_is_outdated():
     cluster, plan = plan_of()
     running = json.loads(written_config(cluster, plan, "spark-1"))
     part = node_part(plan, "spark-1")
-    assert outdated_reasons({**running, "endpoint": "http://10.9.9.9:8000"}, part, "spark-1", cluster["nodes"], NAMES)
+    assert outdated_reasons(
+        {**running, "endpoint": "http://10.9.9.9:8000"}, part, "spark-1", cluster["nodes"], NAMES, image=IMAGE
+    )
     moved_worker = [{"name": "spark-2", "address": "10.9.9.9"}]
-    (why,) = outdated_reasons({**running, "workers": moved_worker}, part, "spark-1", cluster["nodes"], NAMES)
+    (why,) = outdated_reasons(
+        {**running, "workers": moved_worker}, part, "spark-1", cluster["nodes"], NAMES, image=IMAGE
+    )
     assert why.startswith("workers: ")
     renamed = {**running, "vllm_container": "old-vllm"}
-    assert outdated_reasons(renamed, part, "spark-1", cluster["nodes"], NAMES) == [
+    assert outdated_reasons(renamed, part, "spark-1", cluster["nodes"], NAMES, image=IMAGE) == [
         "vllm_container: old-vllm -> sparkops-vllm"
     ]
 
@@ -140,7 +145,7 @@ def test_a_replica_whose_endpoint_moves_is_outdated():
 def test_no_config_on_the_node_keeps_it(running):
     """No watchdog.json: no watchdog was ever installed there, nothing runs to stop."""
     cluster, plan = plan_of()
-    assert outdated_reasons(running, node_part(plan, "spark-1"), "spark-1", cluster["nodes"], NAMES) == []
+    assert outdated_reasons(running, node_part(plan, "spark-1"), "spark-1", cluster["nodes"], NAMES, image=IMAGE) == []
 
 
 def test_tunables_do_not_stop_the_watchdog():
@@ -148,7 +153,7 @@ def test_tunables_do_not_stop_the_watchdog():
     cluster, plan = plan_of()
     running = json.loads(written_config(cluster, plan, "spark-1"))
     tuned = {**running, "interval_s": 5, "max_restarts_per_hour": 10, "quality_action": "restart", "node": "x"}
-    assert outdated_reasons(tuned, node_part(plan, "spark-1"), "spark-1", cluster["nodes"], NAMES) == []
+    assert outdated_reasons(tuned, node_part(plan, "spark-1"), "spark-1", cluster["nodes"], NAMES, image=IMAGE) == []
 
 
 def test_an_older_config_is_read_as_the_watchdog_reads_it():
@@ -157,15 +162,40 @@ def test_an_older_config_is_read_as_the_watchdog_reads_it():
     running = json.loads(written_config(cluster, plan, "spark-1"))
     del running["executor"]
     old = {**running, "watch": "True"}
-    assert outdated_reasons(old, node_part(plan, "spark-1"), "spark-1", cluster["nodes"], NAMES) == []
+    assert outdated_reasons(old, node_part(plan, "spark-1"), "spark-1", cluster["nodes"], NAMES, image=IMAGE) == []
     mp_cluster, mp_plan = plan_of(**MP)
-    assert outdated_reasons(old, node_part(mp_plan, "spark-1"), "spark-1", mp_cluster["nodes"], NAMES) == [
+    assert outdated_reasons(old, node_part(mp_plan, "spark-1"), "spark-1", mp_cluster["nodes"], NAMES, image=IMAGE) == [
         "executor: ray -> mp"
     ]
     assert (
-        outdated_reasons({**old, "watch": "false"}, node_part(mp_plan, "spark-1"), "spark-1", cluster["nodes"], NAMES)
+        outdated_reasons(
+            {**old, "watch": "false"}, node_part(mp_plan, "spark-1"), "spark-1", cluster["nodes"], NAMES, image=IMAGE
+        )
         == []
     )
+
+
+def test_another_image_stops_the_watchdog_of_the_replica_and_keeps_the_worker_s():
+    """A new image (an upgrade, a move to another stack, the way back) replaces Ray's and vLLM's containers on
+    every node under the run: the head's watchdog, which would see the worker's Ray container gone for a moment
+    and restart its group, stops; the worker's watches nothing and stays."""
+    cluster, plan = plan_of()
+    stack = "vllm/vllm-openai:registry-4b6bdec4e0a1"
+    running = written_config(cluster, plan, "spark-1")
+    assert json.loads(running)["image"] == IMAGE
+    (why,) = outdated_reasons(running, node_part(plan, "spark-1"), "spark-1", cluster["nodes"], NAMES, image=stack)
+    assert why == f"image: {IMAGE} -> {stack}"
+    worker = written_config(cluster, plan, "spark-2")
+    assert outdated_reasons(worker, node_part(plan, "spark-2"), "spark-2", cluster["nodes"], NAMES, image=stack) == []
+
+
+def test_a_config_that_names_no_image_stops_the_watchdog():
+    """Written before the watchdog recorded its image: what it runs cannot be told from the file."""
+    cluster, plan = plan_of()
+    running = json.loads(written_config(cluster, plan, "spark-1"))
+    del running["image"]
+    (why,) = outdated_reasons(running, node_part(plan, "spark-1"), "spark-1", cluster["nodes"], NAMES, image=IMAGE)
+    assert why == f"image: null -> {IMAGE}"
 
 
 @pytest.mark.parametrize(
@@ -175,7 +205,7 @@ def test_an_older_config_is_read_as_the_watchdog_reads_it():
 def test_an_unreadable_config_stops_the_watchdog(text, needle):
     """What runs under a garbled config cannot be told: stopped (watchdog.yml writes and starts it again)."""
     cluster, plan = plan_of()
-    (why,) = outdated_reasons(text, node_part(plan, "spark-1"), "spark-1", cluster["nodes"], NAMES)
+    (why,) = outdated_reasons(text, node_part(plan, "spark-1"), "spark-1", cluster["nodes"], NAMES, image=IMAGE)
     assert needle in why
 
 
@@ -183,7 +213,7 @@ def test_a_value_from_the_node_is_shown_short():
     cluster, plan = plan_of()
     running = json.loads(written_config(cluster, plan, "spark-1"))
     (why,) = outdated_reasons(
-        {**running, "model": "m" * 5000}, node_part(plan, "spark-1"), "spark-1", cluster["nodes"], NAMES
+        {**running, "model": "m" * 5000}, node_part(plan, "spark-1"), "spark-1", cluster["nodes"], NAMES, image=IMAGE
     )
     assert len(why) < 300 and why.startswith("model: mmm") and "..." in why
 
@@ -195,10 +225,12 @@ def test_the_filter_takes_the_decoded_file_and_fails_saying_what_is_missing():
     flt = FilterModule().filters()["watchdog_outdated"]
     old, (cluster, plan) = plan_of(), plan_of(**MP)
     text = written_config(*old, "spark-1")
-    assert flt(text, node_part(plan, "spark-1"), "spark-1", cluster["nodes"], NAMES) == ["executor: ray -> mp"]
-    assert flt("", [], "spark-1", cluster["nodes"], NAMES) == []
+    assert flt(text, node_part(plan, "spark-1"), "spark-1", cluster["nodes"], NAMES, image=IMAGE) == [
+        "executor: ray -> mp"
+    ]
+    assert flt("", [], "spark-1", cluster["nodes"], NAMES, image=IMAGE) == []
     with pytest.raises(AnsibleFilterError, match="sparkops_cluster.nodes"):
-        flt(text, node_part(plan, "spark-1"), "spark-1", {}, NAMES)
+        flt(text, node_part(plan, "spark-1"), "spark-1", {}, NAMES, image=IMAGE)
 
 
 # ------------------------------------------------------------------------------------- where it runs
