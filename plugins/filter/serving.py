@@ -11,7 +11,7 @@
                                             -> one warning line per allowed SM121 rule, with its reason
     {{ watchdog_json_text | sparkops.cluster.watchdog_outdated(sparkops_node.serving, inventory_hostname,
                                                                sparkops_cluster.nodes, sparkops_container_names,
-                                                               image=sparkops_image) }}
+                                                               image=sparkops_cluster.serving.image.image) }}
                                             -> why the node's running watchdog watches what the plan changes
 Every filter that judges rules takes allow_rules= (sparkops_allow_rules): an allowed rule is not refused.
 

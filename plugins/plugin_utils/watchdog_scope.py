@@ -58,7 +58,7 @@ def planned_group(part: Sequence, host: str, nodes: Mapping, container_names: Ma
     """What this node's watchdog will watch under the plan, in watchdog.json's fields; None when it watches
     nothing (the node serves no replica's API). `part` is this node's part of the serving plan
     (serving.py node_part, `sparkops_node.serving`); the watchdog reads its first member, as the role does.
-    `image` is the serving image this run puts on the node (sparkops_image), the one its containers will run."""
+    `image` is the image the plan runs (the plan's image.image: its containers', and the watchdog's own)."""
     member = part[0] if part else {}
     if member.get("role") != "api":
         return None
@@ -100,8 +100,9 @@ def outdated_reasons(
 
     running: the node's watchdog.json (its text, or parsed), None or "" when the node has none.
     part, host, nodes, container_names, image: this node's part of the plan, its inventory name, the cluster
-    model's nodes (for the workers' fast-link addresses), sparkops_container_names and sparkops_image. A config
-    that names no image (written before the watchdog recorded it) cannot say it watches this one: outdated."""
+    model's nodes (for the workers' fast-link addresses), sparkops_container_names and the plan's image. A config
+    that names no image (written before the watchdog recorded it), or a plan whose image is still to be resolved
+    (empty: a branch or tag the image role clones), cannot say it is the same one: outdated."""
     config, unreadable = _running(running)
     if config is None:
         return []
@@ -122,6 +123,8 @@ def outdated_reasons(
         if field == "workers":
             if _workers(was) != _workers(now):
                 out.append(f"workers: {_shown(was)} -> {_shown(now)}")
+        elif field == "image" and not now:
+            out.append(f"image: {_shown(was)} -> the image this run resolves (a branch or tag still to be cloned)")
         elif str(was) != str(now):
             out.append(f"{field}: {_shown(was)} -> {_shown(now)}")
     return out

@@ -198,6 +198,14 @@ def test_a_config_that_names_no_image_stops_the_watchdog():
     assert why == f"image: null -> {IMAGE}"
 
 
+def test_an_image_still_to_be_resolved_stops_the_watchdog():
+    """A branch or tag the image role still clones: the plan's image is empty, and cannot be told the same."""
+    cluster, plan = plan_of()
+    running = written_config(cluster, plan, "spark-1")
+    (why,) = outdated_reasons(running, node_part(plan, "spark-1"), "spark-1", cluster["nodes"], NAMES, image="")
+    assert why.startswith(f"image: {IMAGE} -> the image this run resolves")
+
+
 @pytest.mark.parametrize(
     ("text", "needle"),
     [("{not json", "not JSON"), ("[1, 2]", "not an object (list)"), ('"x"', "not an object (str)")],
@@ -251,6 +259,7 @@ def test_serve_stops_outdated_watchdogs_on_every_node_before_ray_moves():
     assert read["ansible.builtin.slurp"]["src"].endswith("/watchdog.json")
     assert "'not found' not in" in read["failed_when"]
     assert "sparkops.cluster.watchdog_outdated(sparkops_node.serving" in block["vars"]["serve_watchdog_outdated"]
+    assert "image=sparkops_cluster.serving.image.image" in block["vars"]["serve_watchdog_outdated"]
     assert block["when"] == "serve_watchdog_outdated | length > 0"
     say, stop = block["block"]
     assert stop["ansible.builtin.command"]["argv"][:4] == ["docker", "stop", "--time", "5"]
