@@ -179,4 +179,43 @@ EQUIVALENTS = [
         "mutation": "element dropped: `'0'` from `[*str(python).split('.'), '0', '0']`",
         "why": "the node's Python is major.minor at least (wheelhouse_name refuses less): one '0' fills the micro alike",
     },
+    # plugins/plugin_utils/serving.py
+    {
+        "module": "plugins/plugin_utils/serving.py",
+        "line": 'first = served[0] if served else ({"profile_name": name}, None, None, 0)',
+        "mutation": "0 -> 1",
+        "nth": 2,
+        "why": "build_serving reads only first[0] (the spec) and first[2] (the profile), never first[3], the node count",
+    },
+    {
+        "module": "plugins/plugin_utils/serving.py",
+        "line": 'first = served[0] if served else ({"profile_name": name}, None, None, 0)',
+        "mutation": "0 -> -1",
+        "nth": 2,
+        "why": "build_serving reads only first[0] (the spec) and first[2] (the profile), never first[3], the node count",
+    },
+    {
+        "module": "plugins/plugin_utils/serving.py",
+        "line": 'first = served[0] if served else ({"profile_name": name}, None, None, 0)',
+        "mutation": "element dropped: `0` from `({'profile_name': name}, None, None, 0)`",
+        "why": "build_serving reads only first[0] (the spec) and first[2] (the profile), never first[3], the node count",
+    },
+    {
+        "module": "plugins/plugin_utils/serving.py",
+        "line": 'if rep["executor"] != "ray" or not members:',
+        "mutation": "`rep['executor'] != 'ray' or not members`: or -> and",
+        "why": "the one caller is build_serving, on its own plan; there a replica's members carry `ray` exactly when its executor is ray (_replica_members sets it on every member of a 'ray' group and on no other; a group is never empty): both clauses are true or both false",
+    },
+    {
+        "module": "plugins/plugin_utils/serving.py",
+        "line": 'if rep["executor"] != "ray" or not members:',
+        "mutation": "clause dropped: `rep['executor'] != 'ray'` from `rep['executor'] != 'ray' or not members`",
+        "why": "the one caller is build_serving, on its own plan; there a replica's members carry `ray` exactly when its executor is ray (_replica_members sets it on every member of a 'ray' group and on no other; a group is never empty): both clauses are true or both false",
+    },
+    {
+        "module": "plugins/plugin_utils/serving.py",
+        "line": 'if rep["executor"] != "ray" or not members:',
+        "mutation": "clause dropped: `not members` from `rep['executor'] != 'ray' or not members`",
+        "why": "the one caller is build_serving, on its own plan; there a replica's members carry `ray` exactly when its executor is ray (_replica_members sets it on every member of a 'ray' group and on no other; a group is never empty): both clauses are true or both false",
+    },
 ]

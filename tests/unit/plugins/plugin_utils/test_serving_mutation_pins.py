@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from ansible_collections.sparkops.cluster.plugins.plugin_utils import serving
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.cluster import ClusterError
-from test_serving_plan import plan_of
+from test_serving_plan import PROFILES, plan_of
 
 
 def refused(**inputs) -> list[str]:
@@ -44,8 +44,12 @@ def test_settings_of_the_wrong_kind_are_refused_naming_the_variable_and_the_valu
     assert "sparkops_gateway_enabled must be true or false, got 'maybe'" in refused(gateway_enabled="maybe")
 
 
-@pytest.mark.parametrize(("text", "on"), [("yes", True), ("On", True), ("1", True), ("no", False), ("off", False)])
+@pytest.mark.parametrize(
+    ("text", "on"),
+    [("yes", True), ("On", True), ("1", True), ("no", False), ("off", False), ("0", False), (0, False)],
+)
 def test_a_switch_takes_the_words_yaml_and_ini_inventories_use(text, on):
+    # "0" is an INI inventory's `sparkops_gateway_enabled=0`; 0 a YAML inventory's integer (read as its text).
     assert plan_of(gateway_enabled=text)[1]["gateway"]["enabled"] is on
 
 
@@ -143,3 +147,75 @@ def test_a_replica_binds_its_primary_address_when_the_heads_bind_names_no_addres
         "port": port,
         "url": f"http://{ip}:{port}",
     }
+
+
+def test_a_rollback_of_two_deployments_plans_each_its_own_recorded_profile():
+    # The record of each deployment joins the inventory's profiles: the second's must not drop the first's
+    # (nor the profiles the inventory ships), or the first is refused as an unknown profile.
+    two = [
+        {"name": "chat", "profile": "gpt-oss-120b-mxfp4", "hosts": ["spark-1"]},
+        {"name": "code", "profile": "qwen3-30b-a3b", "hosts": ["spark-2"]},
+    ]
+    image = "vllm-node:0123456789ab-4a9d9006"
+    records = {
+        "deployments": {
+            d["name"]: {"profile_name": f"{d['profile']}-then", "image": image,
+                        "profile": {**PROFILES[d["profile"]], "max_num_seqs": 3}}
+            for d in two
+        }
+    }  # fmt: skip
+    _cluster, plan = plan_of(deployments=two, records=records, rollback=True, upgrade=True)
+    assert [d["profile_name"] for d in plan["deployments"]] == ["gpt-oss-120b-mxfp4-then", "qwen3-30b-a3b-then"]
+    for dep in plan["deployments"]:
+        argv = dep["members"][0]["vllm"]["argv"]
+        assert argv[argv.index("--max-num-seqs") + 1] == "3", dep["name"]
+
+
+# Equivalent mutants (tests/mutation/equivalents.py), nothing to pin:
+# - build_serving's `first = served[0] if served else ({...}, None, None, 0)`: 0 -> 1 (and 0 -> -1, the 0
+#   dropped). The plan reads only first[0] (the spec) and first[2] (the profile) of that tuple, never its
+#   node count: no input tells them apart.
+# - ray_groups' `rep['executor'] != 'ray' or not members`: or -> and (and either clause dropped). Its one
+#   caller is build_serving, on its own plan, where a replica's members carry `ray` exactly when its executor
+#   is ray (_replica_members sets member["ray"] for every member of a "ray" group and for no other, and a
+#   group is never empty): both clauses are true or both false (test_serving_plan's
+#   test_the_mp_executor_starts_no_ray: an mp replica's members carry no ray).
+
+
+def test_a_dead_ray_node_is_in_the_row_the_health_report_and_status_show():
+    # ray_cluster_status lists a node Ray's GCS holds dead; serving_report's health.json carries the row.
+    _cluster, plan = plan_of()
+    (group,) = plan["ray_groups"]
+    dead = group["node_ips"][1]
+    reading = {"item": group, "ready": False, "summary": "1/2 nodes alive", "nodes_alive": 1,
+               "dead_node_ips": [dead], "missing_node_ips": [dead]}  # fmt: skip
+    (row,) = serving.ray_rows([reading])
+    assert row["dead_node_ips"] == [dead] and row["missing_node_ips"] == [dead] and row["state"] == "DEGRADED"
+    (none_read,) = serving.ray_rows([{"item": group}])
+    assert none_read["dead_node_ips"] == [] and none_read["missing_node_ips"] == []
+
+
+def test_a_deployment_without_replicas_is_its_one_replica_for_each_node():
+    # A deployment given without `replicas` (the form before replicas, as serving_targets and summary read
+    # it too): each node still gets its member, as from the plan's one replica.
+    _cluster, plan = plan_of()
+    bare = {**plan, "deployments": [{k: v for k, v in plan["deployments"][0].items() if k != "replicas"}]}
+    for host in ("spark-1", "spark-2"):
+        assert serving.node_part(bare, host) == serving.node_part(plan, host) != []
+
+
+@pytest.mark.parametrize(
+    ("image", "shown"),
+    [
+        ({"source": "eugr", "name": "vllm-node", "ref": "main", "build_args": []},
+         "vllm-node:<resolved by the image build from main>"),
+        ({"source": "registry", "name": "vllm-node", "registry_ref": "nvcr.io/nvidia/vllm:25.11"},
+         "vllm-node:<resolved by the image build from nvcr.io/nvidia/vllm:25.11>"),
+    ],
+    ids=["branch", "registry-tag"],
+)  # fmt: skip
+def test_a_plan_shown_before_its_image_is_resolved_says_what_resolves_it(image, shown):
+    # A branch without a lock, or a registry tag without a digest: plan.yml shows the plan before the build.
+    _cluster, plan = plan_of(image=image)
+    assert plan["deployments"][0]["image"]["image"] == ""
+    assert serving.summary(plan)[0].endswith(f"; image {shown}")
