@@ -305,3 +305,56 @@ def test_doctor_judges_the_one_health_reading_when_no_replicas_are_given():
 def test_doctor_judges_the_exposure_it_probed():
     (v,) = [v for v in _doctor(exposure={"mgmt_reachable": True, "unauth_status": 200}) if v["check"] == "API exposure"]
     assert v["verdict"] == "CRITICAL" and v["evidence"].endswith("gets 200 (no key required)")
+
+
+def test_a_known_bad_kernel_list_left_empty_in_the_inventory_passes_the_kernel():
+    # `sparkops_kernel_known_bad:` with nothing after it is null, not [].
+    v = d.check_kernel("spark-1", "6.11.0-1016-nvidia", None)
+    assert (v["verdict"], v["evidence"]) == ("PASS", "kernel 6.11.0-1016-nvidia is not on the known-bad list")
+
+
+def test_a_group_restart_just_under_an_hour_ago_still_counts():
+    now = 1_800_000_000.0
+    events = [{"event": "restart_begun", "epoch": now - 3599.5, "ts": "t1", "message": "hang"}]
+    v = d.check_watchdog({"status": "watching", "reason": "ok"}, events, True, now)
+    assert v["verdict"] == "WARN" and "1 group restart(s) in the last hour" in v["evidence"]
+
+
+def test_the_watchdog_verdict_shows_when_it_gave_up_among_the_recent_events():
+    events = [
+        {"event": "restart_ended", "epoch": 1.0, "ts": "t1", "message": "group up"},
+        {"event": "recovered", "epoch": 2.0, "ts": "t2", "message": "answers again"},
+        {"event": "gave_up", "epoch": 3.0, "ts": "t3", "message": "3 restarts in the hour"},
+    ]
+    v = d.check_watchdog({"status": "watching", "reason": "ok"}, events, True, 1_800_000_000.0)
+    assert v["evidence"].endswith("; recent: t1 restart_ended: group up | t3 gave_up: 3 restarts in the hour")
+
+
+def test_doctor_without_a_ray_reading_says_ray_could_not_be_read():
+    (v,) = [v for v in _doctor() if v["check"] == "Ray membership"]
+    assert (v["verdict"], v["evidence"]) == ("CRITICAL", "Ray could not be read: no answer")
+
+
+def test_a_ring_cabled_on_any_port_as_its_inventory_says_passes():
+    # discover.yml with sparkops_discover_allow_any_port: true wrote this inventory: spark-3's cables are
+    # crossed (port 0 to port 0, port 1 to port 1); doctor compares with the inventory, not the convention.
+    from discovery_world import World, names_of  # noqa: PLC0415 - the cabling tests' world
+    from test_discovery import model_of_discovery  # noqa: PLC0415
+
+    names = names_of(4)
+    crossed = [
+        (("spark-1", 0), ("spark-2", 1)),
+        (("spark-2", 0), ("spark-3", 0)),
+        (("spark-3", 1), ("spark-4", 1)),
+        (("spark-4", 0), ("spark-1", 1)),
+    ]
+    model = model_of_discovery(World(names, crossed), allow_any_port=True)
+    discovery = {
+        "hosts": model["hosts"],
+        "head": model["head"],
+        "topology": model["topology"],
+        "links": {h: model["nodes"][h]["links"] for h in model["hosts"]},
+        "hardware": "dgx_spark",
+    }
+    v = d.check_cabling(discovery, World(names, crossed).nodes())
+    assert (v["verdict"], v["evidence"]) == ("PASS", "ring: 4 cable(s) where the inventory says")
