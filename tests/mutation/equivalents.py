@@ -104,6 +104,18 @@ EQUIVALENTS = [
     },
     {
         "module": "plugins/plugin_utils/day2_checks.py",
+        "line": 'why = r.get("msg") or r.get("failure_kind") or "not asked"',
+        "mutation": "clause dropped: `r.get('failure_kind')` from `r.get('msg') or r.get('failure_kind') or 'not asked'`",
+        "why": "a result judged N/A with a failure_kind is a failed one, and every failed vllm_quality result carries msg (plugins/modules/vllm_quality.py:170,178,228; Ansible's unreachable ones too); the one failure_kind without msg, wrong_answers (exit_json at :190), comes with its verdict and is judged",
+    },
+    {
+        "module": "plugins/plugin_utils/day2_checks.py",
+        "line": 'why = state.get("gave_up_reason") or state.get("reason") or "unknown"',
+        "mutation": "clause dropped: `'unknown'` from `state.get('gave_up_reason') or state.get('reason') or 'unknown'`",
+        "why": "the watchdog saves its status with the verdict's reason, a non-empty text, every time (roles/watchdog/files/sparkops_watchdog.py:747-749), and gave_up_reason when it gives up (:761)",
+    },
+    {
+        "module": "plugins/plugin_utils/day2_checks.py",
         "line": 'heard = any(p.get("neighbours") for r in got.values() for p in r.get("ports") or [])',
         "mutation": "clause dropped: `[]` from `r.get('ports') or []`",
         "why": "got keeps only reads whose ports is not None, and fabric_discover's ports is a list (plugins/modules/fabric_discover.py:303): an empty one iterates as [] does",

@@ -21,6 +21,11 @@ Equivalent mutants (tests/mutation/equivalents.py lists them; `make mutation` do
   `families`; the fallback is never taken.
 - build_verdicts' `(f.get("gpu") or {}).get("reason") or ""` without `or ""`: check_gpu_clocks says
   `reason or 'no GPU'`, so None and "" read the same.
+- check_quality's `r.get("msg") or r.get("failure_kind") or "not asked"` without the failure_kind: a result
+  not judged that has a failure_kind failed, and every failed vllm_quality result carries msg
+  (plugins/modules/vllm_quality.py:170,178,228); wrong_answers, the one kind without msg, has its verdict.
+- watchdog_stopped's `or "unknown"`: the watchdog saves every status with the verdict's reason, never empty
+  (roles/watchdog/files/sparkops_watchdog.py:747-749), and gave_up_reason when it gives up (:761).
 - build_verdicts' `(f or {}).get("discover")` without `or {}`: doctor.yml gives every node a dict
   (doctor_node_inputs is a combine, and `default={}` for a node not reached), and {}.get works.
 """
