@@ -474,7 +474,9 @@ def check_quality(results: list) -> list[dict]:
         scope = replica_scope(r.get("item") or {}, several)
         figures = r.get("figures") or {}
         verdict_ = r.get("verdict") or {}
-        if r.get("unreachable") or (r.get("failure_kind") not in (None, "wrong_answers") and not verdict_):
+        # Judged only with vllm_quality's verdict (wrong_answers always has one): a probe that failed, however
+        # (a failure_kind, or a module that crashed with none), was not asked.
+        if r.get("unreachable") or not verdict_:
             why = r.get("msg") or r.get("failure_kind") or "not asked"
             out.append(verdict("answer quality", scope, NA, f"not judged: {str(why)[:200]}"))
             continue

@@ -102,6 +102,72 @@ EQUIVALENTS = [
         "mutation": "clause dropped: `[]` from `inputs.get('allowed_rules') or []`",
         "why": "check_allowed_rules takes None as it takes []: every rule enforced, PASS",
     },
+    {
+        "module": "plugins/plugin_utils/day2_checks.py",
+        "line": 'why = r.get("msg") or r.get("failure_kind") or "not asked"',
+        "mutation": "clause dropped: `r.get('failure_kind')` from `r.get('msg') or r.get('failure_kind') or 'not asked'`",
+        "why": "a result judged N/A with a failure_kind is a failed one, and every failed vllm_quality result carries msg (plugins/modules/vllm_quality.py:170,178,228; Ansible's unreachable ones too); the one failure_kind without msg, wrong_answers (exit_json at :190), comes with its verdict and is judged",
+    },
+    {
+        "module": "plugins/plugin_utils/day2_checks.py",
+        "line": 'why = state.get("gave_up_reason") or state.get("reason") or "unknown"',
+        "mutation": "clause dropped: `'unknown'` from `state.get('gave_up_reason') or state.get('reason') or 'unknown'`",
+        "why": "the watchdog saves its status with the verdict's reason, a non-empty text, every time (roles/watchdog/files/sparkops_watchdog.py:747-749), and gave_up_reason when it gives up (:761)",
+    },
+    {
+        "module": "plugins/plugin_utils/day2_checks.py",
+        "line": 'heard = any(p.get("neighbours") for r in got.values() for p in r.get("ports") or [])',
+        "mutation": "clause dropped: `[]` from `r.get('ports') or []`",
+        "why": "got keeps only reads whose ports is not None, and fabric_discover's ports is a list (plugins/modules/fabric_discover.py:303): an empty one iterates as [] does",
+    },
+    {
+        "module": "plugins/plugin_utils/day2_checks.py",
+        "line": "return [check_ray(ray or {}, expected_nodes, expected_gpus)]",
+        "mutation": "clause dropped: `{}` from `ray or {}`",
+        "why": "check_ray treats every falsy reading as {}: `not ray` gives the failed-read verdict, `(ray or {})` its message",
+    },
+    {
+        "module": "plugins/plugin_utils/day2_checks.py",
+        "line": 'keyless = keyless_answers(probe.get("unauth_probes") or {})',
+        "mutation": "clause dropped: `{}` from `probe.get('unauth_probes') or {}`",
+        "why": "keyless_answers reads `probes or {}`: None and {} give no keyless answer alike",
+    },
+    {
+        "module": "plugins/plugin_utils/day2_checks.py",
+        "line": 'restarts = [e for e in events if e.get("event") == "restart_begun" and now_epoch - float(e.get("epoch", 0)) < 3600]',
+        "mutation": "0 -> 1",
+        "why": "the watchdog writes every event with its epoch (roles/watchdog/files/sparkops_watchdog.py:92) and now_epoch is the controller's clock (doctor.yml, now().timestamp()): an event at epoch 0 or 1 is decades old either way",
+    },
+    {
+        "module": "plugins/plugin_utils/day2_checks.py",
+        "line": 'restarts = [e for e in events if e.get("event") == "restart_begun" and now_epoch - float(e.get("epoch", 0)) < 3600]',
+        "mutation": "0 -> -1",
+        "why": "the watchdog writes every event with its epoch (roles/watchdog/files/sparkops_watchdog.py:92) and now_epoch is the controller's clock (doctor.yml, now().timestamp()): an event at epoch 0 or -1 is decades old either way",
+    },
+    {
+        "module": "plugins/plugin_utils/day2_checks.py",
+        "line": 'open_in = [f for f in families.get(sock["address"], ("ipv4", "ipv6")) if not _port_in(port, guarded[f])]',
+        "mutation": "element dropped: `'ipv4'` from `('ipv4', 'ipv6')`",
+        "why": "the fallback is never taken: a socket is wildcard only for ss's *, 0.0.0.0 and [::] (module_utils/firewall.py:281,310), all three keys of families",
+    },
+    {
+        "module": "plugins/plugin_utils/day2_checks.py",
+        "line": 'open_in = [f for f in families.get(sock["address"], ("ipv4", "ipv6")) if not _port_in(port, guarded[f])]',
+        "mutation": "element dropped: `'ipv6'` from `('ipv4', 'ipv6')`",
+        "why": "the fallback is never taken: a socket is wildcard only for ss's *, 0.0.0.0 and [::] (module_utils/firewall.py:281,310), all three keys of families",
+    },
+    {
+        "module": "plugins/plugin_utils/day2_checks.py",
+        "line": 'out.append(check_gpu_clocks(node, f.get("gpu_clocks"), (f.get("gpu") or {}).get("reason") or ""))',
+        "mutation": "clause dropped: `''` from `(f.get('gpu') or {}).get('reason') or ''`",
+        "why": "check_gpu_clocks says `reason or 'no GPU'`: None and '' read the same",
+    },
+    {
+        "module": "plugins/plugin_utils/day2_checks.py",
+        "line": 'reads = {n: (f or {}).get("discover") for n, f in inputs["nodes"].items()}',
+        "mutation": "clause dropped: `{}` from `f or {}`",
+        "why": "doctor.yml gives every node a dict (doctor_node_inputs is a combine; default={} for a node not reached), and {}.get works",
+    },
     # plugins/plugin_utils/discovery.py
     {
         "module": "plugins/plugin_utils/discovery.py",

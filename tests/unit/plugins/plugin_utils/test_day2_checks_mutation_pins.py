@@ -8,6 +8,26 @@ Equivalent mutants (tests/mutation/equivalents.py lists them; `make mutation` do
   it takes [] (no rule let through: PASS).
 - check_ray's `ray.get("gpus_total", 0) or 0` without `or 0`: ray_cluster_status gives gpus_total as a
   number (0.0 when Ray sees no GPU), never None; a missing key already gives 0.
+- check_cabling's `r.get("ports") or []` without `or []`: only reads whose ports is not None are kept, and
+  fabric_discover's ports is a list (plugins/modules/fabric_discover.py:303); an empty one iterates as [].
+- check_rays' `check_ray(ray or {}, ...)` without `or {}`: check_ray treats every falsy reading as {} (`not
+  ray`, then `(ray or {})` for the message).
+- check_exposure's `probe.get("unauth_probes") or {}` without `or {}`: keyless_answers reads `probes or {}`.
+- check_watchdog's `float(e.get("epoch", 0))` with 1 or -1 for 0: the watchdog writes every event with its epoch
+  (roles/watchdog/files/sparkops_watchdog.py:92), and now_epoch is the controller's clock (doctor.yml's
+  now().timestamp()): an event at epoch 0 or 1 is decades old either way, never in the last hour.
+- check_listening's fallback `("ipv4", "ipv6")` for an unknown address without one family: a socket is
+  `wildcard` only for ss's `*`, `0.0.0.0` and `[::]` (module_utils/firewall.py:281,310), all three in
+  `families`; the fallback is never taken.
+- build_verdicts' `(f.get("gpu") or {}).get("reason") or ""` without `or ""`: check_gpu_clocks says
+  `reason or 'no GPU'`, so None and "" read the same.
+- check_quality's `r.get("msg") or r.get("failure_kind") or "not asked"` without the failure_kind: a result
+  not judged that has a failure_kind failed, and every failed vllm_quality result carries msg
+  (plugins/modules/vllm_quality.py:170,178,228); wrong_answers, the one kind without msg, has its verdict.
+- watchdog_stopped's `or "unknown"`: the watchdog saves every status with the verdict's reason, never empty
+  (roles/watchdog/files/sparkops_watchdog.py:747-749), and gave_up_reason when it gives up (:761).
+- build_verdicts' `(f or {}).get("discover")` without `or {}`: doctor.yml gives every node a dict
+  (doctor_node_inputs is a combine, and `default={}` for a node not reached), and {}.get works.
 """
 
 from __future__ import annotations
@@ -172,3 +192,174 @@ def test_a_ray_reading_with_no_counts_reads_as_nothing_alive():
     # A looped ray_cluster_status item Ansible skipped carries no counts: nothing is known alive.
     v = d.check_ray({"skipped": True, "changed": False}, 2, 2.0)
     assert (v["verdict"], v["evidence"]) == ("CRITICAL", "0 of 2 nodes alive, 0 of 2 GPUs")
+
+
+SIM_SETTINGS = {
+    "hardware": "simulated",
+    "driver_branch": "580",
+    "memory_floor_gib": 0.25,
+    "disk_headroom_gib": 1,
+    "weights_path": "/w",
+    "cable_threshold_gbps": 190,
+    "expected_nodes": 2,
+    "expected_gpus": 0,
+    "serve_host": "10.0.0.1",
+    "mgmt_address": "192.168.0.1",
+}
+
+
+def _doctor(**inputs):
+    return d.build_verdicts({"now_epoch": 1_800_000_000, "settings": SIM_SETTINGS, "nodes": {}, **inputs})
+
+
+def test_a_busy_gpu_whose_max_clock_was_not_read_is_not_judged_slow():
+    # nvidia-smi printed N/A for the max clocks: nothing to compare the current clock with.
+    gpu = {"bus_id": "0000000F:01:00.0", "clocks_mhz": {"Graphics": 700}, "max_clocks_mhz": {}, "pstate": "P0"}
+    v = d.check_gpu_clocks("spark-1", [dict(gpu, reasons_active=[])])
+    assert (v["verdict"], v["evidence"]) == ("PASS", "0000000F:01:00.0: 700 of None MHz, P0, active: none")
+
+
+def test_the_disk_headroom_is_a_warning_below_it_and_a_pass_from_it():
+    path = "/var/lib/sparkops/hf"
+    v = d.check_disk("spark-1", 40 * d.GIB, 40, path)
+    assert (v["verdict"], v["evidence"]) == ("PASS", f"40.0 GiB free at {path}, headroom wanted 40 GiB")
+    v = d.check_disk("spark-1", 40 * d.GIB - 1, 40, path)
+    assert (v["verdict"], v["action"]) == ("WARN", f"free space under {path} (old revisions: `hf cache scan`)")
+    v = d.check_disk("spark-1", None, 40, path)
+    assert (v["verdict"], v["evidence"], v["action"]) == ("WARN", f"free space at {path} unknown", f"df -h {path}")
+
+
+def test_every_cable_healthy_passes_and_a_degraded_one_is_named_for_a_reboot():
+    good = {"verdict": "healthy", "total_gbps": 426.1}
+    low = {"verdict": "degraded", "total_gbps": 238.2}
+    v = d.check_cables({"spark-1 <-> spark-2": good, "spark-1 <-> spark-3": good}, "dgx_spark", 190)
+    assert v["verdict"] == "PASS"
+    assert v["evidence"] == (
+        "spark-1 <-> spark-2: 426.1 Gb/s (healthy); spark-1 <-> spark-3: 426.1 Gb/s (healthy); threshold 190 Gb/s"
+    )
+    v = d.check_cables({"spark-1 <-> spark-2": good, "spark-1 <-> spark-3": low}, "dgx_spark", 190)
+    assert v["verdict"] == "CRITICAL"
+    assert v["action"].startswith("reboot both ends of spark-1 <-> spark-3; if still low")
+
+
+def test_on_sparks_a_cable_below_200g_is_named_and_the_test_bed_s_slower_links_pass():
+    from discovery_world import World, names_of, ring_cables  # noqa: PLC0415 - the cabling tests' world
+    from test_doctor_cabling import RING4, discovery_of  # noqa: PLC0415
+
+    names = names_of(4)
+    world = World(names, ring_cables(names))
+    world.speed[("spark-2", "enp1s0f1np1")] = 100000  # a 100G cable
+    v = d.check_cabling(discovery_of(RING4, "ring"), world.nodes())
+    assert v["verdict"] == "CRITICAL" and "enp1s0f1np1 of spark-2 port 1" in v["evidence"]
+    assert "runs at 100000 Mb/s, not 200000" in v["evidence"]
+    reads = World(names, ring_cables(names)).nodes()
+    for r in reads.values():
+        for p in r["ports"]:
+            p["speed_mbps"] = 10000  # the test bed's veths
+    v = d.check_cabling(dict(discovery_of(RING4, "ring"), hardware="simulated"), reads)
+    assert (v["verdict"], v["evidence"]) == ("PASS", "ring: 4 cable(s) where the inventory says")
+
+
+def test_a_ray_reading_that_carries_an_error_is_a_failed_read_whatever_its_counts():
+    v = d.check_ray({"nodes_alive": 2, "gpus_total": 2.0, "error": "GCS at 10.0.0.1:6379 not answering"}, 2, 2.0)
+    assert v["verdict"] == "CRITICAL"
+    assert v["evidence"] == "Ray could not be read: GCS at 10.0.0.1:6379 not answering"
+
+
+def test_a_lost_node_is_critical_even_where_no_gpus_are_expected():
+    # The simulated cluster: Ray has no GPUs and none are expected; one of the two nodes is gone.
+    v = d.check_ray({"nodes_alive": 1, "gpus_total": 0.0, "dead_node_ips": ["10.0.0.12"]}, 2, 0.0)
+    assert (v["verdict"], v["evidence"]) == ("CRITICAL", "1 of 2 nodes alive, 0 of 0 GPUs; dead: 10.0.0.12")
+    assert v["action"].startswith("bring the missing node back")
+
+
+def test_a_quality_probe_that_failed_without_a_kind_is_not_judged_wrong():
+    # The module crashed (or its task failed before it ran): no failure_kind, no figures, no verdict.
+    crashed = {"item": {"name": "chat-0", "url": "u"}, "failed": True, "msg": "MODULE FAILURE", "rc": 1}
+    (v,) = d.check_quality([crashed])
+    assert (v["verdict"], v["evidence"]) == ("N/A", "not judged: MODULE FAILURE")
+
+
+def test_every_report_row_carries_the_next_action_and_an_empty_cell_when_there_is_none():
+    verdicts = [
+        d.verdict("disk for the weights", "spark-1", d.WARN, "3.0 GiB free", "df -h /"),
+        d.verdict("kernel", "spark-1", d.PASS, "kernel 6.8 is not on the known-bad list"),
+    ]
+    rows = d.render_markdown("pair", verdicts, "now").splitlines()[-2:]
+    assert rows == [
+        "| WARN | disk for the weights | spark-1 | 3.0 GiB free | df -h / |",
+        "| PASS | kernel | spark-1 | kernel 6.8 is not on the known-bad list |  |",
+    ]
+
+
+def test_a_node_whose_firewall_was_not_read_has_only_its_allowed_ports_on_the_any_address():
+    ssh = {"address": "0.0.0.0", "port": 22, "wildcard": True, "process": "sshd"}  # noqa: S104
+    api = {"address": "*", "port": 8000, "wildcard": True, "process": "python3"}
+    assert d.check_listening("spark-1", [ssh], None, ["22"])["verdict"] == d.PASS
+    v = d.check_listening("spark-1", [ssh, api], None, ["22"])
+    assert v["verdict"] == d.CRITICAL and v["evidence"].endswith("*:8000 (python3) unguarded for IPv4/IPv6")
+
+
+def test_doctor_judges_the_one_health_reading_when_no_replicas_are_given():
+    (v,) = [v for v in _doctor(health={"healthy": True, "ttft_s": 0.4}) if v["check"] == "endpoint"]
+    assert (v["verdict"], v["evidence"]) == ("PASS", "completion answered, first token in 0.4 s")
+    (v,) = [v for v in _doctor() if v["check"] == "endpoint"]  # nothing read at all
+    assert (v["verdict"], v["evidence"]) == ("CRITICAL", "no completion")
+
+
+def test_doctor_judges_the_exposure_it_probed():
+    (v,) = [v for v in _doctor(exposure={"mgmt_reachable": True, "unauth_status": 200}) if v["check"] == "API exposure"]
+    assert v["verdict"] == "CRITICAL" and v["evidence"].endswith("gets 200 (no key required)")
+
+
+def test_a_known_bad_kernel_list_left_empty_in_the_inventory_passes_the_kernel():
+    # `sparkops_kernel_known_bad:` with nothing after it is null, not [].
+    v = d.check_kernel("spark-1", "6.11.0-1016-nvidia", None)
+    assert (v["verdict"], v["evidence"]) == ("PASS", "kernel 6.11.0-1016-nvidia is not on the known-bad list")
+
+
+def test_a_group_restart_just_under_an_hour_ago_still_counts():
+    now = 1_800_000_000.0
+    events = [{"event": "restart_begun", "epoch": now - 3599.5, "ts": "t1", "message": "hang"}]
+    v = d.check_watchdog({"status": "watching", "reason": "ok"}, events, True, now)
+    assert v["verdict"] == "WARN" and "1 group restart(s) in the last hour" in v["evidence"]
+
+
+def test_the_watchdog_verdict_shows_when_it_gave_up_among_the_recent_events():
+    events = [
+        {"event": "restart_ended", "epoch": 1.0, "ts": "t1", "message": "group up"},
+        {"event": "recovered", "epoch": 2.0, "ts": "t2", "message": "answers again"},
+        {"event": "gave_up", "epoch": 3.0, "ts": "t3", "message": "3 restarts in the hour"},
+    ]
+    v = d.check_watchdog({"status": "watching", "reason": "ok"}, events, True, 1_800_000_000.0)
+    assert v["evidence"].endswith("; recent: t1 restart_ended: group up | t3 gave_up: 3 restarts in the hour")
+
+
+def test_doctor_without_a_ray_reading_says_ray_could_not_be_read():
+    (v,) = [v for v in _doctor() if v["check"] == "Ray membership"]
+    assert (v["verdict"], v["evidence"]) == ("CRITICAL", "Ray could not be read: no answer")
+
+
+def test_a_ring_cabled_on_any_port_as_its_inventory_says_passes():
+    # discover.yml with sparkops_discover_allow_any_port: true wrote this inventory: spark-3's cables are
+    # crossed (port 0 to port 0, port 1 to port 1); doctor compares with the inventory, not the convention.
+    from discovery_world import World, names_of  # noqa: PLC0415 - the cabling tests' world
+    from test_discovery import model_of_discovery  # noqa: PLC0415
+
+    names = names_of(4)
+    crossed = [
+        (("spark-1", 0), ("spark-2", 1)),
+        (("spark-2", 0), ("spark-3", 0)),
+        (("spark-3", 1), ("spark-4", 1)),
+        (("spark-4", 0), ("spark-1", 1)),
+    ]
+    model = model_of_discovery(World(names, crossed), allow_any_port=True)
+    discovery = {
+        "hosts": model["hosts"],
+        "head": model["head"],
+        "topology": model["topology"],
+        "links": {h: model["nodes"][h]["links"] for h in model["hosts"]},
+        "hardware": "dgx_spark",
+    }
+    v = d.check_cabling(discovery, World(names, crossed).nodes())
+    assert (v["verdict"], v["evidence"]) == ("PASS", "ring: 4 cable(s) where the inventory says")
