@@ -135,3 +135,144 @@ def test_a_cable_the_inventory_does_not_have_is_named():
     world = World(names, ring_cables(names))
     got = d.moved_cables(links, d.infer(world.nodes(), names, {"speed_mbps": 200000}))
     assert got == ["a cable spark-1 port 1 - spark-4 port 0 is not in the inventory."]
+
+
+def _port(nodes, h, netdev) -> dict:
+    return next(p for p in nodes[h]["ports"] if p["netdev"] == netdev)
+
+
+def test_the_playbook_without_settings_gets_the_defaults():
+    # sparkops_discover passes `settings or {}`, a caller of infer may pass none at all.
+    names = names_of(3)
+    nodes = World(names, ring_cables(names)).nodes()
+    assert d.infer(nodes, names) == d.infer(nodes, names, {"speed_mbps": 200000, "pool": "192.168.96.0/19"})
+
+
+def test_a_pair_has_an_empty_ring_order_not_none():
+    # The result goes back to the playbook: ring_order is a list for every topology (`| length`, `| join`).
+    names = names_of(2)
+    result = d.infer(World(names, [(("spark-1", 0), ("spark-2", 1))]).nodes(), names, {"speed_mbps": 200000})
+    assert result["topology"] == "pair"
+    assert result["ring_order"] == []
+
+
+def test_a_segment_that_forwards_lldp_is_named_as_one_segment_of_every_spark():
+    names = names_of(3)
+    world = World(names, bridge={(h, 1) for h in names})
+    result = d.infer(world.nodes(), names, {"speed_mbps": 200000})
+    assert result["topology"] == "switch"
+    assert d.summary(result, brief=True)[1] == (
+        f"switch a segment that joins several Sparks: spark-1 {P1}, spark-2 {P1}, spark-3 {P1}"
+    )
+
+
+def test_a_switch_that_names_its_ports_by_mac_is_a_switch():
+    # Some switches send the LLDP port ID as the port's MAC (subtype macAddress), not its name: that MAC is
+    # no Spark's, so the neighbour is the switch (its chassis), not a Spark port.
+    names = names_of(3)
+    nodes = World(names, switch={(h, 1) for h in names}).nodes()
+    for h in names:
+        for port in nodes[h]["ports"]:
+            for nb in port["neighbours"]:
+                nb.update(port_id="b8:ce:f6:00:01:07", port_id_type="mac")
+    result = d.infer(nodes, names, {"speed_mbps": 200000})
+    assert result["topology"] == "switch"
+    assert result["segments"][0]["switch"] == "sw-200g (chassis b8:ce:f6:00:00:01)"
+
+
+def test_a_neighbour_mac_a_node_answers_is_cut_like_every_neighbour_string():
+    # A compromised Spark answers for fabric_discover with an IPv6 neighbour whose "MAC" is 1000 characters:
+    # the controller cuts it at 255 (neighbour_text) before the refusal names it.
+    names = names_of(2)
+    nodes = World(names, [(("spark-1", 0), ("spark-2", 1))]).nodes()
+    for nd in ("enp1s0f1np1", "enP2p1s0f1np1"):
+        _port(nodes, "spark-1", nd)["neighbours"] = [{"via": "nd", "mac": "a" * 1000, "address": "fe80::1"}]
+    with pytest.raises(d.DiscoveryError) as err:
+        d.infer(nodes, names, {"speed_mbps": 200000})
+    assert f"mac {'a' * 255}: spark-1 port 1)" in str(err.value)
+    assert "a" * 256 not in str(err.value)
+
+
+def test_two_loops_where_one_end_did_not_hear_its_cable_still_name_the_port_1_ends_to_swap():
+    # lldpd on spark-1 missed its port 0 neighbour (the cable is known from spark-2's end): the first loop's
+    # cable that the hint picks is then spark-1's port 1 cable, written from spark-1's end. The swap still
+    # joins a port 0 to a port 1 (spark-3 port 0 - spark-5 port 1), as the ring wants.
+    names = names_of(6)
+    nodes = World(names, ring_cables(names[:3]) + ring_cables(names[3:])).nodes()
+    for nd in ("enp1s0f0np0", "enP2p1s0f0np0"):
+        _port(nodes, "spark-1", nd)["neighbours"] = []
+    with pytest.raises(d.DiscoveryError) as err:
+        d.infer(nodes, names, {"speed_mbps": 200000})
+    assert str(err.value).endswith(
+        f"Two cables are crossed: swap the ends at spark-1 {P1} and spark-5 {P1} (so that spark-3 port 0 "
+        "meets spark-5 port 1 and spark-4 port 0 meets spark-1 port 1)."
+    )
+
+
+def test_a_stale_view_on_a_ring_short_of_a_cable_is_refused_naming_the_ends_not_a_crash():
+    # Six Sparks, the ring's last cable (spark-6 port 0 - spark-1 port 1) unplugged, and spark-4's port 1
+    # still lists spark-1 port 0 (LLDP stale after a cable moved). The walk from spark-1 reaches spark-6 and
+    # ends there: that is no ring (it once went on to check the cables' orientation and raised KeyError).
+    names = names_of(6)
+    nodes = World(names, ring_cables(names)[:-1]).nodes()
+    for nd in ("enp1s0f1np1", "enP2p1s0f1np1"):
+        _port(nodes, "spark-4", nd)["neighbours"] = _port(nodes, "spark-2", nd)["neighbours"]
+    with pytest.raises(d.DiscoveryError) as err:
+        d.infer(nodes, names, {"speed_mbps": 200000})
+    problems = err.value.problems
+    assert len(problems) == 3
+    assert problems[0].startswith(f"spark-1 {P0} is seen at the end of the cable spark-1 {P0} - spark-2 {P1} and of")
+    assert problems[1].startswith(f"spark-4 {P1} is seen at the end of the cable spark-3 {P0} - spark-4 {P1} and of")
+    assert problems[2].startswith("the cables do not make one ring: ")
+
+
+def test_a_ring_where_a_stale_view_adds_a_cable_is_no_ring():
+    # Four Sparks in a ring; spark-1's port 1 (cabled to spark-4 port 0) still lists spark-3 port 1, where
+    # that cable went before it was moved. Five cables on four Sparks make no ring, whichever way one walks.
+    names = names_of(4)
+    nodes = World(names, ring_cables(names)).nodes()
+    for old, now in (("enp1s0f1np1", "enp1s0f0np0"), ("enP2p1s0f1np1", "enP2p1s0f0np0")):
+        _port(nodes, "spark-1", old)["neighbours"] = _port(nodes, "spark-2", now)["neighbours"]
+    with pytest.raises(d.DiscoveryError) as err:
+        d.infer(nodes, names, {"speed_mbps": 200000})
+    problems = err.value.problems
+    assert [p.split(" is seen at the end of ")[0] for p in problems[:2]] == [f"spark-1 {P1}", f"spark-3 {P1}"]
+    assert problems[2].startswith("the cables do not make one ring: ")
+    assert len(problems) == 3
+
+
+def test_the_missing_cable_hint_is_for_a_chain_only_not_for_a_stale_view():
+    # Four Sparks, the ring's cable spark-4 port 0 - spark-1 port 1 unplugged, and spark-2's port 0 lists
+    # spark-3 port 0 (stale): spark-3 is then cabled three times. Only a chain (every Spark cabled once or
+    # twice) is a ring short of one cable; here the two ends that disagree are named, no cable to add.
+    names = names_of(4)
+    nodes = World(names, ring_cables(names)[:-1]).nodes()
+    for nd, now in (("enp1s0f0np0", "enp1s0f1np1"), ("enP2p1s0f0np0", "enP2p1s0f1np1")):
+        _port(nodes, "spark-2", nd)["neighbours"] = _port(nodes, "spark-4", now)["neighbours"]
+    with pytest.raises(d.DiscoveryError) as err:
+        d.infer(nodes, names, {"speed_mbps": 200000})
+    assert not [p for p in err.value.problems if "missing one cable" in p]
+    assert [p for p in err.value.problems if "the two ends disagree" in p]
+
+
+def test_the_missing_cable_of_a_spark_that_shows_one_port_goes_to_its_other_port():
+    # spark-1's port 1 shows neither PCIe function (a driver that did not bind it): the ring's missing cable
+    # still goes to spark-1 port 1, not to its port 0, which is cabled already.
+    names = names_of(3)
+    world = World(names, ring_cables(names)[:-1])
+    world.missing_twin |= {("spark-1", "enp1s0f1np1"), ("spark-1", "enP2p1s0f1np1")}
+    assert refusal(world).endswith(
+        f"  1. the ring is missing one cable: connect spark-1 port 1 to spark-3 {P0} "
+        "(the Sparks cabled once: spark-1, spark-3)."
+    )
+
+
+def test_a_read_with_something_else_than_a_port_among_its_ports_keeps_the_others():
+    # A node that answers for fabric_discover (not ours, or a broken module) puts junk among its ports:
+    # the junk is dropped (as a neighbour that is no mapping is), the ports after it still count.
+    names = names_of(3)
+    world = World(names, ring_cables(names))
+    expected = d.infer(world.nodes(), names, {"speed_mbps": 200000})
+    nodes = world.nodes()
+    nodes["spark-2"]["ports"].insert(0, "enp1s0f0np0")
+    assert d.infer(nodes, names, {"speed_mbps": 200000}) == expected
