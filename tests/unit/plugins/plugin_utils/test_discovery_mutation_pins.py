@@ -11,6 +11,13 @@ Equivalent mutants (tests/mutation/equivalents.py lists them; `make mutation` do
   are hosts of that loop, so the same cables are picked (the swap-hint test kills the line's other `0 -> 1`).
 - `_phys_ports`' twin order `(t.get("domain") or 0, ...)` -> `or 1`: a Spark port's twins are on PCI domains
   0 and 2 (enp1s0..., enP2p1s0...), and 0 or 1 sort before 2 alike.
+- `_NEIGHBOUR_TEXT` without `"port_descr"`: the port description is only looked up among the Sparks' netdev
+  names, never shown; a ConnectX-7 function's name (letters and digits, at most 15) equals the text as sent
+  exactly when it equals it escaped and cut at 255.
+- the switch's lanes `if t < len(tw)` -> `t <= len(tw)`: every port on the switch has its two twins there (one
+  with a single twin is refused before), so t never reaches len(tw).
+- `_ports_out` without `"mac"`: nothing reads a port's MAC from the result (summary, moved_cables and the
+  refusal's node lines read netdev, port, RDMA device, state, speed and MTU).
 """
 
 from __future__ import annotations
@@ -276,3 +283,60 @@ def test_a_read_with_something_else_than_a_port_among_its_ports_keeps_the_others
     nodes = world.nodes()
     nodes["spark-2"]["ports"].insert(0, "enp1s0f0np0")
     assert d.infer(nodes, names, {"speed_mbps": 200000}) == expected
+
+
+def test_a_ring_whose_head_has_its_two_cables_the_wrong_way_round_names_the_head_alone():
+    # spark-1's port 0 goes to spark-2's port 0 and its port 1 to spark-3's port 1: read the other way round
+    # (spark-1 -> spark-3 -> spark-2) only spark-1 is crossed; one swap at spark-1, not two elsewhere.
+    names = names_of(3)
+    cables = [(("spark-1", 0), ("spark-2", 0)), (("spark-2", 1), ("spark-3", 0)), (("spark-3", 1), ("spark-1", 1))]
+    assert refusal(World(names, cables)).endswith(
+        "(1 problem):\n  1. spark-1's cables are crossed: its port 1 goes to spark-3 and its port 0 to spark-2; on a "
+        "ring each cable runs from port 0 to the next Spark's port 1. Swap the two cables at spark-1 "
+        f"(spark-1 {P1} and spark-1 {P0}), or set sparkops_discover_allow_any_port: true to accept this cabling."
+    )
+
+
+def test_a_spark_that_does_not_say_which_port_is_named_by_its_name():
+    # lldpd on spark-2 sends a locally assigned port ID and a description that names no netdev: its
+    # chassis says spark-2, not which of its ports; the refusal names spark-2 and how to make it say.
+    names = names_of(2)
+    nodes = World(names, [(("spark-1", 0), ("spark-2", 1))]).nodes()
+    for nd in ("enp1s0f0np0", "enP2p1s0f0np0"):
+        for nb in _port(nodes, "spark-1", nd)["neighbours"]:
+            nb.update(port_id="7", port_id_type="local", port_descr="QSFP 2")
+    with pytest.raises(d.DiscoveryError) as err:
+        d.infer(nodes, names, {"speed_mbps": 200000})
+    assert err.value.problems == [
+        f"spark-1 {P0} hears spark-2 by LLDP but not which of its ports; check that lldpd on spark-2 sends the "
+        "port's MAC or interface name (lldpcli configure lldp portidsubtype macaddress), then run the discovery again."
+    ]
+
+
+def test_a_twin_without_carrier_is_down_even_when_its_operstate_is_unknown():
+    # A driver that leaves operstate UNKNOWN: `ip -j link` shows NO-CARRIER all the same. The cable is
+    # known from the other twin; this twin's link is named down.
+    names = names_of(2)
+    nodes = World(names, [(("spark-1", 0), ("spark-2", 1))]).nodes()
+    _port(nodes, "spark-1", "enP2p1s0f0np0").update(carrier=False, operstate="unknown", neighbours=[])
+    _port(nodes, "spark-2", "enP2p1s0f1np1")["neighbours"] = []
+    with pytest.raises(d.DiscoveryError) as err:
+        d.infer(nodes, names, {"speed_mbps": 200000})
+    assert err.value.problems == [
+        f"enP2p1s0f0np0 of spark-1 {P0} is down (no carrier) (the cable spark-1 {P0} - spark-2 {P1}). Check that "
+        "the cable is seated at both ends and is a 200G QSFP56 DAC/AOC; bring the link up (ip link set "
+        "enP2p1s0f0np0 up) and run the discovery again."
+    ]
+
+
+def test_a_segment_where_one_spark_has_not_heard_every_other_yet_is_still_one_segment():
+    # On a segment that forwards LLDP, spark-4 has not yet heard spark-1 (LLDP every 30 s): its view is
+    # spark-2 and spark-3 only, the others' views are all four. The views overlap: one segment.
+    names = names_of(4)
+    nodes = World(names, bridge={(h, 1) for h in names}).nodes()
+    for nd in ("enp1s0f1np1", "enP2p1s0f1np1"):
+        port = _port(nodes, "spark-4", nd)
+        port["neighbours"] = [nb for nb in port["neighbours"] if nb["sysname"] != "spark-1"]
+    result = d.infer(nodes, names, {"speed_mbps": 200000})
+    assert result["topology"] == "switch"
+    assert [s["ports"] for s in result["segments"]] == [[f"{h} {P1}" for h in names]]
