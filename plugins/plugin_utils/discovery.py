@@ -62,8 +62,7 @@ def _trusted_nodes(nodes: dict) -> dict:
         ports = []
         for port in node.get("ports") or []:
             if not isinstance(port, dict):
-                ports.append(port)
-                continue
+                continue  # no port: dropped, as a neighbour that is no mapping is
             nbs = [
                 {k: (neighbour_text(v) if k in _NEIGHBOUR_TEXT and v is not None else v) for k, v in nb.items()}
                 for nb in port.get("neighbours") or []
@@ -107,7 +106,7 @@ def port_label(host: str, port: int, twins: list) -> str:
 
 
 def _short(name) -> str:
-    return str(name or "").split(".", maxsplit=1)[0].lower()
+    return str(name).split(".", maxsplit=1)[0].lower()
 
 
 class _Index:
@@ -300,7 +299,7 @@ def _ring_order(hosts: list, cables: list, head: str) -> list:
         order.append(cur)
         nxt = [x for x in by_host[cur] if x[2] not in used]
         if not nxt:
-            break
+            return []  # a path that ends short of the head is no ring (a port seen in two cables)
         used.add(nxt[0][2])
         cur = nxt[0][1]
     return order
@@ -357,9 +356,10 @@ def _ring_problems(hosts, ports, cables, head, *, settings, problems) -> list | 
 
 
 def _free_port(h, ports, cables):
+    """The port of a Spark cabled once that the ring's missing cable goes to: one of its QSFP ports 0 and 1
+    (shown or not: a port whose two functions are both missing is still the one to cable)."""
     used = {p for c in cables for (hh, p) in c if hh == h}
-    free = [p for p in ports[h] if p not in used]
-    return free[0] if free else 0
+    return min(p for p in {0, 1} | set(ports[h]) if p not in used)
 
 
 def _swap_hint(hosts, ports, cables, cable) -> str:
@@ -575,7 +575,7 @@ def infer(nodes: dict, hosts: list, settings: dict | None = None) -> dict:  # no
         and not (wanted == "mesh" and topology == "ring" and n == 3)
     ):
         problems.append(f"sparkops_discover_topology is {wanted}, but the cabling makes a {topology}.")
-    partial = {"hosts": hosts, "head": head, "ports": _ports_out(hosts, ports), "topology": topology}
+    partial = {"hosts": hosts, "ports": _ports_out(hosts, ports)}  # what the refusal's summary shows
     if problems:
         raise DiscoveryError(problems, partial)
 
@@ -610,8 +610,7 @@ def infer(nodes: dict, hosts: list, settings: dict | None = None) -> dict:  # no
                 b_end = c[1] if a_end is c[0] else c[0]
                 ordered.append((a_end, b_end))
         else:
-            (a, pa), (b, pb) = direct[0]
-            ordered = [((a, pa), (b, pb))]
+            ordered = direct  # a pair's one cable (a second one is refused above)
         lane_count = sum(min(len(ports[a][pa]), len(ports[b][pb])) for (a, pa), (b, pb) in ordered)
         subnets = _subnets(settings, used, lane_count, n, problems)
         if problems:
@@ -638,7 +637,9 @@ def infer(nodes: dict, hosts: list, settings: dict | None = None) -> dict:  # no
                 }
             )
         segments_out = []
-    port_no = {(h, t["netdev"]): (p, t.get("domain") or 0) for h in hosts for p, tw in ports[h].items() for t in tw}
+    # Each cable's (or the switch port's) twins are in _phys_ports' order already: the stable sort by port
+    # puts port 0's before port 1's and keeps the twins in that order.
+    port_no = {(h, t["netdev"]): p for h in hosts for p, tw in ports[h].items() for t in tw}
     for h in hosts:
         links[h].sort(key=lambda lk, h=h: port_no[(h, lk["netdev"])])
     return {

@@ -194,6 +194,24 @@ EQUIVALENTS = [
         "mutation": "clause dropped: `[]` from `t.get('neighbours') or []`",
         "why": "fabric_discovery always gives neighbours as a list",
     },
+    {
+        "module": "plugins/plugin_utils/discovery.py",
+        "line": '_NEIGHBOUR_TEXT = ("chassis_id", "chassis_id_type", "sysname", "port_id", "port_id_type", "port_descr")',
+        "mutation": "element dropped: `'port_descr'` from `('chassis_id', 'chassis_id_type', 'sysname', 'port_id', 'port_id_ty...`",
+        "why": "port_descr is only looked up among the Sparks' netdev names (resolve), never shown: a ConnectX-7 function's name (enp1s0f0np0: letters and digits, at most 15) equals the string as sent exactly when it equals it escaped and cut at 255",
+    },
+    {
+        "module": "plugins/plugin_utils/discovery.py",
+        "line": "if t < len(tw):",
+        "mutation": "`t < len(tw)` -> `t <= len(tw)`",
+        "why": "on a switch every port has its two twins here (a port with one is refused above by _twin_states): t never reaches len(tw)",
+    },
+    {
+        "module": "plugins/plugin_utils/discovery.py",
+        "line": '{k: t.get(k) for k in ("netdev", "rdma_device", "port", "pci", "mac", "operstate", "speed_mbps", "mtu")}',
+        "mutation": "element dropped: `'mac'` from `('netdev', 'rdma_device', 'port', 'pci', 'mac', 'operstate', 'speed...`",
+        "why": "nothing reads a port's MAC from the result: summary, moved_cables and the refusal's node lines (filter/discovery.py) read netdev, port, rdma_device, operstate, speed_mbps and mtu only",
+    },
     # plugins/plugin_utils/vllm_contract.py
     {
         "module": "plugins/plugin_utils/vllm_contract.py",
