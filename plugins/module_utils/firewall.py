@@ -222,7 +222,9 @@ def rules_file_from(chain: str, family: int, entries: list[dict], writer: str) -
             len(where) in (2, 3)
             and where[0] in ("-I", "-A")
             and where[1] in (chain, "INPUT", "FORWARD")
-            and (len(where) == 2 or where[2].isdigit())  # noqa: PLR2004
+            # A position only after -I, from 1 (iptables(8): `-I chain [rulenum]`, rule numbers start at 1;
+            # `-A chain` takes none): anything else would be written here and refused only at the boot restore.
+            and (len(where) == 2 or (where[0] == "-I" and where[2].isdigit() and int(where[2]) >= 1))  # noqa: PLR2004
             and all(a.isprintable() and '"' not in a for a in rule)
         )
         if not ok:

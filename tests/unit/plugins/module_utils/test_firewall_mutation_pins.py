@@ -187,6 +187,9 @@ def test_a_rules_file_from_the_models_rules_declares_its_chain_and_replays_each_
         (["-A", "SPARKOPS-FWD"], ["-m", "comment", "--comment", "x\nCOMMIT\n*nat", "-j", "DROP"]),  # a line break
         (["-A", "SPARKOPS-FWD"], ["-m", "comment", "--comment", 'a "quoted" word', "-j", "DROP"]),  # a double quote
         (["-I", "FORWARD", "1", "2"], ["-j", "SPARKOPS-FWD"]),  # more than a position after the chain
+        # iptables(8): rule numbers start at 1, and -A takes none: iptables-restore would refuse these at boot.
+        (["-I", "FORWARD", "0"], ["-j", "SPARKOPS-FWD"]),
+        (["-A", "FORWARD", "1"], ["-j", "SPARKOPS-FWD"]),
     ],
 )
 def test_a_rule_the_rules_file_may_not_hold_is_refused_with_the_rule(where, rule):
