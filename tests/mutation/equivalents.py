@@ -63,6 +63,18 @@ EQUIVALENTS = [
         "mutation": "clause dropped: `bool(appended)` from `len(appended) == len(rules) and all(present) and bool(appended) and...`",
         "why": "chain_rules always gives lo's RETURN and the DROP: len(appended) == len(rules) >= 2 already",
     },
+    {
+        "module": "plugins/module_utils/firewall.py",
+        "line": "ok = 0 < len(parts) <= 2 and all(x.isdigit() and 1 <= int(x) <= 65535 for x in parts)  # noqa: PLR2004",
+        "mutation": "0 -> -1",
+        "why": "str.split(':') returns at least one part: -1 < len(parts) and 0 < len(parts) both always hold",
+    },
+    {
+        "module": "plugins/module_utils/firewall.py",
+        "line": "elif n.version == fam and str(n) not in dests:",
+        "mutation": "clause dropped: `str(n) not in dests` from `n.version == fam and str(n) not in dests`",
+        "why": "_networks gives each network once, and str() of two unequal ipaddress networks differs: a dest is never seen twice",
+    },
     # plugins/module_utils/gateway_reload.py
     {
         "module": "plugins/module_utils/gateway_reload.py",

@@ -8,6 +8,10 @@ Equivalent mutants (tests/mutation/equivalents.py lists them, `make mutation` do
   len(parts) is never 0.
 - in_place without `bool(appended)`: the rules always come from chain_rules, which gives at least lo's
   RETURN and the DROP, so `len(appended) == len(rules)` already means two lines or more.
+- `0 < len(parts) <= 2` -> `-1 < len(parts) <= 2` in _ports: str.split(":") returns at least one part, so both
+  bounds always hold.
+- chain_rules without `str(n) not in dests`: _networks gives each network once, and str() of two unequal
+  ipaddress networks differs, so a destination is never seen twice.
 """
 
 from __future__ import annotations
@@ -106,6 +110,51 @@ def test_every_bad_client_network_is_named_not_only_the_first():
         "client network '192.168.1.0/33' is not an IPv4 or IPv6 network (a.b.c.d/len, x:y::/len or an address); "
         "client network 'fd00::/129' is not an IPv4 or IPv6 network (a.b.c.d/len, x:y::/len or an address); "
         "client network '::/0' is every address: leave it out and bind the service there instead"
+    )
+
+
+@pytest.mark.parametrize(
+    ("family", "sources", "bad"),
+    [(4, ["0.0.0.0/0", "10.1.0.0/33"], "'10.1.0.0/33'"), (6, ["::/0", "fd00::/129"], "'fd00::/129'")],
+)
+def test_a_bad_client_network_after_the_every_address_one_is_named_too(family, sources, bad):
+    # The every-address network first: the networks after it are still read, and each bad one is named.
+    with pytest.raises(ValueError) as err:
+        fw.chain_rules("SPARKOPS-API", ["8000"], [], sources, "API", family=family)
+    assert str(err.value) == (
+        f"client network {sources[0]!r} is every address: leave it out and bind the service there instead; "
+        f"client network {bad} is not an IPv4 or IPv6 network (a.b.c.d/len, x:y::/len or an address)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("families", "icmp"),
+    [
+        ((4, "4", "ipv4"), []),
+        (
+            (6, "6", "ipv6"),
+            ["-p ipv6-icmp -m comment --comment 'sparkops: ICMPv6 (neighbour discovery, path MTU)' -j RETURN"],
+        ),
+    ],
+    ids=["IPv4", "IPv6"],
+)
+def test_a_family_is_taken_as_a_number_or_as_the_modules_families_name_it(families, icmp):
+    # iptables_chain's `families` option says ipv4 / ipv6; chain_rules takes those, 4 / 6 and "4" / "6" alike.
+    for family in families:
+        r = fw.chain_rules("SPARKOPS-API", ["8000"], [], [], "API", family=family)
+        assert [shlex.join(rule) for rule in r["chain"]] == [
+            "-i lo -m comment --comment 'sparkops: API from lo' -j RETURN",
+            *icmp,
+            "-m comment --comment 'sparkops: API: fast links and client networks only' -j DROP",
+        ], family
+
+
+def test_a_bad_family_and_a_bad_ipv6_link_are_each_named_once():
+    with pytest.raises(ValueError) as err:
+        fw.chain_rules("SPARKOPS-API", ["8000"], [], [], "API", family="ipv5", interfaces6=["eth1:v6"])
+    assert str(err.value) == (
+        "family 'ipv5' must be ipv4 or ipv6; "
+        "interface 'eth1:v6' is not a valid Linux interface name (1-15 characters, no / : or space)"
     )
 
 
@@ -226,8 +275,8 @@ def test_forward_jumps_count_as_hooks_of_a_chain():
 
 @pytest.mark.parametrize(
     "noise",
-    ["", "   ", "-A"],
-    ids=["blank line", "white space", "a bare -A"],
+    ["", "   ", "-A", ":"],
+    ids=["blank line", "white space", "a bare -A", "a bare colon"],
 )
 def test_a_listing_with_a_blank_or_cut_line_parses_as_without_it(noise):
     # Text from the node (a listing cut short, two listings run together): a line without a rule is skipped,
@@ -245,4 +294,19 @@ def test_a_listening_socket_without_a_process_column_is_still_seen():
     assert fw.parse_ss_listening(text) == [
         {"address": "0.0.0.0", "interface": None, "port": 2049, "wildcard": True, "v6only": False, "process": ""},
         {"address": "[::]", "interface": None, "port": 2049, "wildcard": True, "v6only": True, "process": ""},
+    ]
+
+
+@pytest.mark.parametrize(("addr", "peer"), [("10.0.0.1", "0.0.0.0"), ("[fd00::1]", "[::]")], ids=["IPv4", "IPv6"])
+def test_a_process_name_with_a_line_break_hides_no_socket_listed_after_it(addr, peer):
+    # ss prints the process's comm as it is (iproute2 misc/ss.c find_entry: `"(\"%s\",pid=%d,fd=%d),"`), and a
+    # process may name itself with a line break (prctl PR_SET_NAME): its socket is kept without a name, the half
+    # line after the break is skipped, and the sockets listed after it are still read.
+    text = (
+        f'LISTEN 0      4096   {addr}:9000   {peer}:*    users:(("ev\nil",pid=7,fd=3))\n'
+        f'LISTEN 0      4096   {addr}:8000   {peer}:*    users:(("vllm",pid=9,fd=5))\n'
+    )
+    assert [(s["address"], s["port"], s["process"]) for s in fw.parse_ss_listening(text)] == [
+        (addr, 9000, ""),
+        (addr, 8000, "vllm"),
     ]
