@@ -130,9 +130,10 @@ def test_a_vllm_that_restarted_and_came_up_is_ready(tmp_path, hf_home):
         r"vLLM on localhost: READY after (\d+) s of waiting \((\d+) rounds\); ttft [0-9.]+ s, [0-9.]+ tok/s", flat
     )
     assert ready, out[-3000:]
-    # Not ready in round one: at least one more round, 6 s or more, until the late start (a loaded machine's
-    # rounds run longer than 2 s, so fewer of them fit).
-    assert int(ready.group(1)) >= 6 and int(ready.group(2)) >= 2, ready.group(0)
+    # Not ready in round one: at least one more round after a whole round of 2 s. (The server starts 8 s after it
+    # is launched, but the wait's clock starts only once ansible-playbook has started, which takes seconds more on
+    # a loaded machine, so the seconds waited say less than the rounds.)
+    assert int(ready.group(1)) >= 2 and int(ready.group(2)) >= 2, ready.group(0)
     assert KEY not in out
     assert took < 60
 
