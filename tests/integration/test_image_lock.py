@@ -138,7 +138,7 @@ def test_registry_pull_by_digest_and_a_wrong_digest_is_refused(tmp_path):
     extra = {"spark_vllm_image_source": "registry", "spark_vllm_image_registry_ref": ref}
     lock = tmp_path / "sparkops.lock.json"
     res = run("playbooks/image.yml", lock, extra)
-    assert res.returncode == 0, push.stdout + res.stdout[-5000:]
+    assert res.returncode == 0, push.stdout + failure(res)
     assert node_sh(NODES[1], f"docker image inspect {ref}", check=False).returncode == 0
     data = json.loads(lock.read_text())
     assert data["image"]["registry_ref"] == ref and data["image"]["repo_digest"] == ref
