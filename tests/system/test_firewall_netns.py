@@ -14,6 +14,7 @@ Skipped where this cannot run (not root, no `ip netns`, iptables or ip6tables).
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import subprocess
 import sys
@@ -32,6 +33,7 @@ PY_LISTEN = textwrap.dedent(
         s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     s.bind((host, port)); s.listen()
+    print("listening", flush=True)
     s.settimeout(60)
     while True:
         try:
@@ -101,7 +103,12 @@ def namespaces(tmp_path):
             for c in cmds:
                 _run(*ns, "ip", *c)
         for host, port in (("::", "6379"), ("192.168.77.1", "45555")):
-            procs.append(subprocess.Popen([*node, sys.executable, "-c", PY_LISTEN, host, port]))
+            procs.append(subprocess.Popen([*node, sys.executable, "-c", PY_LISTEN, host, port], stdout=subprocess.PIPE))
+        # Each listener says when it listens: the first connection must not race its start (seconds on a loaded
+        # machine). Bounded: a listener that does not say so within 30 s fails the fixture.
+        for p in procs:
+            ready, _, _ = select.select([p.stdout], [], [], 30)
+            assert ready and p.stdout.readline().strip() == b"listening", "a listener in the node ns did not start"
         # the node's own link-local address on the management link (every DGX OS interface has one)
         out = _run(*node, "ip", "-6", "-o", "addr", "show", "dev", f"m{tag}", "scope", "link").stdout
         link_local = out.split("inet6 ")[1].split("/")[0] if "inet6 " in out else None
