@@ -186,21 +186,25 @@ def test_overall_ignores_not_applicable_and_markdown_has_every_check():
     assert "Overall: **PASS**" in md and "| N/A | a | c | not applicable: x |" in md
 
 
+# doctor's settings on the simulated pair (doctor.yml's, with no GPU expected): each test overrides what it is about.
+SIM_SETTINGS = {
+    "hardware": "simulated",
+    "driver_branch": "580",
+    "memory_floor_gib": 0.25,
+    "disk_headroom_gib": 1,
+    "weights_path": "/w",
+    "cable_threshold_gbps": 190,
+    "expected_nodes": 2,
+    "expected_gpus": 0,
+    "serve_host": "10.0.0.1",
+    "mgmt_address": "192.168.0.1",
+}
+
+
 def test_unreachable_node_gets_one_critical_verdict():
     inputs = {
         "now_epoch": 0,
-        "settings": {
-            "hardware": "simulated",
-            "driver_branch": "580",
-            "memory_floor_gib": 0.25,
-            "disk_headroom_gib": 1,
-            "weights_path": "/w",
-            "cable_threshold_gbps": 190,
-            "expected_nodes": 2,
-            "expected_gpus": 2,
-            "serve_host": "10.0.0.1",
-            "mgmt_address": "192.168.0.1",
-        },
+        "settings": {**SIM_SETTINGS, "expected_gpus": 2},
         "nodes": {"spark-sim-2": {}},
     }
     vs = d.build_verdicts(inputs)
@@ -220,18 +224,7 @@ def test_doctor_shows_the_rules_sparkops_allow_rules_lets_through():
     assert d.check_allowed_rules([])["verdict"] == "PASS"
     inputs = {
         "now_epoch": 0,
-        "settings": {
-            "hardware": "simulated",
-            "driver_branch": "580",
-            "memory_floor_gib": 0.25,
-            "disk_headroom_gib": 1,
-            "weights_path": "/w",
-            "cable_threshold_gbps": 190,
-            "expected_nodes": 1,
-            "expected_gpus": 1,
-            "serve_host": "10.0.0.1",
-            "mgmt_address": "192.168.0.1",
-        },
+        "settings": {**SIM_SETTINGS, "expected_nodes": 1, "expected_gpus": 1},
         "nodes": {},
         "allowed_rules": lines,
     }

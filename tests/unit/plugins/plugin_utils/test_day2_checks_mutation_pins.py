@@ -33,6 +33,7 @@ Equivalent mutants (tests/mutation/equivalents.py lists them; `make mutation` do
 from __future__ import annotations
 
 from ansible_collections.sparkops.cluster.plugins.plugin_utils import day2_checks as d
+from test_day2_checks import SIM_SETTINGS
 
 
 def test_a_run_where_no_check_applied_is_overall_pass():
@@ -166,18 +167,7 @@ def test_the_watchdog_counts_the_group_restarts_of_the_last_hour_only():
 
 
 def test_an_unreachable_node_does_not_hide_the_checks_of_the_nodes_after_it():
-    settings = {
-        "hardware": "simulated",
-        "driver_branch": "580",
-        "memory_floor_gib": 0.25,
-        "disk_headroom_gib": 1,
-        "weights_path": "/w",
-        "cable_threshold_gbps": 190,
-        "expected_nodes": 2,
-        "expected_gpus": 0,
-        "serve_host": "10.0.0.1",
-        "mgmt_address": "192.168.0.1",
-    }
+    settings = SIM_SETTINGS
     facts = {"kernel": "6.8.0", "gpu": {"gpu_present": False, "reason": "simulated node"}}
     inputs = {"now_epoch": 0, "settings": settings, "nodes": {"spark-sim-1": {}, "spark-sim-2": facts}}
     vs = d.build_verdicts(inputs)
@@ -192,20 +182,6 @@ def test_a_ray_reading_with_no_counts_reads_as_nothing_alive():
     # A looped ray_cluster_status item Ansible skipped carries no counts: nothing is known alive.
     v = d.check_ray({"skipped": True, "changed": False}, 2, 2.0)
     assert (v["verdict"], v["evidence"]) == ("CRITICAL", "0 of 2 nodes alive, 0 of 2 GPUs")
-
-
-SIM_SETTINGS = {
-    "hardware": "simulated",
-    "driver_branch": "580",
-    "memory_floor_gib": 0.25,
-    "disk_headroom_gib": 1,
-    "weights_path": "/w",
-    "cable_threshold_gbps": 190,
-    "expected_nodes": 2,
-    "expected_gpus": 0,
-    "serve_host": "10.0.0.1",
-    "mgmt_address": "192.168.0.1",
-}
 
 
 def _doctor(**inputs):
