@@ -7,23 +7,14 @@ The role variables are templated by ansible-core's own Templar from the role fil
 
 from __future__ import annotations
 
-import importlib
+import sys
 from pathlib import Path
 
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _trusted(value):
-    tag = importlib.import_module("ansible._internal._datatag._tags").TrustedAsTemplate()  # ansible-core 2.19+
-    if isinstance(value, str):
-        return tag.tag(value)
-    if isinstance(value, list):
-        return [_trusted(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _trusted(v) for k, v in value.items()}
-    return value
+sys.path.insert(0, str(ROOT / "tests/unit/plugins/plugin_utils"))
+from role_templates import trusted  # noqa: E402
 
 
 def _variables():
@@ -32,13 +23,13 @@ def _variables():
         names.update(yaml.safe_load(path.read_text()) or {})
     names.update(yaml.safe_load((ROOT / "roles/ray_cluster/vars/main.yml").read_text()))
     names.update(yaml.safe_load((ROOT / "roles/fastpath/defaults/main.yml").read_text()))
-    return _trusted(names)
+    return trusted(names)
 
 
 def _template(expr: str):
     from ansible.template import Templar  # noqa: PLC0415
 
-    return Templar(variables=_variables()).template(_trusted(expr))
+    return Templar(variables=_variables()).template(trusted(expr))
 
 
 def test_rays_folder_is_created_under_a_root_only_folder_first():
