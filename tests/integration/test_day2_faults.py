@@ -77,11 +77,16 @@ def wait_serving(timeout: float) -> float:
 
 
 @pytest.fixture
-def healthy(sim_cluster):
+def serving_start(sim_cluster):
+    """A fault that starts from a serving pair and leaves it as the fault left it, for the next test to start from."""
     wait_serving(120)
     # Each fault starts from a watchdog with no restart in its hourly window: the earlier tests'
     # restarts would otherwise count against watchdog_max_restarts_per_hour (2 in inventory/sim).
     reset_watchdog(HEAD)
+
+
+@pytest.fixture
+def healthy(serving_start):
     yield
     # Leave the cluster serving for the next test (and the next helper).
     if not completion_ok():
@@ -219,7 +224,9 @@ def test_worker_node_down_is_critical_not_a_loop(healthy):
     print(f"[day2] node back: serving again {ended['epoch'] - t0:.1f} s after the node went down")
 
 
-def test_memory_floor_acts_before_sshd_stops(healthy):
+def test_memory_floor_acts_before_sshd_stops(serving_start):
+    """The worker's memory runs out: the floor stops its Ray before the node's OOM killer picks sshd. The pair is
+    left as the floor left it (the worker's Ray stopped): the next test tears it down and deploys it again."""
     import subprocess
 
     t0 = time.time()
@@ -266,7 +273,21 @@ def test_memory_floor_acts_before_sshd_stops(healthy):
     res, report = doctor()
     assert res.returncode != 0
     assert any(v["check"] == "memory headroom" and v["scope"] == WORKER for v in verdicts(report, "CRITICAL"))
-    run_playbook("site.yml", timeout=900)
+
+
+def test_teardown_then_site_brings_serving_back():
+    """teardown.yml, from the pair the memory floor left (the worker's Ray stopped, the floor's marker on it),
+    removes every container; one site.yml deploys it again and it serves."""
+    res = run_playbook("playbooks/teardown.yml", timeout=300)
+    assert res.returncode == 0, failure(res)
+    for node in (HEAD, WORKER):
+        left = node_sh(node, "docker ps -a --format '{{.Names}}'").stdout.split()
+        assert not {"sparkops-vllm", "sparkops-ray", "sparkops-watchdog"} & set(left), (node, left)
+    print(f"\nteardown.yml: {res.elapsed:.1f} s")
+    res = run_playbook("site.yml")
+    assert res.returncode == 0, failure(res)
+    print(f"site.yml after teardown: {res.elapsed:.1f} s")
+    assert completion_ok()
 
 
 def test_known_bad_kernel_refused_and_pinned(sim_cluster, tmp_path):
