@@ -2,7 +2,8 @@
 cluster: status (issue 13/15: it failed on every run), verify, benchmark,
 a copy of the inventory outside the checkout, and the ready-to-paste curl (issue 16).
 Upgrade runs in test_faults_and_day2.py, teardown then site in test_day2_faults.py (from the pair a
-fault left). Each test leaves the cluster serving.
+fault left). Each test leaves the cluster serving, but the dead worker's: the head reboot after it starts
+from it, and its site.yml repairs both.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from conftest import (
     ansible_env,
     assert_watchdog_running,
     failure,
+    node_sh,
     run_playbook,
     stop_worker_ray_unwatched,
 )
@@ -45,9 +47,10 @@ def ray_line(output: str) -> str:
     return m.group(0)
 
 
-def test_status_runs_and_agrees_with_verify_on_a_dead_worker_and_site_repairs_it():
-    """A worker's Ray gone: status reports it (read-only), verify fails naming it with the same membership,
-    the health check sees the dead engine, and one site.yml repairs it."""
+def test_status_runs_and_agrees_with_verify_on_a_dead_worker():
+    """A worker's Ray gone: status reports it (read-only), verify fails naming it with the same membership, and
+    the health check sees the dead engine. The pair is left so: the next test reboots the head as well, and one
+    site.yml repairs both."""
     res = run_playbook("playbooks/status.yml", timeout=300)
     assert res.returncode == 0, failure(res)
     out = flat(res.stdout)
@@ -58,36 +61,53 @@ def test_status_runs_and_agrees_with_verify_on_a_dead_worker_and_site_repairs_it
     print(f"\nstatus.yml on a healthy cluster: {res.elapsed:.1f} s")
 
     stop_worker_ray_unwatched()
-    try:
-        status = run_playbook("playbooks/status.yml", timeout=300)
-        assert status.returncode == 0, "status is read-only: it reports, it does not fail\n" + status.stdout[-4000:]
-        line = ray_line(status.stdout)
-        assert line.startswith("ray: DEGRADED: 1/2 nodes alive, 1.0/2.0 GPUs"), line
-        assert WORKER_FAST in line, line
-        print(f"status.yml with the worker's Ray stopped: {line}")
+    status = run_playbook("playbooks/status.yml", timeout=300)
+    assert status.returncode == 0, "status is read-only: it reports, it does not fail\n" + status.stdout[-4000:]
+    line = ray_line(status.stdout)
+    assert line.startswith("ray: DEGRADED: 1/2 nodes alive, 1.0/2.0 GPUs"), line
+    assert WORKER_FAST in line, line
+    print(f"status.yml with the worker's Ray stopped: {line}")
 
-        verify = run_playbook("playbooks/verify.yml", extra_vars={"ray_cluster_join_timeout_s": 15}, timeout=300)
-        assert verify.returncode != 0
-        # The same membership, from the same reading, in both (GPUs in use may change in between).
-        sentence = line.split("DEGRADED: ", 1)[1].split(" (")[0]
-        assert sentence == "1/2 nodes alive, 1.0/2.0 GPUs", line
-        assert f"{sentence} " in flat(verify.stdout), (sentence, verify.stdout[-3000:])
-        assert f"dead: {WORKER_FAST}" in flat(verify.stdout)
-        deadline = time.monotonic() + 90
-        seen = None
-        while time.monotonic() < deadline:
-            # vLLM 0.19.0 (and its test double) only finds a dead TP member when a step runs: ask for a token
-            seen = health(timeout_s=5, checks=["health", "completion"])
-            if seen.get("failed") and seen.get("failure_kind") in ("server_error", "engine_dead", "refused"):
-                break
-            time.sleep(3)
-        assert seen and seen.get("failed"), f"endpoint still healthy with a worker gone: {seen}"
-        assert seen["failure_kind"] in ("server_error", "engine_dead", "refused"), seen
-    finally:
-        repair = run_playbook("site.yml")
+    verify = run_playbook("playbooks/verify.yml", extra_vars={"ray_cluster_join_timeout_s": 15}, timeout=300)
+    assert verify.returncode != 0
+    # The same membership, from the same reading, in both (GPUs in use may change in between).
+    sentence = line.split("DEGRADED: ", 1)[1].split(" (")[0]
+    assert sentence == "1/2 nodes alive, 1.0/2.0 GPUs", line
+    assert f"{sentence} " in flat(verify.stdout), (sentence, verify.stdout[-3000:])
+    assert f"dead: {WORKER_FAST}" in flat(verify.stdout)
+    deadline = time.monotonic() + 90
+    seen = None
+    while time.monotonic() < deadline:
+        # vLLM 0.19.0 (and its test double) only finds a dead TP member when a step runs: ask for a token
+        seen = health(timeout_s=5, checks=["health", "completion"])
+        if seen.get("failed") and seen.get("failure_kind") in ("server_error", "engine_dead", "refused"):
+            break
+        time.sleep(3)
+    assert seen and seen.get("failed"), f"endpoint still healthy with a worker gone: {seen}"
+    assert seen["failure_kind"] in ("server_error", "engine_dead", "refused"), seen
+
+
+def test_head_node_restart_with_a_dead_worker_and_one_site_run_brings_serving_back():
+    """The head reboots while the worker's Ray is still down (the previous test's end; whatever state an earlier
+    failure left, the run below repairs it): its firewall is back from the boot restore before any run, and one
+    site.yml brings the pair back to serving with both watchdogs running."""
+    subprocess.run(["docker", "restart", "-t", "5", "spark-sim-1"], check=True, capture_output=True)
+    # The boot restore ran before the node's Docker (and so Ray, vLLM, the watchdog) started: every chain is
+    # back, for IPv4 and IPv6, with its INPUT jump, before site.yml runs. The node's boot is over when its
+    # entrypoint hands over to sshd (sim/node/entrypoint.sh: the restore, then dockerd, then sshd).
+    deadline = time.monotonic() + 90
+    while node_sh("spark-sim-1", "pgrep -x sshd", check=False).returncode != 0:
+        assert time.monotonic() < deadline, "the restarted head did not finish its boot in 90 s"
+        time.sleep(0.5)
+    for tool in ("iptables", "ip6tables"):
+        rules = node_sh("spark-sim-1", f"{tool} -S").stdout
+        for chain in ("SPARKOPS-API", "SPARKOPS-RAY", "SPARKOPS-MONITORING"):
+            assert f"-N {chain}" in rules and f"-j {chain}" in rules, (tool, chain, rules)
+    repair = run_playbook("site.yml")
     assert repair.returncode == 0, failure(repair)
     assert not health().get("failed")
-    assert_watchdog_running()
+    for node in NODES:
+        assert_watchdog_running(node)
 
 
 def test_benchmark_on_the_sim_is_marked_as_the_test_double():
