@@ -174,11 +174,20 @@ def test_a_lost_ttin_is_sent_again_once_no_new_worker_showed_for_10_s(master):
 def test_an_awaited_worker_that_comes_up_with_another_configuration_is_replaced(tmp_path):
     # A run awaits the worker an earlier run asked for; it comes up with another file than the one wanted
     # now (the file was changed back meanwhile): the run asks for a new worker instead of waiting for nothing.
-    m = Master(tmp_path, boot_s=1.5)
+    m = Master(tmp_path, boot_s=3)
     try:
         m.config.write_text("model_list: [b]\n")
+        now = [0.0]
+
+        def sleep(seconds):
+            # The first run's 0.3 s start to pass once the master has forked the worker it asked for (on a loaded
+            # machine the fork alone can take longer): what it gives up on is a worker still booting.
+            m.wait_for(lambda: len(m.workers()) > 1, "the worker the first run asked for", limit=60)
+            now[0] += seconds
+
         with pytest.raises(gr.ReloadError, match="not ready"):
-            m.reloader().run(timeout=0.3)  # its worker still boots (it reads the file at the end of its boot)
+            # its worker still boots (it reads the file at the end of its boot)
+            m.reloader(clock=lambda: now[0], sleep=sleep).run(timeout=0.3)
         m.config.write_text("model_list: [c]\n")
         flips = []
 
