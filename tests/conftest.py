@@ -15,11 +15,3 @@ sys.path.insert(0, str(ROOT / "tests" / "unit"))
 if str(ROOT / "tests") not in sys.path:
     sys.path.insert(0, str(ROOT / "tests"))
 
-
-def pytest_configure(config):
-    # Registered here, not in pyproject.toml: `ansible-test units` runs with its own ini and --strict-markers.
-    config.addinivalue_line(
-        "markers",
-        "timing: asserts on wall-clock time (a rate, a deadline a real process must meet); make test runs these "
-        "at the normal CPU priority, apart from the other unit tests, which take only the CPU the cluster leaves idle",
-    )

@@ -98,7 +98,6 @@ def test_the_calibration_fits_the_reference_within_5_percent_and_is_the_benchmar
     assert rates[0] > rates[1] > rates[2] and 4 * rates[0] < 8 * rates[1] < 16 * rates[2]
 
 
-@pytest.mark.timing
 def test_per_request_tok_s_at_1_2_4_match_the_reference_within_5_percent(double):
     base = double()
     _level(base, 1, 4)  # first contact
