@@ -151,16 +151,17 @@ def test_tests_are_found_for_a_module():
 
 
 def test_a_run_scores_in_a_copy_and_leaves_the_checkout_unchanged():
-    """A lockfile mutant runs against its tests; the checkout's lockfile.py is byte-identical afterwards."""
+    """Two lockfile mutants run against its tests, side by side (--jobs 2: each in its own copy); the checkout's
+    lockfile.py is byte-identical afterwards."""
     target = ROOT / "plugins" / "plugin_utils" / "lockfile.py"
     before = target.read_bytes()
     res = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "mutation" / "mutate.py"), "--sample", "1", "--seed", "3",
-         "plugins/plugin_utils/lockfile.py"],
+        [sys.executable, str(ROOT / "tests" / "mutation" / "mutate.py"), "--sample", "2", "--seed", "3",
+         "--jobs", "2", "plugins/plugin_utils/lockfile.py"],
         cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert res.returncode == 0, res.stdout + res.stderr
     assert target.read_bytes() == before
-    assert "== plugins/plugin_utils/lockfile.py: 1 of " in res.stdout
-    assert "/1  plugins/plugin_utils/lockfile.py" in res.stdout
+    assert "== plugins/plugin_utils/lockfile.py: 2 of " in res.stdout
+    assert "/2  plugins/plugin_utils/lockfile.py" in res.stdout
     assert "test_mutation_tool.py" not in res.stdout  # the mutator never runs its own tests
