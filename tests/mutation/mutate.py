@@ -354,6 +354,16 @@ def copy_checkout(dest: Path) -> None:
             shutil.copy2(src, dst)
 
 
+def make_copies(tmp: Path, workdirs: list[Path]) -> None:
+    """One copy of the checkout per job (a mutant is written over the module in its own copy while the others
+    run), in a folder every user may traverse: run as root, gateway_reload's tests start their stand-in master
+    as a throwaway uid from the copy's tests/unit/fake_gunicorn_master.py, which a 0700 folder (mkdtemp's)
+    hides from it, and the unmutated tests fail."""
+    tmp.chmod(0o755)
+    for workdir in workdirs:
+        copy_checkout(workdir)
+
+
 def run_tests(workdir: Path, tests: list[str], timeout: float) -> tuple[str, float]:
     """'pass', 'fail' or 'timeout', and the seconds it took."""
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
@@ -472,11 +482,9 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"{spec}: no such module under {ROOT} (PATH or PATH:START-END)")
     results = {}
     with tempfile.TemporaryDirectory(prefix="sparkops-mutation-") as tmp:
-        # One copy per job: a mutant is written over the module in its own copy while the others run.
         workdirs = [Path(tmp) / str(n) for n in range(max(1, args.jobs))]
         if not args.list:
-            for workdir in workdirs:
-                copy_checkout(workdir)
+            make_copies(Path(tmp), workdirs)
         for path in modules:
             res = check_module(path, workdirs, args)
             if res is not None:

@@ -165,3 +165,16 @@ def test_a_run_scores_in_a_copy_and_leaves_the_checkout_unchanged():
     assert "== plugins/plugin_utils/lockfile.py: 2 of " in res.stdout
     assert "/2  plugins/plugin_utils/lockfile.py" in res.stdout
     assert "test_mutation_tool.py" not in res.stdout  # the mutator never runs its own tests
+
+
+def test_the_copies_are_readable_by_another_uid(tmp_path):
+    """Run as root, gateway_reload's tests start their stand-in master as a throwaway uid from the copy: every
+    folder above the copy's tests must be traversable by others (mkdtemp's 0700 would fail them unmutated)."""
+    tmp = tmp_path / "run"
+    tmp.mkdir(mode=0o700)
+    mutate.make_copies(tmp, [tmp / "0", tmp / "1"])
+    fake = tmp / "1" / "tests" / "unit" / "fake_gunicorn_master.py"
+    assert fake.read_bytes() == (ROOT / "tests" / "unit" / "fake_gunicorn_master.py").read_bytes()
+    for folder in (tmp, tmp / "1", fake.parent):
+        assert folder.stat().st_mode & 0o005 == 0o005, folder
+    assert fake.stat().st_mode & 0o004
