@@ -91,6 +91,33 @@ EQUIVALENTS = [
     },
     {
         "module": "plugins/module_utils/gateway_reload.py",
+        "function": "__init__",
+        "line": "self.ttin_sent = 0",
+        "mutation": "0 -> 1",
+        "why": "run() sets ttin_sent to 0 before anything reads it",
+    },
+    {
+        "module": "plugins/module_utils/gateway_reload.py",
+        "function": "proc_stat",
+        "line": "except (FileNotFoundError, ProcessLookupError, NotADirectoryError):",
+        "mutation": "element dropped: `NotADirectoryError` from `(FileNotFoundError, ProcessLookupError, NotADirectoryError)`",
+        "why": "on Linux's /proc a pid's entry is always a folder: a pid that is gone gives ENOENT (or ESRCH while it is reaped), never ENOTDIR",
+    },
+    {
+        "module": "plugins/module_utils/gateway_reload.py",
+        "function": "proc_argv",
+        "line": "except (FileNotFoundError, ProcessLookupError, NotADirectoryError):",
+        "mutation": "element dropped: `NotADirectoryError` from `(FileNotFoundError, ProcessLookupError, NotADirectoryError)`",
+        "why": "on Linux's /proc a pid's entry is always a folder: a pid that is gone gives ENOENT (or ESRCH while it is reaped), never ENOTDIR",
+    },
+    {
+        "module": "plugins/module_utils/gateway_reload.py",
+        "line": "return sorted(out, key=lambda w: (w[1], w[0]))",
+        "mutation": "0 -> -1",
+        "why": "/proc lists pids in ascending order (fs/proc/base.c proc_pid_readdir walks the tgids upward) and sorted() is stable: workers started in the same tick still come out by pid",
+    },
+    {
+        "module": "plugins/module_utils/gateway_reload.py",
         "line": 'result["new_pid"] = live[-1][0]',
         "mutation": "1 -> 0",
         "why": "live[-0] is live[0], the same worker: this branch runs only when len(live) == 1",
