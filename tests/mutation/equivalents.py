@@ -254,6 +254,12 @@ EQUIVALENTS = [
     # plugins/plugin_utils/vllm_contract.py
     {
         "module": "plugins/plugin_utils/vllm_contract.py",
+        "line": "elif isinstance(nargs, int) and nargs > 1:",
+        "mutation": "`nargs > 1` -> `nargs < 1`",
+        "why": "no contract has an integer nargs: the recorded ones keep None, '?' or '+', and help text gives none",
+    },
+    {
+        "module": "plugins/plugin_utils/vllm_contract.py",
         "line": 'if not names or not any(n.startswith("--") for n in names):',
         "mutation": "clause dropped: `not any((n.startswith('--') for n in names))` from `not names or not any((n.startswith('--') for n in names))`",
         "why": "only the names starting with -- become options below: a line of short options alone adds none either way",
