@@ -125,7 +125,9 @@ def test_a_worker_gunicorn_replaced_is_awaited_and_nothing_is_signalled_or_chang
 def test_the_reload_script_run_as_root_prints_its_result_from_its_own_process(tmp_path):
     """The service's reload action as the init script runs it: the file as a script, in its own process. As root
     it drops to the gateway's user in a child and the parent prints the child's result (a parent that ran the
-    child's part would exit with nothing printed)."""
+    child's part would exit with nothing printed). Keep it before the first in-process call_as as root (main() in
+    test_a_reload_action_that_succeeds_prints_its_result_as_json): a parent that ran the child's part in-process
+    would end pytest itself with exit status 0, which a mutation run reads as a pass."""
     m = Master(tmp_path)
     try:
         args = ["--pidfile", str(m.pidfile), "--ready-dir", str(m.ready), "--config", str(m.config)]
