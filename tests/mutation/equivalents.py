@@ -91,6 +91,33 @@ EQUIVALENTS = [
     },
     {
         "module": "plugins/module_utils/gateway_reload.py",
+        "function": "__init__",
+        "line": "self.ttin_sent = 0",
+        "mutation": "0 -> 1",
+        "why": "run() sets ttin_sent to 0 before anything reads it",
+    },
+    {
+        "module": "plugins/module_utils/gateway_reload.py",
+        "function": "proc_stat",
+        "line": "except (FileNotFoundError, ProcessLookupError, NotADirectoryError):",
+        "mutation": "element dropped: `NotADirectoryError` from `(FileNotFoundError, ProcessLookupError, NotADirectoryError)`",
+        "why": "on Linux's /proc a pid's entry is always a folder: a pid that is gone gives ENOENT (or ESRCH while it is reaped), never ENOTDIR",
+    },
+    {
+        "module": "plugins/module_utils/gateway_reload.py",
+        "function": "proc_argv",
+        "line": "except (FileNotFoundError, ProcessLookupError, NotADirectoryError):",
+        "mutation": "element dropped: `NotADirectoryError` from `(FileNotFoundError, ProcessLookupError, NotADirectoryError)`",
+        "why": "on Linux's /proc a pid's entry is always a folder: a pid that is gone gives ENOENT (or ESRCH while it is reaped), never ENOTDIR",
+    },
+    {
+        "module": "plugins/module_utils/gateway_reload.py",
+        "line": "return sorted(out, key=lambda w: (w[1], w[0]))",
+        "mutation": "0 -> -1",
+        "why": "/proc lists pids in ascending order (fs/proc/base.c proc_pid_readdir walks the tgids upward) and sorted() is stable: workers started in the same tick still come out by pid",
+    },
+    {
+        "module": "plugins/module_utils/gateway_reload.py",
         "line": 'result["new_pid"] = live[-1][0]',
         "mutation": "1 -> 0",
         "why": "live[-0] is live[0], the same worker: this branch runs only when len(live) == 1",
@@ -225,6 +252,12 @@ EQUIVALENTS = [
         "why": "nothing reads a port's MAC from the result: summary, moved_cables and the refusal's node lines (filter/discovery.py) read netdev, port, rdma_device, operstate, speed_mbps and mtu only",
     },
     # plugins/plugin_utils/vllm_contract.py
+    {
+        "module": "plugins/plugin_utils/vllm_contract.py",
+        "line": "elif isinstance(nargs, int) and nargs > 1:",
+        "mutation": "`nargs > 1` -> `nargs < 1`",
+        "why": "no contract has an integer nargs: the recorded ones keep None, '?' or '+', and help text gives none",
+    },
     {
         "module": "plugins/plugin_utils/vllm_contract.py",
         "line": 'if not names or not any(n.startswith("--") for n in names):',

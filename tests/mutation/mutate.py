@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import argparse
 import ast
+import concurrent.futures
 import copy
 import os
+import queue
 import random
 import re
 import shutil
@@ -28,6 +30,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -351,6 +354,16 @@ def copy_checkout(dest: Path) -> None:
             shutil.copy2(src, dst)
 
 
+def make_copies(tmp: Path, workdirs: list[Path]) -> None:
+    """One copy of the checkout per job (a mutant is written over the module in its own copy while the others
+    run), in a folder every user may traverse: run as root, gateway_reload's tests start their stand-in master
+    as a throwaway uid from the copy's tests/unit/fake_gunicorn_master.py, which a 0700 folder (mkdtemp's)
+    hides from it, and the unmutated tests fail."""
+    tmp.chmod(0o755)
+    for workdir in workdirs:
+        copy_checkout(workdir)
+
+
 def run_tests(workdir: Path, tests: list[str], timeout: float) -> tuple[str, float]:
     """'pass', 'fail' or 'timeout', and the seconds it took."""
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
@@ -363,11 +376,11 @@ def run_tests(workdir: Path, tests: list[str], timeout: float) -> tuple[str, flo
     return ("pass" if res.returncode == 0 else "fail"), time.monotonic() - start
 
 
-def check_module(path: str, workdir: Path, args) -> tuple[int, int, list[Mutant] | None] | None:
+def check_module(path: str, workdirs: list[Path], args) -> tuple[int, int, list[Mutant] | None] | None:
     """(killed, run, survivors) of one module; survivors None when its tests fail unmutated; None when
-    not scored (--list, or no tests)."""
+    not scored (--list, or no tests). The mutants run len(workdirs) at a time, each in its own copy."""
     # Read from the copy: the checkout may change while a run goes on.
-    root = ROOT if args.list else workdir
+    root = ROOT if args.list else workdirs[0]
     path, lines = split_spec(path)
     tests = tests_for(path, root)
     every = [m for m in mutants_of(path, root) if lines is None or lines[0] <= m.lineno <= lines[1]]
@@ -388,30 +401,46 @@ def check_module(path: str, workdir: Path, args) -> tuple[int, int, list[Mutant]
     if not tests:
         print("   no unit test imports this module: not scored")
         return None
-    target = workdir / path
-    original = target.read_text()
+    original = (workdirs[0] / path).read_text()
+    free: queue.Queue[Path] = queue.Queue()
+    for workdir in workdirs:
+        free.put(workdir)
+    lock = threading.Lock()
+    killed, survivors, done = [0], [], [0]
+
+    def one(m: Mutant) -> None:
+        workdir = free.get()
+        try:
+            (workdir / path).write_text(mutated_source(m, original))
+            verdict, _ = run_tests(workdir, tests, timeout)
+        finally:
+            free.put(workdir)
+        with lock:
+            done[0] += 1
+            if verdict == "pass":
+                survivors.append(m)
+                print(f"   [{done[0]}/{len(chosen)}] SURVIVED {m.path}:{m.lineno}: {m.desc}", flush=True)
+            else:
+                killed[0] += 1
+                if args.verbose:
+                    print(f"   [{done[0]}/{len(chosen)}] killed ({verdict}) {m.path}:{m.lineno}: {m.desc}", flush=True)
+
     try:
         # The baseline runs the module as the mutants are written (unparsed), so a difference is the mutation's.
-        target.write_text(ast.unparse(ast.parse(original)) + "\n")
-        verdict, took = run_tests(workdir, tests, args.timeout or 300)
+        (workdirs[0] / path).write_text(ast.unparse(ast.parse(original)) + "\n")
+        verdict, took = run_tests(workdirs[0], tests, args.timeout or 300)
         if verdict != "pass":
             print(f"   the tests fail on the unmutated module ({verdict}): fix them first")
             return 0, 0, None
         timeout = args.timeout or max(10.0, 5 * took)
-        killed, survivors = 0, []
-        for n, m in enumerate(chosen, 1):
-            target.write_text(mutated_source(m, original))
-            verdict, _ = run_tests(workdir, tests, timeout)
-            if verdict == "pass":
-                survivors.append(m)
-                print(f"   [{n}/{len(chosen)}] SURVIVED {m.path}:{m.lineno}: {m.desc}", flush=True)
-            else:
-                killed += 1
-                if args.verbose:
-                    print(f"   [{n}/{len(chosen)}] killed ({verdict}) {m.path}:{m.lineno}: {m.desc}", flush=True)
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(workdirs)) as pool:
+            for future in [pool.submit(one, m) for m in chosen]:
+                future.result()
     finally:
-        target.write_text(original)
-    return killed, len(chosen), survivors
+        for workdir in workdirs:
+            (workdir / path).write_text(original)
+    survivors.sort(key=lambda m: (m.lineno, m.index, m.kind, m.arg))
+    return killed[0], len(chosen), survivors
 
 
 def split_spec(spec: str) -> tuple[str, tuple[int, int] | None]:
@@ -439,6 +468,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="the sample's seed (default 0)")
     ap.add_argument("--timeout", type=float, default=None, help="seconds per mutant (default 5x the baseline, >= 10)")
     ap.add_argument("--fail-under", type=float, default=None, help="exit 1 when a module scores below this percent")
+    ap.add_argument(
+        "--jobs", type=int, default=1, help="mutants run at a time, each in its own copy of the checkout (default 1)"
+    )
     ap.add_argument("--list", action="store_true", help="print the mutants and the tests, run nothing")
     ap.add_argument("-v", "--verbose", action="store_true", help="print killed mutants too")
     args = ap.parse_args(argv)
@@ -450,11 +482,11 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"{spec}: no such module under {ROOT} (PATH or PATH:START-END)")
     results = {}
     with tempfile.TemporaryDirectory(prefix="sparkops-mutation-") as tmp:
-        workdir = Path(tmp)
+        workdirs = [Path(tmp) / str(n) for n in range(max(1, args.jobs))]
         if not args.list:
-            copy_checkout(workdir)
+            make_copies(Path(tmp), workdirs)
         for path in modules:
-            res = check_module(path, workdir, args)
+            res = check_module(path, workdirs, args)
             if res is not None:
                 results[path] = res
     if args.list:

@@ -151,16 +151,30 @@ def test_tests_are_found_for_a_module():
 
 
 def test_a_run_scores_in_a_copy_and_leaves_the_checkout_unchanged():
-    """A lockfile mutant runs against its tests; the checkout's lockfile.py is byte-identical afterwards."""
+    """Two lockfile mutants run against its tests, side by side (--jobs 2: each in its own copy); the checkout's
+    lockfile.py is byte-identical afterwards."""
     target = ROOT / "plugins" / "plugin_utils" / "lockfile.py"
     before = target.read_bytes()
     res = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "mutation" / "mutate.py"), "--sample", "1", "--seed", "3",
-         "plugins/plugin_utils/lockfile.py"],
+        [sys.executable, str(ROOT / "tests" / "mutation" / "mutate.py"), "--sample", "2", "--seed", "3",
+         "--jobs", "2", "plugins/plugin_utils/lockfile.py"],
         cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert res.returncode == 0, res.stdout + res.stderr
     assert target.read_bytes() == before
-    assert "== plugins/plugin_utils/lockfile.py: 1 of " in res.stdout
-    assert "/1  plugins/plugin_utils/lockfile.py" in res.stdout
+    assert "== plugins/plugin_utils/lockfile.py: 2 of " in res.stdout
+    assert "/2  plugins/plugin_utils/lockfile.py" in res.stdout
     assert "test_mutation_tool.py" not in res.stdout  # the mutator never runs its own tests
+
+
+def test_the_copies_are_readable_by_another_uid(tmp_path):
+    """Run as root, gateway_reload's tests start their stand-in master as a throwaway uid from the copy: every
+    folder above the copy's tests must be traversable by others (mkdtemp's 0700 would fail them unmutated)."""
+    tmp = tmp_path / "run"
+    tmp.mkdir(mode=0o700)
+    mutate.make_copies(tmp, [tmp / "0", tmp / "1"])
+    fake = tmp / "1" / "tests" / "unit" / "fake_gunicorn_master.py"
+    assert fake.read_bytes() == (ROOT / "tests" / "unit" / "fake_gunicorn_master.py").read_bytes()
+    for folder in (tmp, tmp / "1", fake.parent):
+        assert folder.stat().st_mode & 0o005 == 0o005, folder
+    assert fake.stat().st_mode & 0o004

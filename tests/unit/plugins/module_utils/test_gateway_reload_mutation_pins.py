@@ -6,20 +6,31 @@ Equivalent mutants (tests/mutation/equivalents.py lists them; `make mutation` do
 - proc_stat's `text[text.rindex(")") + 2 :]` -> `+ 1`: the slice then starts at the space after ")", which
   split() drops.
 - Reloader.__init__'s `self.ttin_sent = 0` -> `-1`: run() sets it to 0 before anything reads it.
+- Reloader.__init__'s `self.ttin_sent = 0` -> `1`: the same (run() sets it before anything reads it).
 - run()'s `result["new_pid"] = live[-1][0]` -> `live[-0][0]`: that branch runs only when len(live) == 1, so
   live[0] is live[-1].
+- proc_stat's and proc_argv's `except (FileNotFoundError, ProcessLookupError, NotADirectoryError)` without
+  NotADirectoryError: on Linux's /proc a pid's entry is always a folder; a pid that is gone gives ENOENT (or
+  ESRCH while it is reaped), never ENOTDIR.
+- children()'s `key=lambda w: (w[1], w[0])` -> `(w[1], w[-1])` (the start twice): /proc lists pids in ascending
+  order (fs/proc/base.c, proc_pid_readdir walks the tgids upward) and sorted() is stable, so workers started in
+  the same clock tick still come out by pid.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import signal
 import subprocess
+import sys
 import time
 
 import pytest
 from ansible_collections.sparkops.cluster.plugins.module_utils import gateway_reload as gr
-from gateway_reload_helpers import Master
+from conftest import ROOT
+from gateway_reload_helpers import Master, as_root
 
 
 def test_the_journal_is_read_without_a_pager_bounded_to_20_s_for_the_last_30_lines():
@@ -55,6 +66,85 @@ def test_a_reused_pid_is_not_taken_for_the_retired_worker(tmp_path):
     assert gr.read_worker_files(tmp_path, [(7, 100)]) == ({7: "abc"}, {7})
     assert gr.read_worker_files(tmp_path, [(7, 250)]) == ({7: "abc"}, set())  # a new process with pid 7
     assert gr.read_worker_files(tmp_path, [(8, 1)]) == ({}, set())
+
+
+def test_a_dead_or_zombie_process_is_no_worker_of_the_master(tmp_path):
+    """proc(5): state Z (zombie, not yet reaped) and X (dead) are processes that serve nothing."""
+
+    def stat(pid, state, start):
+        (tmp_path / str(pid)).mkdir()
+        fields = [state, "7"] + ["0"] * 17 + [str(start)] + ["0"] * 10
+        (tmp_path / str(pid) / "stat").write_text(f"{pid} (gunicorn) " + " ".join(fields) + "\n")
+
+    stat(20, "S", 300)
+    stat(21, "Z", 100)
+    stat(22, "X", 200)
+    stat(23, "R", 50)
+    assert gr.children(7, tmp_path) == [(23, 50), (20, 300)]
+    assert gr.proc_stat(22, tmp_path) is None and gr.proc_stat(21, tmp_path) is None
+
+
+def test_a_preflight_that_fails_saying_why_on_stdout_only_is_quoted(tmp_path):
+    """The check's last line is the message's reason whichever stream it came on: a preflight that fails with
+    nothing on stderr but its reason on stdout still names it, not only its exit status."""
+    (tmp_path / "5").mkdir()
+    (tmp_path / "5" / "cmdline").write_bytes(f"{sys.executable}\0{ROOT}/bin/gunicorn\0{gr.APP_SPEC}\0".encode())
+    (tmp_path / "5" / "environ").write_bytes(b"PYTHONPATH=/opt/gw/lib\0")
+
+    def run(argv, **kw):
+        return subprocess.CompletedProcess(
+            argv, 1, stdout="loading the app\nLITELLM_MASTER_KEY_FILE is empty\n", stderr=""
+        )
+
+    reloader = gr.Reloader(
+        tmp_path / "pid", tmp_path, tmp_path / "config.yaml", uid=os.geteuid(), proc=tmp_path, run=run
+    )
+    with pytest.raises(gr.ReloadError) as err:
+        reloader.preflight(5, {"old_pids": [9]})
+    assert str(err.value).startswith("a new worker would fail to load the app (LITELLM_MASTER_KEY_FILE is empty), ")
+    assert err.value.details == {"log": "loading the app\nLITELLM_MASTER_KEY_FILE is empty", "old_pids": [9]}
+
+
+def test_a_worker_gunicorn_replaced_is_awaited_and_nothing_is_signalled_or_changed(tmp_path):
+    """The only worker died and gunicorn's master started another, which still loads the configuration: a reload
+    then waits for that worker, sends no signal, and reports no change (the new worker reads the same file)."""
+    m = Master(tmp_path, boot_s=1.5)
+    try:
+        [old] = m.workers()
+        os.kill(old, signal.SIGKILL)
+        m.wait_for(lambda: m.workers() and m.workers() != [old], "the replacement worker")
+        [new] = m.workers()
+        assert new not in m.ready_pids()  # still booting
+        r = m.reloader().run(timeout=10)
+        assert m.signals == []
+        assert r["changed"] is False and r["new_pid"] == new and r["old_pids"] == []
+    finally:
+        m.stop()
+
+
+def test_the_reload_script_run_as_root_prints_its_result_from_its_own_process(tmp_path):
+    """The service's reload action as the init script runs it: the file as a script, in its own process. As root
+    it drops to the gateway's user in a child and the parent prints the child's result (a parent that ran the
+    child's part would exit with nothing printed). Keep it before the first in-process call_as as root (main() in
+    test_a_reload_action_that_succeeds_prints_its_result_as_json): a parent that ran the child's part in-process
+    would end pytest itself with exit status 0, which a mutation run reads as a pass."""
+    m = Master(tmp_path)
+    try:
+        args = ["--pidfile", str(m.pidfile), "--ready-dir", str(m.ready), "--config", str(m.config)]
+        script = ROOT / "plugins" / "module_utils" / "gateway_reload.py"
+        res = subprocess.run(  # noqa: S603 - our own script
+            [sys.executable, str(script), *args, "--user", str(m.uid)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert res.returncode == 0, res.stdout + res.stderr
+        out = json.loads(res.stdout)
+        assert out["changed"] is False and out["new_pid"] == m.workers()[0] and out["master_pid"] == m.proc.pid
+        assert as_root() or m.uid == os.geteuid()  # as root, the child dropped to the throwaway uid (the helpers')
+    finally:
+        m.stop()
 
 
 @pytest.fixture
