@@ -14,4 +14,3 @@ sys.path.insert(0, str(ROOT / "tests" / "unit"))
 # `ansible-test units` (the installed collection) loads this file as a plugin only.
 if str(ROOT / "tests") not in sys.path:
     sys.path.insert(0, str(ROOT / "tests"))
-
