@@ -153,9 +153,11 @@ collection() {
 # ships, on the installed copy; pytest runs the rest from the checkout (the files the build leaves out and the
 # files of the tests ansible-test skipped there). The cluster's lane waits for this part before its
 # timing-sensitive stage (checks_tests_done). Then the static checks, which time nothing, at the lowest CPU
-# priority the kernel offers (lowest_cpu_priority): they take only the time the cluster's lane leaves idle, and
-# use Ansible's local temporary folder of their own, so that their runs' module caches never prune the cluster's.
+# priority the kernel offers (lowest_cpu_priority): they take only the time the cluster's lane leaves idle. The
+# whole lane uses Ansible's local temporary folder of its own, so that its runs' module caches never prune the
+# cluster's.
 checks_lane() {
+    export ANSIBLE_LOCAL_TEMP="$stage_logs/ansible-local-checks"
     system
     stage collection-install tests/collection-checks.sh install
     rm -rf "$(installed_collection)/tests/output/junit"
@@ -164,7 +166,6 @@ checks_lane() {
     stage pytest-unit pytest_stage -q -n "${SPARKOPS_TEST_WORKERS:-auto}" --dist loadfile $(unit_tests_not_run_installed)
     touch "$stage_logs/checks-tests-done"
     lowest_cpu_priority
-    export ANSIBLE_LOCAL_TEMP="$stage_logs/ansible-local-checks"
     lint
     stage promtool promtool_rules
     stage collection-syntax tests/collection-checks.sh syntax
