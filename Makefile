@@ -34,7 +34,7 @@ help:
 	@echo "  make unit         - unit tests"
 	@echo "  make mutation     - mutation check of the pure logic: score and surviving mutants per module (not in make test;"
 	@echo "                     MODULES='plugins/module_utils/nccl_log.py ...' MUTATION_ARGS='--sample 60')"
-	@echo "  make test         - lint, unit tests, collection checks, molecule and integration tests on the simulated cluster, a 4-node ring (~60 min on 2 cores)"
+	@echo "  make test         - lint, unit tests, collection checks, molecule and integration tests on the simulated cluster, a 4-node ring (~55 min on 2 cores)"
 	@echo "  make collection-checks - build, install next to only the declared collections, syntax by FQCN, docs, sanity, units (~5 min)"
 	@echo "  make changelog    - lint changelogs/fragments/ and regenerate CHANGELOG.md from them"
 	@echo "  make bench-weights - weight-sync benchmark (not part of make test)"
