@@ -65,7 +65,12 @@ def test_sim_down_says_what_stays_and_how_to_remove_it(tmp_path, monkeypatch, ca
     monkeypatch.setattr(
         simctl, "run", lambda cmd, **kw: calls.append(cmd) or subprocess.CompletedProcess(cmd, 0, "", "")
     )
+    # Nor the machine's processes: stop_daemon would stop the registry and Hub of a simulated cluster that is up
+    # while this runs (make test runs the unit tests beside the cluster's integration files).
+    stopped = []
+    monkeypatch.setattr(simctl, "stop_daemon", lambda name, marker, **kw: stopped.append(name) or [])
     simctl.down(simctl.argparse.Namespace(all=False, keep_volumes=False, reset_state=False))
+    assert sorted(stopped) == ["hub", "registry"]
     said = " ".join(capsys.readouterr().out.split())
     assert "dockerd" in said and "860 MB" in said and "make sim-destroy" in said, said
     assert not any(c[:3] == ["docker", "image", "rm"] for c in calls)
