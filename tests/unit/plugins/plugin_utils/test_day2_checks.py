@@ -243,18 +243,7 @@ def test_nccl_busbw_verdict_from_verify_s_report():
     assert d.check_nccl_busbw({**report, "verdict": "PASS"}, "dgx_spark")["verdict"] == "PASS"
     inputs = {
         "now_epoch": 0,
-        "settings": {
-            "hardware": "dgx_spark",
-            "driver_branch": "580",
-            "memory_floor_gib": 0.25,
-            "disk_headroom_gib": 1,
-            "weights_path": "/w",
-            "cable_threshold_gbps": 190,
-            "expected_nodes": 2,
-            "expected_gpus": 2,
-            "serve_host": "10.0.0.1",
-            "mgmt_address": "192.168.0.1",
-        },
+        "settings": {**SIM_SETTINGS, "hardware": "dgx_spark", "expected_gpus": 2},
         "nodes": {},
         "nccl_busbw": report,
     }
