@@ -104,6 +104,7 @@ class FakeVllm(BaseHTTPRequestHandler):
                 emit(b'{"id": "chatcmpl-1", "choices": [ {"index": 0, "delta": {"content": "x"')
                 return
             emit({**base, "choices": [{"index": 0, "delta": {"content": f" t{i}"}, "finish_reason": None}]})
+            self.server.token_times.append(time.monotonic())
         if self.cfg.get("no_done"):
             return
         if body.get("stream_options", {}).get("include_usage"):
@@ -126,7 +127,7 @@ def server():
     def start(listen_after_s: float = 0, **cfg) -> str:
         srv = _Server(("127.0.0.1", 0), FakeVllm, bind_and_activate=False)
         srv.server_bind()  # bound, not listening: a connection is refused, as vLLM's before its engine is up
-        srv.cfg, srv.requests, srv.lock = cfg, 0, threading.Lock()
+        srv.cfg, srv.requests, srv.lock, srv.token_times = cfg, 0, threading.Lock(), []
 
         def listen():
             time.sleep(listen_after_s)
@@ -139,6 +140,7 @@ def server():
         made.append(srv)
         return f"http://127.0.0.1:{srv.server_port}"
 
+    start.made = made
     yield start
     for srv in made:
         srv.shutdown()
@@ -153,12 +155,17 @@ def args(url: str, **kw) -> dict:
 
 def test_healthy_server_reports_speed_models_and_metrics(server, tmp_path):
     progress = tmp_path / "p.jsonl"
-    r = run_module(vllm_health, args(server(tok_s=100), max_tokens=11, progress_file=str(progress)), check_mode=True)
+    r = run_module(vllm_health, args(server(tok_s=100), max_tokens=31, progress_file=str(progress)), check_mode=True)
     assert r.get("failed") is not True, r
     assert r["healthy"] is True and r["changed"] is False and r["failure_kind"] is None
     assert r["models"] == [MODEL]
-    assert r["completion_tokens"] == 11
-    assert 60 < r["tok_s"] < 110  # paced at 100 tok/s
+    assert r["completion_tokens"] == 31
+    # The rate is the one the server actually sent at (paced at 100 tok/s, slower on a loaded machine):
+    # (tokens - 1) over first-to-last token, so neither the time to the first token nor a fixed pace counts.
+    sent = server.made[0].token_times
+    assert len(sent) == 31
+    sent_tok_s = 30 / (sent[-1] - sent[0])
+    assert r["tok_s"] == pytest.approx(sent_tok_s, rel=0.3), (r["tok_s"], sent_tok_s)
     assert r["ttft_s"] > 0
     assert r["metrics"]["num_requests_running"] == 5
     assert r["metrics"]["kv_cache_usage"] == pytest.approx(0.375)
