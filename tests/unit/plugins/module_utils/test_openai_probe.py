@@ -74,6 +74,7 @@ class _Replay(BaseHTTPRequestHandler):
             if event.strip():
                 self.wfile.write(event + b"\n\n")
                 self.wfile.flush()
+                self.sent.append(time.monotonic())
                 time.sleep(self.pace_s)
 
 
@@ -82,10 +83,11 @@ def replay():
     servers = []
 
     def start(name: str, pace_s: float = 0.0) -> str:
-        handler = type("H", (_Replay,), {"body": (VLLM / name).read_bytes(), "pace_s": pace_s})
+        handler = type("H", (_Replay,), {"body": (VLLM / name).read_bytes(), "pace_s": pace_s, "sent": []})
         srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         servers.append(srv)
+        start.sent = handler.sent
         return f"http://127.0.0.1:{srv.server_port}"
 
     yield start
@@ -95,14 +97,17 @@ def replay():
 
 
 def test_stream_with_usage_chunk_counts_usage_tokens(replay):
-    r = op.stream_chat(replay("sse_chat_include_usage.txt", pace_s=0.05), "m", timeout=10)
+    r = op.stream_chat(replay("sse_chat_include_usage.txt", pace_s=0.1), "m", timeout=10)
     assert r["usage_reported"] is True
     assert r["completion_tokens"] == 4
     assert r["prompt_tokens"] == 16
     assert r["text"] == "1, 2,"
-    # 4 tokens: the first is TTFT, 3 more over ~3 pauses of 0.05 s -> ~20 tok/s
-    assert 10 < r["tok_s"] < 25
-    assert r["ttft_s"] >= 0.05  # the role chunk with empty content does not count as the first token
+    # 4 tokens: the first is TTFT, 3 more over 3 pauses of 0.1 s (longer on a loaded machine): the rate is the
+    # one the replay sent at, events 1 to 4 (event 0 is the role chunk with empty content)
+    sent_tok_s = 3 / (replay.sent[4] - replay.sent[1])
+    assert sent_tok_s < 10.5
+    assert r["tok_s"] == pytest.approx(sent_tok_s, rel=0.3), (r["tok_s"], sent_tok_s)
+    assert r["ttft_s"] >= 0.1  # the role chunk with empty content does not count as the first token
 
 
 def test_stream_without_usage_falls_back_to_text_chunks(replay):
