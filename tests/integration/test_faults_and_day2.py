@@ -192,6 +192,35 @@ def served_release(node: str = "spark-sim-1") -> str:
     return node_sh(node, "docker exec sparkops-vllm vllm --version").stdout.strip().splitlines()[-1]
 
 
+def test_a_move_to_the_current_stack_whose_vllm_never_gets_healthy_rolls_back_with_the_lock_unchanged(tmp_path):
+    """The planted failure of a stack move: vLLM 0.33.0's image is pulled and its vLLM started, but it exits at
+    start (the profile's env carries a value the double refuses, as a real vLLM exits on a bad setting), so its
+    health check never passes. upgrade.yml puts the recorded deployment back on its 0.19.0 image; the lock and the
+    record are as they were."""
+    reset_watchdog()
+    lock, before = locked_copy(tmp_path), state_file()
+    locked = lock.read_bytes() if lock.exists() else None
+    planted = {"sparkops_serving_overrides": {"sim-tiny-tp2": {"env": {"SPARKOPS_TEST_DOUBLE_ANSWERS": "planted"}}}}
+    extra = {"sparkops_stack": "vllm-0.33.0", "sparkops_lock_file": str(lock), **planted}
+    up = run_playbook("playbooks/upgrade.yml", extra_vars=extra, timeout=1800)
+    text = " ".join(up.stdout.split()).replace('\\"', '"')
+    assert up.returncode != 0, text[-4000:]
+    assert "stack vllm-0.19.0 -> vllm-0.33.0" in text, text[-4000:]
+    assert "was rolled back" in text, text[-4000:]
+    figures = re.search(r"was rolled back.*?([0-9.]+) s; total downtime ([0-9.]+) s", text)
+    print(
+        f"\nmove to vllm-0.33.0 that never gets healthy: {up.elapsed:.1f} s, rolled back in "
+        f"{figures.group(1) if figures else '?'} s, total downtime {figures.group(2) if figures else '?'} s"
+    )
+    assert state_file() == before
+    assert (lock.read_bytes() if lock.exists() else None) == locked
+    assert served_release().startswith("0.19.1.dev0+g2a69949bd")
+    serving = node_sh("spark-sim-1", "docker inspect --format '{{.Config.Image}}' sparkops-vllm").stdout.strip()
+    assert serving == before["image"]
+    assert not health().get("failed")
+    assert_watchdog_running()
+
+
 def test_the_reference_deployment_moves_to_the_current_vllm_stack_and_a_rerun_changes_nothing(tmp_path):
     """upgrade.yml -e sparkops_stack=vllm-0.33.0: vLLM's own image, named by tag in the stack, pulled once by tag
     (from the test bed's registry) and by its digest from then on; the profile checked against 0.33.0's contract
