@@ -27,6 +27,7 @@ from conftest import HEAD_FAST, NODES, ROOT, SIM_STATE, WORKER_FAST, failure, no
 from gateway_routes import ROUTES, SWEEP, client_paths, operations
 from test_deployments import CHAT as CHAT_DEPLOYMENT
 from test_deployments import CODE, EXTRA, completion
+from test_faults_and_day2 import locked_copy, served_release
 from test_monitoring import query, targets_by_job, wait_for
 
 pytestmark = pytest.mark.usefixtures("sim_cluster")
@@ -523,7 +524,11 @@ def test_a_killed_replica_is_ejected_and_the_other_serves(gateway):
         node_sh(NODES[1], "docker start sparkops-vllm sparkops-watchdog", check=False)
 
 
-def test_a_blue_green_upgrade_of_one_deployment_fails_no_request_of_a_streaming_client(gateway):
+def test_a_blue_green_upgrade_of_one_deployment_fails_no_request_of_a_streaming_client(gateway, tmp_path):
+    """Two upgrades of chat's two replicas while a client streams through the gateway: one whose engine answers
+    wrongly (refused, rolled back), then a new profile that also moves the stack to vLLM 0.33.0 (blue-green, half
+    by half, under a copy of the lock: the chain's way back in test_transitions.py moves it back to the inventory's
+    stack). The client sees no failed request in either."""
     # The worker's replica, started again by the previous test, answers before the upgrade begins.
     deadline = time.monotonic() + 120
     while completion(WORKER_FAST, "sim-chat") != 200:
@@ -537,6 +542,8 @@ def test_a_blue_green_upgrade_of_one_deployment_fails_no_request_of_a_streaming_
         " >/root/stream.log 2>&1 &",
     )
     before = {node: vllm_cmd(node) for node in NODES}
+    lock = locked_copy(tmp_path)
+    moved = {**REPLICAS_V2, "sparkops_stack": "vllm-0.33.0", "sparkops_lock_file": str(lock)}
     try:
         # First an upgrade whose new engine answers wrongly: refused by the quality gate on its first half,
         # which never returns to the gateway, and rolled back; the client keeps streaming through it all.
@@ -547,9 +554,7 @@ def test_a_blue_green_upgrade_of_one_deployment_fails_no_request_of_a_streaming_
         refused_in = time.monotonic() - t0
         after_wrong = {node: vllm_cmd(node) for node in NODES}
         t0 = time.monotonic()
-        up = run_playbook(
-            "playbooks/upgrade.yml", extra_vars={**REPLICAS_V2, "sparkops_deployment": "chat"}, timeout=1800
-        )
+        up = run_playbook("playbooks/upgrade.yml", extra_vars={**moved, "sparkops_deployment": "chat"}, timeout=1800)
         took = time.monotonic() - t0
     finally:
         node_sh(NODES[0], "touch /root/stream.stop; sleep 3; cat /root/stream.log", check=False)
@@ -563,18 +568,21 @@ def test_a_blue_green_upgrade_of_one_deployment_fails_no_request_of_a_streaming_
     assert up.returncode == 0, failure(up)
     switches = re.search(r"gateway switches took ([0-9., s]+) s", out)
     print(
-        f"\n[gateway] blue-green upgrade of chat (2 replicas): {took:.0f} s; the client: {got['ok']} streams, "
-        f"{got['failed']} failed; switches: {switches.group(1) if switches else '?'} s (2 cores)"
+        f"\n[gateway] blue-green upgrade of chat (2 replicas) to vllm-0.33.0: {took:.0f} s; the client: "
+        f"{got['ok']} streams, {got['failed']} failed; switches: {switches.group(1) if switches else '?'} s (2 cores)"
     )
     assert "blue-green" in out, out[-3000:]
+    assert "stack vllm-0.19.0 -> vllm-0.33.0" in out.replace('\\"', '"'), out[-3000:]
     assert got["failed"] == 0, got
     assert got["ok"] >= 20, got
     for node in NODES:
         cmd = vllm_cmd(node)
         assert cmd[cmd.index("--max-num-seqs") + 1] == "8", (node, cmd)
-    lock = json.loads((SIM_STATE / "sparkops.lock.json").read_text())
-    assert lock["model"]["profile"] == "sim-chat-v2" and lock["model"]["deployment"] == "chat", lock["model"]
-    again = run_playbook("site.yml", extra_vars=REPLICAS_V2, timeout=1800)
+        assert served_release(node) == "0.33.0", node
+    locked = json.loads(lock.read_text())
+    assert locked["model"]["profile"] == "sim-chat-v2" and locked["model"]["deployment"] == "chat", locked["model"]
+    assert locked["stack"] == "vllm-0.33.0", locked
+    again = run_playbook("site.yml", extra_vars=moved, timeout=1800)
     assert again.returncode == 0, failure(again)
     counts = recap(again.stdout)
     assert all(c["changed"] == 0 for c in counts.values()), counts
