@@ -166,26 +166,33 @@ def test_upgrade_to_a_new_image_commit(tmp_path):
     assert_watchdog_running()
 
 
-def test_upgrade_to_a_broken_image_rolls_back(tmp_path):
+def failed_upgrade_rolls_back(tmp_path, label: str, extra: dict, timeout: float = 900) -> str:
+    """Runs upgrade.yml with `extra` under a copy of the lock, expecting it to fail and roll back: the record on
+    the head, the lock and the serving image are as before, the endpoint is healthy and the watchdog runs.
+    Prints the run's figures under `label`; returns the run's output on one line."""
     reset_watchdog()
-    before = state_file()
-    lock = locked_copy(tmp_path)
+    lock, before = locked_copy(tmp_path), state_file()
     locked = lock.read_bytes() if lock.exists() else None
-    res = run_playbook(
-        "playbooks/upgrade.yml", extra_vars={"spark_vllm_image_ref": "sim-broken", "sparkops_lock_file": str(lock)}
-    )
-    text = " ".join(res.stdout.split())
-    assert res.returncode != 0
+    up = run_playbook("playbooks/upgrade.yml", extra_vars={**extra, "sparkops_lock_file": str(lock)}, timeout=timeout)
+    text = " ".join(up.stdout.split()).replace('\\"', '"')
+    assert up.returncode != 0, text[-4000:]
     assert "was rolled back" in text, text[-4000:]
     figures = re.search(r"was rolled back.*?([0-9.]+) s; total downtime ([0-9.]+) s", text)
-    if figures:
-        print(f"\nbroken upgrade: rollback {figures.group(1)} s, total downtime {figures.group(2)} s")
+    print(
+        f"\n{label}: {up.elapsed:.1f} s, rolled back in {figures.group(1) if figures else '?'} s, "
+        f"total downtime {figures.group(2) if figures else '?'} s"
+    )
     assert state_file() == before
     assert (lock.read_bytes() if lock.exists() else None) == locked  # a rollback leaves the lock alone
     assert not health().get("failed")
     serving = node_sh("spark-sim-1", "docker inspect --format '{{.Config.Image}}' sparkops-vllm").stdout.strip()
     assert serving == before["image"]
     assert_watchdog_running()
+    return text
+
+
+def test_upgrade_to_a_broken_image_rolls_back(tmp_path):
+    failed_upgrade_rolls_back(tmp_path, "broken upgrade", {"spark_vllm_image_ref": "sim-broken"})
 
 
 def served_release(node: str = "spark-sim-1") -> str:
@@ -197,28 +204,12 @@ def test_a_move_to_the_current_stack_whose_vllm_never_gets_healthy_rolls_back_wi
     start (the profile's env carries a value the double refuses, as a real vLLM exits on a bad setting), so its
     health check never passes. upgrade.yml puts the recorded deployment back on its 0.19.0 image; the lock and the
     record are as they were."""
-    reset_watchdog()
-    lock, before = locked_copy(tmp_path), state_file()
-    locked = lock.read_bytes() if lock.exists() else None
     planted = {"sparkops_serving_overrides": {"sim-tiny-tp2": {"env": {"SPARKOPS_TEST_DOUBLE_ANSWERS": "planted"}}}}
-    extra = {"sparkops_stack": "vllm-0.33.0", "sparkops_lock_file": str(lock), **planted}
-    up = run_playbook("playbooks/upgrade.yml", extra_vars=extra, timeout=1800)
-    text = " ".join(up.stdout.split()).replace('\\"', '"')
-    assert up.returncode != 0, text[-4000:]
-    assert "stack vllm-0.19.0 -> vllm-0.33.0" in text, text[-4000:]
-    assert "was rolled back" in text, text[-4000:]
-    figures = re.search(r"was rolled back.*?([0-9.]+) s; total downtime ([0-9.]+) s", text)
-    print(
-        f"\nmove to vllm-0.33.0 that never gets healthy: {up.elapsed:.1f} s, rolled back in "
-        f"{figures.group(1) if figures else '?'} s, total downtime {figures.group(2) if figures else '?'} s"
+    text = failed_upgrade_rolls_back(
+        tmp_path, "move to vllm-0.33.0 that never gets healthy", {"sparkops_stack": "vllm-0.33.0", **planted}, 1800
     )
-    assert state_file() == before
-    assert (lock.read_bytes() if lock.exists() else None) == locked
+    assert "stack vllm-0.19.0 -> vllm-0.33.0" in text, text[-4000:]
     assert served_release().startswith("0.19.1.dev0+g2a69949bd")
-    serving = node_sh("spark-sim-1", "docker inspect --format '{{.Config.Image}}' sparkops-vllm").stdout.strip()
-    assert serving == before["image"]
-    assert not health().get("failed")
-    assert_watchdog_running()
 
 
 def test_the_reference_deployment_moves_to_the_current_vllm_stack_and_a_rerun_changes_nothing(tmp_path):
