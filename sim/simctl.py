@@ -452,26 +452,64 @@ def gateway_requirements() -> list[str]:
     return [r.replace("{{ sparkops_gateway_litellm_version }}", version) for r in data["sparkops_gateway_requirements"]]
 
 
+# The test bed's package index, PyPI's stand-in for the nodes (sim/differences.yml): the gateway's wheels for
+# the nodes' platform, downloaded once from PyPI by playbooks/gateway_wheels.yml's own function, served as PEP
+# 503 simple pages by Python's http.server on the management bridge. The head installs LiteLLM from it as a
+# Spark does from PyPI (roles/gateway: no wheelhouse on the controller, sparkops_gateway_index_url).
+PYPI = STATE / "pypi"
+PYPI_PORT = 5090
+PYPI_INDEX_URL = f"http://{REGISTRY_HOST}:{PYPI_PORT}/simple/"
+PYPI_MARKER = (b"-m\0http.server\0", f"--bind\0{REGISTRY_HOST}\0{PYPI_PORT}\0".encode())
+
+
 def build_gateway_wheels() -> Path:
-    """The gateway's wheelhouse for the nodes, where roles/gateway looks by default: the sim's credentials
-    folder is .sim/credentials, so <that>/../wheelhouse/gateway/linux-<arch>-cp311 (playbooks/gateway_wheels.yml
-    makes the same folder from the head's facts). Cached: about 170 MB, downloaded once."""
+    """The gateway's wheels for the nodes' platform (the files of the test bed's index, write_simple_index).
+    Not in the role's default wheelhouse folder: the test bed installs from the index, as a site without one
+    does. Cached: about 170 MB, downloaded once."""
     spec = importlib.util.spec_from_file_location("sparkops_gateway_plan", ROOT / "plugins/plugin_utils/gateway.py")
     gateway = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gateway)
     arch = platform.machine()
-    dest = STATE / "wheelhouse" / "gateway" / gateway.wheelhouse_name(arch, NODE_PYTHON)
+    dest = PYPI / "files" / gateway.wheelhouse_name(arch, NODE_PYTHON)
     requirements = gateway_requirements()
     marker = dest / ".complete"
+    earlier = STATE / "wheelhouse" / "gateway" / dest.name  # where an earlier test bed kept them: moved, not fetched
+    if earlier.is_dir() and not dest.exists():
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(earlier), dest)
+    shutil.rmtree(STATE / "wheelhouse", ignore_errors=True)
     if marker.exists() and marker.read_text() == json.dumps([*requirements, NODE_PYTHON]):
         log(f"gateway wheels ({', '.join(requirements)}): cached")
+        write_simple_index(dest)
         return dest
     dest.mkdir(parents=True, exist_ok=True)
     log(f"downloading the gateway's wheels ({', '.join(requirements)}; CPython {NODE_PYTHON}, {arch}; ~170 MB)")
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet"]
     gateway.download_wheelhouse(pip, str(dest), requirements, arch=arch, python=NODE_PYTHON, glibc=NODE_GLIBC, run=run)
     marker.write_text(json.dumps([*requirements, NODE_PYTHON]))
+    write_simple_index(dest)
     return dest
+
+
+def write_simple_index(files: Path) -> None:
+    """PEP 503 pages for the wheels in `files`: simple/index.html lists each project, simple/<normalized
+    name>/index.html links its files with their sha256 (pip checks it, as it does PyPI's)."""
+    from packaging.utils import canonicalize_name, parse_wheel_filename  # noqa: PLC0415 - pip's own, in the venv
+
+    projects: dict[str, list[str]] = {}
+    for whl in sorted(files.glob("*.whl")):
+        name = canonicalize_name(parse_wheel_filename(whl.name)[0])
+        digest = hashlib.sha256(whl.read_bytes()).hexdigest()
+        rel = f"../../files/{files.name}/{whl.name}"
+        projects.setdefault(name, []).append(f'<a href="{rel}#sha256={digest}">{whl.name}</a><br/>')
+    simple = PYPI / "simple"
+    shutil.rmtree(simple, ignore_errors=True)
+    for name, links in projects.items():
+        (simple / name).mkdir(parents=True)
+        page = "\n".join(links)
+        (simple / name / "index.html").write_text(f"<!DOCTYPE html><html><body>\n{page}\n</body></html>\n")
+    rows = "\n".join(f'<a href="{name}/">{name}</a><br/>' for name in sorted(projects))
+    (simple / "index.html").write_text(f"<!DOCTYPE html><html><body>\n{rows}\n</body></html>\n")
 
 
 def git(repo: Path, *args: str, env: dict | None = None) -> str:
@@ -978,6 +1016,20 @@ def ensure_hub(model: str, revision: str, shards: int, shard_mib: int) -> None:
     ensure_daemon("hub", HUB_MARKER, argv, lambda: hub_answers(model), what)
 
 
+def pypi_answers() -> bool:
+    try:
+        with urllib.request.urlopen(f"{PYPI_INDEX_URL}litellm/", timeout=3) as resp:  # noqa: S310 - fixed http URL
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+def ensure_pypi() -> None:
+    """Serve the test bed's index (build_gateway_wheels wrote it) on the management bridge."""
+    argv = [sys.executable, "-m", "http.server", "--bind", REGISTRY_HOST, str(PYPI_PORT), "--directory", str(PYPI)]
+    ensure_daemon("pypi", PYPI_MARKER, argv, pypi_answers, f"package index at {PYPI_INDEX_URL}")
+
+
 def registry_answers() -> bool:
     try:
         with urllib.request.urlopen(f"http://{REGISTRY_ADDR}/v2/", timeout=3) as resp:  # noqa: S310 - fixed http URL
@@ -1146,6 +1198,7 @@ def up(args: argparse.Namespace) -> None:
     configure_node_registries()
     push_stack_images()
     ensure_hub(args.model, args.revision, args.shards, args.shard_mib)
+    ensure_pypi()
     write_inventory_facts(key)
     write_inventory_state()
     inv = write_topology_inventory(args.nodes, args.topology)
@@ -1177,7 +1230,7 @@ def down(args: argparse.Namespace) -> None:
     for name in sorted(set(res.stdout.split()) | set(NETWORKS)):
         if name.startswith(f"{PREFIX}-"):
             remove_network(name)
-    for name, marker in (("registry", REGISTRY_MARKER), ("hub", HUB_MARKER)):
+    for name, marker in (("registry", REGISTRY_MARKER), ("hub", HUB_MARKER), ("pypi", PYPI_MARKER)):
         for held in stop_daemon(name, marker):
             log(f"{name}: stopped {held}")
     if args.all:

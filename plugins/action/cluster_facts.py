@@ -165,6 +165,7 @@ class ActionModule(ActionBase):
                 model,
                 self._value(task_vars, "sparkops_gateway_wheelhouse"),
                 self._value(task_vars, "sparkops_gateway_litellm_version"),
+                index_url=self._value(task_vars, "sparkops_gateway_index_url"),
             )
         result["changed"] = False
         result["problems"] = []

@@ -3,6 +3,7 @@ plugins/plugin_utils/gateway.py, these turn its errors into AnsibleFilterError.
 
     {{ sparkops_cluster.serving | sparkops.cluster.gateway_litellm_config(drained) }} -> LiteLLM's config.yaml
     {{ arch | sparkops.cluster.gateway_wheelhouse_name(python_version) }}           -> linux-<arch>-cp<XY>
+    {{ folder | sparkops.cluster.gateway_install_source(version, arch, index_url) }} -> wheelhouse, index or none
     {{ pip | sparkops.cluster.gateway_pip_download(dest, reqs, arch=, python=, glibc=) }} -> argv
     {{ python | sparkops.cluster.gateway_wheelhouse_download(dest, reqs, arch=, python=, glibc=) }} -> argv
     {{ result['keys'] | sparkops.cluster.gateway_usage_lines }}                     -> one line per key
@@ -28,6 +29,10 @@ def gateway_wheelhouse_name(arch: str, python: str) -> str:
         return gateway.wheelhouse_name(str(arch), str(python))
     except gateway.WheelhouseError as err:
         raise AnsibleFilterError(str(err)) from None
+
+
+def gateway_install_source(platform_folder, litellm_version, arch, index_url) -> str:
+    return gateway.install_source(platform_folder, str(litellm_version), str(arch), str(index_url or ""))
 
 
 def gateway_pip_download(pip, dest: str, requirements: list, *, arch: str, python: str, glibc: str) -> list:
@@ -80,6 +85,7 @@ class FilterModule:
         return {
             "gateway_litellm_config": gateway_litellm_config,
             "gateway_wheelhouse_name": gateway_wheelhouse_name,
+            "gateway_install_source": gateway_install_source,
             "gateway_pip_download": gateway_pip_download,
             "gateway_wheelhouse_download": gateway_wheelhouse_download,
             "gateway_usage_lines": gateway_usage_lines,

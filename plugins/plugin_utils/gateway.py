@@ -187,6 +187,18 @@ def wheelhouse_name(arch: str, python: str) -> str:
     return f"linux-{arch}-cp{parts[0]}{parts[1]}"
 
 
+def install_source(platform_folder, litellm_version: str, arch: str, index_url: str) -> str:
+    """Where the head's venv is installed from: "wheelhouse" when the control node's folder for the head's
+    platform holds the pinned LiteLLM for its architecture (offline, the air-gapped path), else "index" when an
+    index is named, else "none" (roles/gateway refuses, changing nothing)."""
+    from pathlib import Path  # noqa: PLC0415
+
+    folder = Path(str(platform_folder))
+    if any(folder.glob(f"litellm-{litellm_version}-*{arch}.whl")):
+        return "wheelhouse"
+    return "index" if str(index_url or "") else "none"
+
+
 def pip_download_argv(pip: list[str], dest: str, requirements: list[str], *, arch: str, python: str, glibc: str):
     """`pip download` of `requirements` for the node, binaries only (no build step on any machine)."""
     parts = str(python).split(".")

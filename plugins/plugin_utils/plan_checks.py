@@ -239,18 +239,20 @@ def unknown_variables(names: dict, known, prefixes, profile_keys=()) -> list:
     return out
 
 
-def wheelhouse_warnings(model: dict, wheelhouse, litellm_version) -> list:
-    """With the gateway on: a warning when the control node's wheelhouse holds no LiteLLM wheel of the pinned
-    version for any platform. The gateway installs offline from it, and site.yml reaches the gateway after
-    the image build and the weights: better said by the plan than an hour into the first run."""
-    if not ((model.get("serving") or {}).get("gateway") or {}).get("enabled") or not wheelhouse:
+def wheelhouse_warnings(model: dict, wheelhouse, litellm_version, index_url="") -> list:
+    """With the gateway on and offline only (no index): a warning when the control node's wheelhouse holds no
+    LiteLLM wheel of the pinned version for any platform. The gateway then has nothing to install from, and
+    site.yml reaches the gateway after the image build and the weights: better said by the plan than an hour
+    into the first run. With an index, the head installs from it (roles/gateway checks that it reaches it)."""
+    if not ((model.get("serving") or {}).get("gateway") or {}).get("enabled") or not wheelhouse or index_url:
         return []
     folder = Path(str(wheelhouse))
     if any(folder.glob(f"*/litellm-{litellm_version}-*.whl")):
         return []
     return [
-        f"the gateway is on (sparkops_gateway_enabled), and its wheelhouse {folder} holds no "
-        f"litellm-{litellm_version} wheel: site.yml would stop at the gateway, after the image build and the "
-        "weights. Fill it first: ansible-playbook playbooks/gateway_wheels.yml -i <inventory> (where PyPI or "
-        "a mirror is reachable; an air-gapped site copies the folder here), or set sparkops_gateway_wheelhouse."
+        f"the gateway is on (sparkops_gateway_enabled), offline only (sparkops_gateway_index_url is empty), and "
+        f"its wheelhouse {folder} holds no litellm-{litellm_version} wheel: site.yml would stop at the gateway, "
+        "after the image build and the weights. Fill it first: ansible-playbook playbooks/gateway_wheels.yml -i "
+        "<inventory> (where PyPI or a mirror is reachable; an air-gapped site copies the folder here), set "
+        "sparkops_gateway_wheelhouse, or set sparkops_gateway_index_url to an index the head reaches."
     ]

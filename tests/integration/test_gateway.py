@@ -1,7 +1,8 @@
 """The client gateway on the simulated pair (issue 25, roles/gateway, docs/gateway.md).
 
-site.yml with sparkops_gateway_enabled installs LiteLLM's proxy on the head offline (from the wheelhouse
-sim/simctl.py build downloaded into .sim/wheelhouse/gateway), keys.yml makes a client key, the `openai` client
+site.yml with sparkops_gateway_enabled installs LiteLLM's proxy on the head from the test bed's package index (no
+wheelhouse on the controller, as at a site that reaches PyPI; an unreachable index is refused before anything
+changes), keys.yml makes a client key, the `openai` client
 (in the gateway's own venv on the head: the nodes reach the gateway on the head's fast link) talks through it,
 every path asks for a key, this machine (named a client network) reaches the gateway on the head's management
 address while vLLM's chain lets no client network in, Prometheus scrapes the gateway with its own key and sees
@@ -42,6 +43,11 @@ ON = {"sparkops_gateway_enabled": True, "sparkops_client_networks": [f"{CONTROLL
 KEY_NAME = "itest-client"
 KEYS_DIR = SIM_STATE / "credentials" / "keys"
 VENV_PY = "/opt/sparkops/gateway/bin/python"
+# The gateway's venv (its LiteLLM's version) and service, as they are on the head.
+GATEWAY_STATE = (
+    f"{VENV_PY} -c 'import importlib.metadata as m; print(m.version(\"litellm\"))'; "
+    "stat -c '%i %Y' /opt/sparkops/gateway/bin/python; pgrep -f '[/]opt/sparkops/gateway/bin/gunicorn' | sort"
+)
 UNGUARDED_IN_LITELLM = ["/", "/health/liveliness", "/openapi.json", "/ui/", "/metrics", "/v1/models", "/nope"]
 
 PROBE = r"""
@@ -115,13 +121,24 @@ def gateway():
     """The gateway's step of the transition chain (conftest.CHAIN): from the previous step's end (chat alone
     on the head) to two deployments behind the gateway in one site.yml. The chain's last step
     (test_transitions.py) takes the pair back to the reference and checks the gateway is gone."""
-    wheels = SIM_STATE / "wheelhouse" / "gateway"
-    if not any(wheels.glob("linux-*-cp311/litellm-*.whl")):
-        pytest.fail(f"no gateway wheelhouse under {wheels}: run `sim/simctl.py build` (it downloads it, once)")
+    index_log = SIM_STATE / "pypi" / "pypi.log"
+    if not (SIM_STATE / "pypi" / "simple" / "litellm" / "index.html").exists() or not index_log.exists():
+        pytest.fail(f"no test bed package index under {SIM_STATE / 'pypi'}: run `make sim-up` (it serves it)")
+    assert not (SIM_STATE / "wheelhouse").exists(), "the test bed installs from its index, not a wheelhouse"
+    # The install from the index is what this step proves: a venv left by an earlier run on a kept cluster goes
+    # first (make test starts with none).
+    node_sh(NODES[0], f"rm -rf {shlex.quote(str(Path(VENV_PY).parents[1]))}", check=False)
+    logged = index_log.stat().st_size
     t0 = time.monotonic()
     first = run_playbook("site.yml", extra_vars=TWO, timeout=1800)
     assert first.returncode == 0, failure(first)
     print(f"\n[chain] chat alone -> chat + code behind the gateway: {time.monotonic() - t0:.0f} s")
+    with index_log.open() as f:
+        f.seek(logged)
+        fetched = [line for line in f if line.startswith(f"{HEAD_MGMT} ") and '"GET ' in line]
+    assert any("GET /simple/litellm/ " in line and '" 200 ' in line for line in fetched), fetched
+    wheel = re.compile(r"GET /files/\S+/litellm-1\.108\.7-\S+\.whl HTTP/1\.1\" 200 ")
+    assert any(wheel.search(line) for line in fetched), fetched
     yield first
     gone = {**TWO, "sparkops_key_name": KEY_NAME, "sparkops_key_state": "absent"}
     run_playbook("playbooks/keys.yml", extra_vars=gone)
@@ -143,6 +160,22 @@ def test_a_key_is_made_once_kept_0600_and_printed_nowhere(gateway):
     # Ansible folds a long message: the listing is read with its whitespace joined.
     assert listed.returncode == 0 and f"{KEY_NAME}: active" in " ".join(listed.stdout.split()), listed.stdout[-3000:]
     assert key not in listed.stdout
+
+
+def test_an_install_the_head_cannot_fetch_is_refused_before_anything_changes(gateway):
+    """A new LiteLLM pin (the venv must be installed again), no wheelhouse, and an index nobody answers at."""
+    before = node_sh(NODES[0], GATEWAY_STATE).stdout
+    res = run_playbook(
+        "playbooks/gateway.yml",
+        extra_vars={**TWO, "sparkops_gateway_litellm_version": "1.108.6",
+                    "sparkops_gateway_index_url": f"http://nobody:s3cret@{CONTROLLER}:9/simple"},
+    )  # fmt: skip
+    out = res.stdout + res.stderr
+    assert res.returncode != 0, failure(res)
+    assert f"could not read http://{CONTROLLER}:9/simple/litellm/" in out and "Nothing was changed" in out, failure(res)
+    assert "s3cret" not in out, "the index's credentials reached the output"
+    assert recap(res.stdout)["spark-sim-1"]["changed"] == 0, failure(res)
+    assert node_sh(NODES[0], GATEWAY_STATE).stdout == before
 
 
 def test_a_bad_key_name_is_refused_and_changes_nothing(gateway):

@@ -1,10 +1,12 @@
-"""sim/simctl.py bakes the gateway's packages into the nodes and downloads its wheelhouse where roles/gateway
-looks by default on the test bed (issue 25), once."""
+"""sim/simctl.py bakes the gateway's packages into the nodes, downloads the gateway's wheels once and serves them as
+the test bed's package index (PEP 503), outside the role's default wheelhouse: the head installs from the index."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import platform
+import re
 import subprocess
 import zipfile
 from pathlib import Path
@@ -26,7 +28,7 @@ def test_the_node_image_has_postgresql_and_venv(tmp_path, monkeypatch):
     assert {"postgresql", "python3-venv"} <= set(simctl.NODE_PACKAGES)
 
 
-def test_the_wheelhouse_is_downloaded_once_for_the_nodes_into_the_roles_default_folder(tmp_path, monkeypatch):
+def test_the_wheels_are_downloaded_once_and_served_as_an_index_not_as_the_roles_wheelhouse(tmp_path, monkeypatch):
     state = tmp_path / "state"
     simctl = load_simctl(monkeypatch, state)
     calls = []
@@ -42,14 +44,29 @@ def test_the_wheelhouse_is_downloaded_once_for_the_nodes_into_the_roles_default_
         return subprocess.CompletedProcess(cmd, 0)
 
     monkeypatch.setattr(simctl, "run", pip_download)
-    dest = simctl.build_gateway_wheels()
-    # The role's default, sparkops_credentials_dir | dirname ~ '/wheelhouse/gateway', with the sim's credentials
-    # folder (.sim/credentials, inventory/sim/group_vars/all/connection.yml).
+    # An earlier test bed's wheelhouse, where the role looks by default (sparkops_credentials_dir | dirname ~
+    # '/wheelhouse/gateway', the sim's credentials in .sim/credentials): its wheels move to the index, and the
+    # folder goes, so that the head installs from the index as a site without a wheelhouse does.
     defaults = yaml.safe_load((ROOT / "roles/sparkops_defaults/defaults/main/cluster.yml").read_text())
     assert defaults["sparkops_gateway_wheelhouse"] == "{{ sparkops_credentials_dir | dirname }}/wheelhouse/gateway"
     conn = (ROOT / "inventory/sim/group_vars/all/connection.yml").read_text()
     assert 'sparkops_credentials_dir: "{{ sparkops_sim_state }}/credentials"' in conn
-    assert dest == state / "wheelhouse" / "gateway" / f"linux-{platform.machine()}-cp311"
+    earlier = state / "wheelhouse" / "gateway" / f"linux-{platform.machine()}-cp311"
+    earlier.mkdir(parents=True)
+    (earlier / "kept-1.0-py3-none-any.whl").write_text("")
+    dest = simctl.build_gateway_wheels()
+    assert not (state / "wheelhouse").exists() and (dest / "kept-1.0-py3-none-any.whl").exists()
+    assert dest == state / "pypi" / "files" / f"linux-{platform.machine()}-cp311"
+    # PEP 503 pages: the project list, and each project's files with their sha256 (pip checks them).
+    listed = (state / "pypi" / "simple" / "index.html").read_text()
+    assert 'href="litellm/"' in listed and 'href="prometheus-client/"' in listed
+    page = (state / "pypi" / "simple" / "prometheus-client" / "index.html").read_text()
+    (href,) = re.findall(r'href="([^"]+)"', page)
+    path, digest = href.split("#sha256=")
+    wheel = (state / "pypi" / "simple" / "prometheus-client" / path).resolve()
+    assert wheel.parent == dest and hashlib.sha256(wheel.read_bytes()).hexdigest() == digest
+    inv = (ROOT / "inventory/sim/group_vars/all/cluster.yml").read_text()
+    assert f"sparkops_gateway_index_url: {simctl.PYPI_INDEX_URL}" in inv
     [argv] = calls
     assert argv[argv.index("--python-version") + 1] == "3.11"
     assert simctl.NODE_PYTHON == "3.11.2"  # Debian 12's exact Python: its markers decide what else it needs

@@ -70,7 +70,7 @@ def test_sim_down_says_what_stays_and_how_to_remove_it(tmp_path, monkeypatch, ca
     stopped = []
     monkeypatch.setattr(simctl, "stop_daemon", lambda name, marker, **kw: stopped.append(name) or [])
     simctl.down(simctl.argparse.Namespace(all=False, keep_volumes=False, reset_state=False))
-    assert sorted(stopped) == ["hub", "registry"]
+    assert sorted(stopped) == ["hub", "pypi", "registry"]
     said = " ".join(capsys.readouterr().out.split())
     assert "dockerd" in said and "860 MB" in said and "make sim-destroy" in said, said
     assert not any(c[:3] == ["docker", "image", "rm"] for c in calls)

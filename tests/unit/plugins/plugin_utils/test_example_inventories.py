@@ -190,10 +190,9 @@ def test_every_example_tells_clients_where_to_go_and_warns_of_nothing(name, plan
     clients = plan["clients"]
     assert clients["lines"][0] == "Clients:"
     assert clients["warnings"] == [], clients["warnings"]
-    # The only warning: an example's gateway wheelhouse is not filled on this machine.
+    # No warning: an example with the gateway installs it from PyPI (no wheelhouse to fill first).
     warned = [line for line in out.splitlines() if "[WARNING]" in line]
-    assert all("holds no litellm-" in line for line in warned), warned
-    assert bool(warned) == plan["serving"]["gateway"]["enabled"], warned
+    assert warned == [], warned
     # Read as printed by either result format (YAML here; JSON, its quotes escaped, where no ansible.cfg says YAML).
     flat = " ".join(out.split()).replace('\\"', '"')
     for url in clients["urls"]:

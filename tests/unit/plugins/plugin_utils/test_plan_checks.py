@@ -220,3 +220,10 @@ def test_the_gateway_s_empty_wheelhouse_is_said_by_the_plan(tmp_path):
     (tmp_path / "gateway" / "linux-aarch64-cp312" / "litellm-1.108.7-py3-none-any.whl").write_text("")
     assert pc.wheelhouse_warnings(model, tmp_path / "gateway", "1.108.7") == []
     assert pc.wheelhouse_warnings(_model(), tmp_path / "nowhere", "1.108.7") == [], "no gateway, no wheelhouse"
+
+
+def test_an_index_to_install_from_needs_no_wheelhouse_and_the_plan_says_nothing(tmp_path):
+    model = _model(gateway_enabled=True)
+    assert pc.wheelhouse_warnings(model, tmp_path / "gateway", "1.108.7", index_url="https://pypi.org/simple/") == []
+    (warning,) = pc.wheelhouse_warnings(model, tmp_path / "gateway", "1.108.7", index_url="")
+    assert "sparkops_gateway_index_url is empty" in warning
