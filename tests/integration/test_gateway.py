@@ -17,6 +17,7 @@ import json
 import re
 import shlex
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -41,6 +42,7 @@ HEAD_MGMT = "192.168.213.11"  # sim/simctl.py NODES[0]["mgmt"]
 CONTROLLER = "192.168.213.1"
 ON = {"sparkops_gateway_enabled": True, "sparkops_client_networks": [f"{CONTROLLER}/32"]}
 KEY_NAME = "itest-client"
+BATCH_KEY = "itest-batch"
 KEYS_DIR = SIM_STATE / "credentials" / "keys"
 VENV_PY = "/opt/sparkops/gateway/bin/python"
 # The gateway's venv (its LiteLLM's version) and service, as they are on the head.
@@ -160,6 +162,50 @@ def test_a_key_is_made_once_kept_0600_and_printed_nowhere(gateway):
     # Ansible folds a long message: the listing is read with its whitespace joined.
     assert listed.returncode == 0 and f"{KEY_NAME}: active" in " ".join(listed.stdout.split()), listed.stdout[-3000:]
     assert key not in listed.stdout
+
+
+def chat_stream(key: str, max_tokens: int, out: dict) -> None:
+    """A streaming chat completion to the gateway on the head's management address (this machine is a client
+    network): into `out`, the status, Retry-After, and the stream's data lines."""
+    req = urllib.request.Request(
+        f"http://{HEAD_MGMT}:4000/v1/chat/completions",
+        data=json.dumps({"model": "sim-chat", "messages": [{"role": "user", "content": "count"}],
+                         "max_tokens": max_tokens, "stream": True}).encode(),
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+    )  # fmt: skip
+    out["lines"] = []
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            out["status"] = resp.status
+            out["lines"] = [line.strip() for line in resp if line.startswith(b"data: ")]
+    except urllib.error.HTTPError as err:
+        out["status"], out["retry_after"] = err.code, err.headers.get("Retry-After")
+
+
+def test_a_batch_stream_is_stopped_for_an_interactive_request_and_batch_waits_while_interactive_is_served(gateway):
+    """Batch keys yield to interactive ones (docs/gateway.md, "Limits per key"), through the real LiteLLM."""
+    made = run_playbook("playbooks/keys.yml", extra_vars={**TWO, "sparkops_key_name": BATCH_KEY,
+                                                          "sparkops_key_class": "batch"})  # fmt: skip
+    assert made.returncode == 0, failure(made)
+    batch_key = (KEYS_DIR / BATCH_KEY).read_text().strip()
+    inter_key = (KEYS_DIR / KEY_NAME).read_text().strip()
+    time.sleep(6)  # past the quiet time after this module's earlier interactive requests
+    batch, inter, late = {}, {}, {}
+    runner = threading.Thread(target=chat_stream, args=(batch_key, 200, batch))
+    runner.start()
+    time.sleep(1.5)  # the batch stream is sending
+    chat_stream(inter_key, 8, inter)
+    chat_stream(batch_key, 8, late)  # right after an interactive request: the quiet time
+    runner.join(60)
+    assert inter["status"] == 200 and inter["lines"][-1] == b"data: [DONE]", inter
+    assert batch["status"] == 200 and len(batch["lines"]) > 3, batch
+    stopped = json.loads(batch["lines"][-1].removeprefix(b"data: "))
+    assert stopped["error"]["code"] == 429 and "stopped for an interactive request" in stopped["error"]["message"]
+    assert len(batch["lines"]) < 100, "the batch stream ended long before its 200 tokens"
+    assert late["status"] == 429 and late["retry_after"] in {"4", "5"}, late
+    run_playbook(
+        "playbooks/keys.yml", extra_vars={**TWO, "sparkops_key_name": BATCH_KEY, "sparkops_key_state": "absent"}
+    )
 
 
 def test_an_install_the_head_cannot_fetch_is_refused_before_anything_changes(gateway):

@@ -29,6 +29,10 @@ class FakeStore:
         self.asked.append(key)
         return KEYS.get(key)
 
+    def entry_for(self, key):
+        name = self.name_for(key)
+        return None if name is None else {"name": name, "key_class": "interactive"}
+
 
 def run(scope_type, path, headers, metrics_keys=frozenset({"sparkops-prometheus"})):
     seen, sent = [], []

@@ -83,6 +83,11 @@ NEGATIVE_MAX = 4096
 # requests ends, seconds away: the OpenAI clients wait what Retry-After says (up to 60 s) before they retry, so
 # 60 would idle a batch key's slot for most of a minute after each refusal.
 PARALLEL_RETRY_AFTER_S = 2
+# Batch keys yield to interactive ones (ClassAdmission): after an interactive request ends, batch requests wait
+# this long for the next one (an interactive client's requests come one after another, with its user's reading and
+# typing in between). SPARKOPS_GATEWAY_BATCH_QUIET_S sets it (roles/gateway: gateway_batch_quiet_s).
+BATCH_QUIET_ENV = "SPARKOPS_GATEWAY_BATCH_QUIET_S"
+BATCH_QUIET_S = 5.0
 _PENDING: set = set()  # the refusal counts being written (a task nobody references may be collected)
 _LOG = logging.getLogger("sparkops_gateway_auth")
 
@@ -256,6 +261,77 @@ class UsageCallback(CustomLogger):
 usage_callback = UsageCallback()
 
 
+class ClassAdmission:
+    """Batch keys get what interactive keys leave, as they come and go (docs/gateway.md, "Limits per key").
+
+    The seats a deployment holds at the SLO are few (two on the reference pair), and every stream beside another
+    slows both (17.0 tok/s alone, 12.1 each at two): a per-key limit alone keeps a batch key from taking every seat,
+    not from slowing the interactive user beside it. So, in each gateway worker:
+    - a batch request is admitted only while no interactive request is in flight and none ended in the last
+      `quiet_s`; otherwise it is refused at once (429, Retry-After: when it may come back), never queued;
+    - an interactive request that arrives stops the batch streams in flight: the wrapper tells LiteLLM that their
+      client went away (see RequireKeyEverywhere.track), as a closed connection does, so LiteLLM closes its
+      request to vLLM, vLLM aborts it, and its seat is free for the interactive one. The batch client's answer
+      ends with an error saying so (a 429 if nothing was sent yet), and it retries later.
+    Counted per worker (one worker serves; during a reload two do for a moment, each with its own count, as for
+    the per-key limits)."""
+
+    # The longest an interactive request waits for the batch streams it stopped to let go of their seats.
+    RELEASE_WAIT_S = 1.0
+
+    def __init__(self, quiet_s: float = BATCH_QUIET_S, clock=time.monotonic):
+        self.quiet_s = float(quiet_s)
+        self._clock = clock
+        self.interactive = 0
+        self._quiet_until = float("-inf")
+        self._batch: dict[asyncio.Event, asyncio.Event] = {}  # a batch request's stop -> set when it has ended
+
+    def batch_wait(self) -> float:
+        """0 when a batch request may start now, else the seconds until it may."""
+        if self.interactive:
+            return self.quiet_s
+        return max(0.0, self._quiet_until - self._clock())
+
+    def batch_begins(self) -> asyncio.Event:
+        """A batch request admitted: the event is set when an interactive one stops it."""
+        stop = asyncio.Event()
+        self._batch[stop] = asyncio.Event()
+        return stop
+
+    def batch_ends(self, stop: asyncio.Event) -> None:
+        ended = self._batch.pop(stop, None)
+        if ended is not None:
+            ended.set()
+
+    def interactive_begins(self) -> list:
+        """An interactive request admitted: every batch request in flight is stopped. Returns the events set when
+        each of those has ended (its request to vLLM closed): released() waits for them."""
+        self.interactive += 1
+        stopped = [(stop, ended) for stop, ended in self._batch.items() if not stop.is_set()]
+        for stop, _ended in stopped:
+            stop.set()
+        return [ended for _stop, ended in stopped]
+
+    async def released(self, ended: list) -> None:
+        """Until the stopped batch requests have ended, at most RELEASE_WAIT_S: vLLM then has their aborts before
+        the interactive request, and its first steps run without them."""
+        if ended:
+            await asyncio.wait([asyncio.ensure_future(e.wait()) for e in ended], timeout=self.RELEASE_WAIT_S)
+
+    def interactive_ends(self) -> None:
+        self.interactive = max(0, self.interactive - 1)
+        self._quiet_until = self._clock() + self.quiet_s
+
+
+def batch_quiet_s(environ=None) -> float:
+    environ = os.environ if environ is None else environ
+    try:
+        value = float(environ.get(BATCH_QUIET_ENV, BATCH_QUIET_S))
+    except ValueError:
+        return BATCH_QUIET_S
+    return value if value >= 0 else BATCH_QUIET_S
+
+
 def metrics_keys(environ=None) -> frozenset:
     environ = os.environ if environ is None else environ
     return frozenset(n.strip() for n in environ.get(METRICS_KEYS_ENV, "").split(",") if n.strip())
@@ -271,6 +347,36 @@ def parallel_retry_after(headers: list) -> list:
     return [*kept, (b"retry-after", str(PARALLEL_RETRY_AFTER_S).encode())]
 
 
+BATCH_YIELDS = "batch key: interactive requests are being served; retry after the time Retry-After gives"
+BATCH_STOPPED = "batch key: stopped for an interactive request; send it again later"
+
+
+def stoppable(receive, stop: asyncio.Event):
+    """`receive` that answers http.disconnect once `stop` is set, as ASGI says when the client went away. Under
+    uvicorn 0.54 (ASGI spec_version 2.3: uvicorn/protocols/http/httptools_impl.py:228, h11_impl.py:210) Starlette
+    1.10's StreamingResponse waits for that message beside the stream and cancels the stream when it comes
+    (starlette/responses.py:247-285, listen_for_disconnect); LiteLLM's stream then closes its request to vLLM."""
+
+    async def receive_():
+        if stop.is_set():
+            return {"type": "http.disconnect"}
+        got = asyncio.ensure_future(receive())
+        stopped = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait({got, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # the stream ended and Starlette stops listening: nothing left waiting
+            got.cancel()
+            raise
+        finally:
+            stopped.cancel()
+        if got.done():
+            return got.result()
+        got.cancel()
+        return {"type": "http.disconnect"}
+
+    return receive_
+
+
 class RequireKeyEverywhere:
     """ASGI wrapper: every HTTP and WebSocket request needs an active key, before LiteLLM routes it, and then a
     path that key may ask for.
@@ -280,11 +386,12 @@ class RequireKeyEverywhere:
     CLIENT_PATHS only, a metrics key (`metrics_keys`, Prometheus') METRICS_PATHS only: anything else is 404,
     as if the route did not exist, so LiteLLM's admin and debug surface is not there for a client key."""
 
-    def __init__(self, inner, key_store=None, ready=None, metrics_keys=None):
+    def __init__(self, inner, key_store=None, ready=None, metrics_keys=None, admission=None):
         self.inner = inner
         self._store = key_store
         self._ready = ready
         self._metrics_keys = metrics_keys
+        self.admission = admission if admission is not None else ClassAdmission(batch_quiet_s())
 
     def allowed(self, name: str, path: str) -> bool:
         keys = self._metrics_keys if self._metrics_keys is not None else metrics_keys()
@@ -297,38 +404,71 @@ class RequireKeyEverywhere:
             headers = dict(scope.get("headers") or [])
             token = gateway_keys.bearer_token(headers.get(b"authorization", b"").decode("latin-1"))
             key_store = self._store or store()
-            name = await asyncio.to_thread(key_store.name_for, token) if token else None
-            if name is None:
+            entry = await asyncio.to_thread(key_store.entry_for, token) if token else None
+            if entry is None:
                 await self._refuse(scope, send, 401, "invalid or revoked API key")
                 return
+            name = entry["name"]
             if not self.allowed(name, scope.get("path") or ""):
                 await self._refuse(scope, send, 404, "not found")
                 return
             if scope["type"] == "http" and scope.get("path") in CLIENT_PATHS:
-                await self.track(name, key_store, scope, receive, send)
+                await self.track(name, key_store, scope, receive, send, key_class=entry.get("key_class"))
                 return
         await self.inner(scope, receive, send)
 
-    async def track(self, name, key_store, scope, receive, send):
+    async def track(self, name, key_store, scope, receive, send, key_class=None):  # noqa: PLR0917 - ASGI's three
         """A client request of key `name` through the app: in flight until the app returns (a stream: its end),
-        and a 429 answer (the key over its limit: LiteLLM's limiter, see auth_fields) counted on /metrics and in
-        the store, for status. The store's count is written after the answer has gone, never before it."""
+        and a 429 answer (the key over its limit: LiteLLM's limiter, see auth_fields; or a batch key while
+        interactive keys are served: ClassAdmission) counted on /metrics and in the store, for status. The store's
+        count is written after the answer has gone, never before it."""
+        batch = key_class == "batch" and scope.get("path") not in ("/v1/models", "/models")
+        if batch and (wait := self.admission.batch_wait()) > 0:
+            self._count_refusal(key_store, name)
+            retry = str(max(1, int(wait + 0.999))).encode()
+            await self._refuse(scope, send, 429, BATCH_YIELDS, [(b"retry-after", retry)])
+            return
+        stop = self.admission.batch_begins() if batch else None
+        if not batch:
+            await self.admission.released(self.admission.interactive_begins())
+        answer = {"started": False, "ended": False}
 
         async def send_(message):
-            if message["type"] == "http.response.start" and message.get("status") == 429:
-                if REFUSED is not None:
-                    REFUSED.labels(name).inc()
-                self._later(key_store, name)
-                message = {**message, "headers": parallel_retry_after(message.get("headers") or [])}
+            if message["type"] == "http.response.start":
+                if message.get("status") == 429:
+                    self._count_refusal(key_store, name)
+                    message = {**message, "headers": parallel_retry_after(message.get("headers") or [])}
+                answer["started"] = True
+            elif stop is not None and stop.is_set():
+                return  # stopped: the app's remaining output is dropped; the end below says why
+            elif message["type"] == "http.response.body" and not message.get("more_body"):
+                answer["ended"] = True
             await send(message)
 
         if IN_FLIGHT is not None:
             IN_FLIGHT.labels(name).inc()
         try:
-            await self.inner(scope, receive, send_)
+            await self.inner(scope, receive if stop is None else stoppable(receive, stop), send_)
         finally:
             if IN_FLIGHT is not None:
                 IN_FLIGHT.labels(name).dec()
+            if stop is None:
+                self.admission.interactive_ends()
+            else:
+                self.admission.batch_ends(stop)
+        if stop is not None and stop.is_set() and not answer["ended"]:
+            self._count_refusal(key_store, name)
+            if not answer["started"]:
+                retry = [(b"retry-after", str(max(1, int(self.admission.quiet_s + 0.999))).encode())]
+                await self._refuse(scope, send, 429, BATCH_STOPPED, retry)
+            else:
+                error = json.dumps({"error": {"message": BATCH_STOPPED, "type": "rate_limit_error", "code": 429}})
+                await send({"type": "http.response.body", "body": f"data: {error}\n\n".encode()})
+
+    def _count_refusal(self, key_store, name):
+        if REFUSED is not None:
+            REFUSED.labels(name).inc()
+        self._later(key_store, name)
 
     def _later(self, key_store, name):
         add = getattr(key_store, "add_refusal", None)
@@ -346,12 +486,12 @@ class RequireKeyEverywhere:
         task.add_done_callback(_PENDING.discard)
 
     @staticmethod
-    async def _refuse(scope, send, status: int, message: str) -> None:
+    async def _refuse(scope, send, status: int, message: str, extra_headers=()) -> None:
         if scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1008})
             return
         body = json.dumps({"error": {"message": message, "code": status}}).encode()
-        headers = [(b"content-type", b"application/json")]
+        headers = [(b"content-type", b"application/json"), *extra_headers]
         if status == 401:
             headers.append((b"www-authenticate", b"Bearer"))
         await send({"type": "http.response.start", "status": status, "headers": headers})

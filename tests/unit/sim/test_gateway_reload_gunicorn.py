@@ -35,8 +35,8 @@ import sparkops_gateway_auth as auth
 LOADED = {}
 
 class Store:
-    def name_for(self, key):
-        return "alice" if key == "sk-good" else None
+    def entry_for(self, key):
+        return {"name": "alice", "key_class": "interactive"} if key == "sk-good" else None
 
 async def inner(scope, receive, send):
     if scope["type"] == "lifespan":
