@@ -64,7 +64,7 @@ async def streaming_app(scope, receive, send, *, chunks=20, pace=0.01, log=None)
             pass
 
     streaming, listening = asyncio.ensure_future(stream()), asyncio.ensure_future(listen())
-    done, _ = await asyncio.wait({streaming, listening}, return_when=asyncio.FIRST_COMPLETED)
+    done, _pending = await asyncio.wait({streaming, listening}, return_when=asyncio.FIRST_COMPLETED)
     for task in (streaming, listening):
         task.cancel()
     if log is not None:
@@ -133,7 +133,7 @@ def test_a_batch_request_while_an_interactive_one_streams_gets_429_at_once_and_n
 
     async def main():
         wrapper = auth.RequireKeyEverywhere(inner, store, metrics_keys=frozenset(), admission=auth.ClassAdmission(5))
-        i_recv, i_send, _ = client()
+        i_recv, i_send, _i_sent = client()
         b_recv, b_send, b_sent = client()
         interactive = asyncio.ensure_future(wrapper(scope("sk-inter"), i_recv, i_send))
         await asyncio.sleep(0.03)
@@ -174,7 +174,7 @@ def test_an_interactive_request_stops_a_batch_stream_waits_for_it_to_end_and_is_
     assert log == ["cancelled", "interactive starts"], "the stopped stream ended before the interactive one began"
     got = body(b_sent)
     assert got.startswith(b"data: 0\n\n") and b"[DONE]" not in got
-    last = got.rstrip().split(b"\n\n")[-1]
+    last = got.rstrip().rsplit(b"\n\n", maxsplit=1)[-1]
     error = json.loads(last.removeprefix(b"data: "))["error"]
     assert error["code"] == 429 and "stopped for an interactive request" in error["message"]
     assert b_sent[-1].get("more_body", False) is False, "the batch client's answer ends"
