@@ -480,14 +480,19 @@ def build_gateway_wheels() -> Path:
     shutil.rmtree(STATE / "wheelhouse", ignore_errors=True)
     if marker.exists() and marker.read_text() == json.dumps([*requirements, NODE_PYTHON]):
         log(f"gateway wheels ({', '.join(requirements)}): cached")
+    else:
+        dest.mkdir(parents=True, exist_ok=True)
+        log(f"downloading the gateway's wheels ({', '.join(requirements)}; CPython {NODE_PYTHON}, {arch}; ~170 MB)")
+        pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet"]
+        gateway.download_wheelhouse(
+            pip, str(dest), requirements, arch=arch, python=NODE_PYTHON, glibc=NODE_GLIBC, run=run
+        )
+        marker.write_text(json.dumps([*requirements, NODE_PYTHON]))
+        (PYPI / "simple").mkdir(parents=True, exist_ok=True)
+        (PYPI / "simple" / "index.html").unlink(missing_ok=True)  # the pages follow the new files
+    # The pages hash 170 MB of wheels: written after a download (or when missing), not at every `up`.
+    if not (PYPI / "simple" / "index.html").exists():
         write_simple_index(dest)
-        return dest
-    dest.mkdir(parents=True, exist_ok=True)
-    log(f"downloading the gateway's wheels ({', '.join(requirements)}; CPython {NODE_PYTHON}, {arch}; ~170 MB)")
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet"]
-    gateway.download_wheelhouse(pip, str(dest), requirements, arch=arch, python=NODE_PYTHON, glibc=NODE_GLIBC, run=run)
-    marker.write_text(json.dumps([*requirements, NODE_PYTHON]))
-    write_simple_index(dest)
     return dest
 
 
@@ -915,12 +920,17 @@ HUB_MARKER = (b"tests/system/hub_server.py", f"--address\0{REGISTRY_HOST}\0--por
 REGISTRY_MARKER = (b"docker-registry\0serve\0",)
 
 
-def hub_answers(model: str) -> bool:
+def answers_200(url: str) -> bool:
+    """A test-bed daemon answers `url` (its own fixed http address) with 200 within 3 s."""
     try:
-        with urllib.request.urlopen(f"{HUB_ENDPOINT}/api/models/{model}", timeout=3) as resp:  # noqa: S310 - fixed http URL
+        with urllib.request.urlopen(url, timeout=3) as resp:  # noqa: S310 - the test bed's fixed http URLs
             return resp.status == 200
     except OSError:
         return False
+
+
+def hub_answers(model: str) -> bool:
+    return answers_200(f"{HUB_ENDPOINT}/api/models/{model}")
 
 
 def start_daemon(name: str, argv: list, answers, what: str) -> None:
@@ -1016,26 +1026,15 @@ def ensure_hub(model: str, revision: str, shards: int, shard_mib: int) -> None:
     ensure_daemon("hub", HUB_MARKER, argv, lambda: hub_answers(model), what)
 
 
-def pypi_answers() -> bool:
-    try:
-        with urllib.request.urlopen(f"{PYPI_INDEX_URL}litellm/", timeout=3) as resp:  # noqa: S310 - fixed http URL
-            return resp.status == 200
-    except OSError:
-        return False
-
-
 def ensure_pypi() -> None:
     """Serve the test bed's index (build_gateway_wheels wrote it) on the management bridge."""
     argv = [sys.executable, "-m", "http.server", "--bind", REGISTRY_HOST, str(PYPI_PORT), "--directory", str(PYPI)]
-    ensure_daemon("pypi", PYPI_MARKER, argv, pypi_answers, f"package index at {PYPI_INDEX_URL}")
+    answers, what = lambda: answers_200(f"{PYPI_INDEX_URL}litellm/"), f"package index at {PYPI_INDEX_URL}"
+    ensure_daemon("pypi", PYPI_MARKER, argv, answers, what)
 
 
 def registry_answers() -> bool:
-    try:
-        with urllib.request.urlopen(f"http://{REGISTRY_ADDR}/v2/", timeout=3) as resp:  # noqa: S310 - fixed http URL
-            return resp.status == 200
-    except OSError:
-        return False
+    return answers_200(f"http://{REGISTRY_ADDR}/v2/")
 
 
 def ensure_registry() -> None:

@@ -25,13 +25,16 @@ class FakeStore:
     def __init__(self):
         self.asked = []
 
-    def name_for(self, key):
-        self.asked.append(key)
-        return KEYS.get(key)
-
     def entry_for(self, key):
-        name = self.name_for(key)
+        self.asked.append(key)
+        name = KEYS.get(key)
         return None if name is None else {"name": name, "key_class": "interactive"}
+
+
+def name_of(store, key):
+    """The active key's name the store answers, or None."""
+    entry = store.entry_for(key)
+    return entry["name"] if entry else None
 
 
 def run(scope_type, path, headers, metrics_keys=frozenset({"sparkops-prometheus"})):
@@ -167,12 +170,12 @@ def test_the_store_caches_an_answer_for_at_most_its_window(monkeypatch):
     clock = [100.0]
     monkeypatch.setattr(auth.time, "monotonic", lambda: clock[0])
     key = auth.gateway_keys.new_key()
-    assert store.name_for(key) == "alice"
+    assert name_of(store, key) == "alice"
     clock[0] += 1.9
-    assert store.name_for(key) == "alice"  # cached
+    assert name_of(store, key) == "alice"  # cached
     clock[0] += 0.2
-    assert store.name_for(key) is None  # asked again after 2 s: revoked
-    assert store.name_for("") is None
+    assert name_of(store, key) is None  # asked again after 2 s: revoked
+    assert name_of(store, "") is None
 
 
 def _counting_store(monkeypatch, active: dict):
@@ -198,39 +201,39 @@ def test_a_key_sparkops_never_makes_costs_no_database_round_trip(monkeypatch):
         "sk-sparkops-" + "a" * 43 + "\n",
         "x" * 5000,
     ):
-        assert store.name_for(bad) is None
+        assert name_of(store, bad) is None
     assert asked == []
 
 
 def test_unknown_keys_are_remembered_bounded_and_never_push_the_active_ones_out(monkeypatch):
     good = auth.gateway_keys.new_key()
     store, asked, clock = _counting_store(monkeypatch, {good: "alice"})
-    assert store.name_for(good) == "alice"
+    assert name_of(store, good) == "alice"
     wrong = [auth.gateway_keys.new_key() for _key in range(auth.NEGATIVE_MAX + 500)]
     for key in wrong:
-        assert store.name_for(key) is None
+        assert name_of(store, key) is None
     assert len(store._unknown) == auth.NEGATIVE_MAX  # the oldest dropped
     asked.clear()
-    assert store.name_for(wrong[-1]) is None and store.name_for(good) == "alice"
+    assert name_of(store, wrong[-1]) is None and name_of(store, good) == "alice"
     assert asked == []  # both answered from memory within the window
-    assert store.name_for(wrong[0]) is None and asked == [wrong[0]]  # dropped from the bounded memory: asked again
+    assert name_of(store, wrong[0]) is None and asked == [wrong[0]]  # dropped from the bounded memory: asked again
     clock[0] += 2.1
-    assert store.name_for(wrong[-1]) is None and asked[-1] == wrong[-1]  # remembered cache_s only
+    assert name_of(store, wrong[-1]) is None and asked[-1] == wrong[-1]  # remembered cache_s only
 
 
 def test_a_revoked_key_is_refused_within_the_window_and_a_new_key_accepted_within_it(monkeypatch):
     key = auth.gateway_keys.new_key()
     active = {key: "alice"}
     store, _asked, clock = _counting_store(monkeypatch, active)
-    assert store.name_for(key) == "alice"
+    assert name_of(store, key) == "alice"
     del active[key]  # revoked
     clock[0] += 2.1
-    assert store.name_for(key) is None
+    assert name_of(store, key) is None
     active[key] = "alice"  # made again (keys.yml): accepted once the unknown answer is cache_s old
     clock[0] += 1.0
-    assert store.name_for(key) is None
+    assert name_of(store, key) is None
     clock[0] += 1.1
-    assert store.name_for(key) == "alice"
+    assert name_of(store, key) == "alice"
 
 
 def test_secrets_come_from_files_into_the_environment_only(tmp_path):
@@ -433,7 +436,7 @@ def test_the_store_hands_on_the_whole_entry(monkeypatch):
     store = auth.KeyStore("dbname=none")
     monkeypatch.setattr(store, "_run", lambda fn, key: entry if fn is auth.gateway_keys.lookup_entry else None)
     key = auth.gateway_keys.new_key()
-    assert store.entry_for(key) == entry and store.name_for(key) == "alice"
+    assert store.entry_for(key) == entry and name_of(store, key) == "alice"
 
 
 def test_a_refusal_for_the_parallel_limit_says_retry_after_a_slot_s_time_not_the_rate_window():

@@ -14,24 +14,14 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests/unit/plugins/plugin_utils"))
 from ansible_collections.sparkops.cluster.plugins.filter.gateway import gateway_install_source  # noqa: E402
 from cluster_inventories import pair  # noqa: E402
-from role_templates import render_role  # noqa: E402
+from role_templates import find_task, render_role  # noqa: E402
 from test_serving_plan import plan_of  # noqa: E402
 
 FACTS = {"architecture": "aarch64", "python": {"version": {"major": 3, "minor": 12}}}
 
 
 def _task(file: str, name: str) -> dict:
-    found = []
-
-    def walk(items):
-        for t in items or []:
-            if t.get("name") == name:
-                found.append(t)
-            walk(t.get("block"))
-
-    walk(yaml.safe_load((ROOT / "roles/gateway/tasks" / file).read_text()))
-    (task,) = found
-    return task
+    return find_task(ROOT / "roles/gateway/tasks" / file, name)
 
 
 def _render(expr, **more):

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import jinja2
 import pytest
-import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "plugins" / "plugin_utils"))
@@ -28,6 +27,7 @@ sys.path.insert(0, str(ROOT / "tests" / "unit" / "plugins" / "plugin_utils"))
 
 import cluster_inventories as inv  # noqa: E402
 from cluster import FORWARD_CHAIN, _forward_rules, build_cluster  # noqa: E402
+from role_templates import find_task  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("sparkops_watchdog", ROOT / "roles/watchdog/files/sparkops_watchdog.py")
 wd = importlib.util.module_from_spec(_spec)
@@ -62,17 +62,7 @@ def _quote(value):
 
 def render_task(path: Path, name: str, **values) -> str:
     """The `cmd` of the named shell task in path, templated the way Ansible does (trim_blocks)."""
-    tasks = yaml.safe_load(path.read_text())
-    found = []
-
-    def walk(items):
-        for t in items or []:
-            if t.get("name") == name:
-                found.append(t)
-            walk(t.get("block"))
-
-    walk(tasks)
-    (task,) = found
+    task = find_task(path, name)
     env = jinja2.Environment(trim_blocks=True, undefined=jinja2.StrictUndefined)
     env.filters["quote"] = _quote
     task_vars = {

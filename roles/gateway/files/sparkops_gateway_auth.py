@@ -37,6 +37,7 @@ import asyncio
 import collections
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -120,11 +121,6 @@ class KeyStore:
                     if attempt == 2:
                         raise
         return None
-
-    def name_for(self, key: str) -> str | None:
-        """The name of the active key `key`, or None (entry_for)."""
-        entry = self.entry_for(key)
-        return entry["name"] if entry else None
 
     def entry_for(self, key: str) -> dict | None:
         """The active key `key`'s {name, key_class, max_parallel_requests, tpm_limit}, or None; an answer is at
@@ -316,7 +312,10 @@ class ClassAdmission:
         """Until the stopped batch requests have ended, at most RELEASE_WAIT_S: vLLM then has their aborts before
         the interactive request, and its first steps run without them."""
         if ended:
-            await asyncio.wait([asyncio.ensure_future(e.wait()) for e in ended], timeout=self.RELEASE_WAIT_S)
+            waits = [asyncio.ensure_future(e.wait()) for e in ended]
+            _done, late = await asyncio.wait(waits, timeout=self.RELEASE_WAIT_S)
+            for wait in late:
+                wait.cancel()
 
     def interactive_ends(self) -> None:
         self.interactive = max(0, self.interactive - 1)
@@ -349,6 +348,11 @@ def parallel_retry_after(headers: list) -> list:
 
 BATCH_YIELDS = "batch key: interactive requests are being served; retry after the time Retry-After gives"
 BATCH_STOPPED = "batch key: stopped for an interactive request; send it again later"
+
+
+def retry_after(seconds: float) -> tuple[bytes, bytes]:
+    """A Retry-After header: whole seconds, rounded up, at least 1."""
+    return (b"retry-after", str(max(1, math.ceil(seconds))).encode())
 
 
 def stoppable(receive, stop: asyncio.Event):
@@ -425,8 +429,7 @@ class RequireKeyEverywhere:
         batch = key_class == "batch" and scope.get("path") not in ("/v1/models", "/models")
         if batch and (wait := self.admission.batch_wait()) > 0:
             self._count_refusal(key_store, name)
-            retry = str(max(1, int(wait + 0.999))).encode()
-            await self._refuse(scope, send, 429, BATCH_YIELDS, [(b"retry-after", retry)])
+            await self._refuse(scope, send, 429, BATCH_YIELDS, [retry_after(wait)])
             return
         stop = self.admission.batch_begins() if batch else None
         if not batch:
@@ -459,8 +462,7 @@ class RequireKeyEverywhere:
         if stop is not None and stop.is_set() and not answer["ended"]:
             self._count_refusal(key_store, name)
             if not answer["started"]:
-                retry = [(b"retry-after", str(max(1, int(self.admission.quiet_s + 0.999))).encode())]
-                await self._refuse(scope, send, 429, BATCH_STOPPED, retry)
+                await self._refuse(scope, send, 429, BATCH_STOPPED, [retry_after(self.admission.quiet_s)])
             else:
                 error = json.dumps({"error": {"message": BATCH_STOPPED, "type": "rate_limit_error", "code": 429}})
                 await send({"type": "http.response.body", "body": f"data: {error}\n\n".encode()})

@@ -42,3 +42,18 @@ def render_role(role: str, expr, cluster: dict, plan: dict, host: str, **more):
         **more,
     )
     return Templar(variables=names).template(trusted(expr))
+
+
+def find_task(path: Path, name: str) -> dict:
+    """The one task named `name` in the task file at `path`, looked for inside blocks too."""
+    found = []
+
+    def walk(items):
+        for t in items or []:
+            if t.get("name") == name:
+                found.append(t)
+            walk(t.get("block"))
+
+    walk(yaml.safe_load(path.read_text()))
+    (task,) = found
+    return task
