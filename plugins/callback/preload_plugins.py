@@ -14,6 +14,8 @@ description:
   - This callback imports them once in the main process when the playbook starts. Every worker is
     a fork of it and finds them already imported. It changes no result, only the time a run takes
     (a no-op C(site.yml) asks for about 270 tasks).
+  - It also reads once what the cluster model's checks read from the roles' files (the variables every role
+    declares, the settings' spec), which a worker would otherwise read again in every play.
   - Enable it with C(callbacks_enabled = sparkops.cluster.preload_plugins) in C(ansible.cfg) (the
     checkout's ansible.cfg does). Without it everything works the same, only slower.
 version_added: "0.1.0"
@@ -36,6 +38,9 @@ PACKAGES = (
     "ansible_collections.sparkops.cluster.plugins.plugin_utils",
 )
 
+# What a worker would otherwise read from files in every play: read once here, inherited by every fork.
+WARM = (("ansible_collections.sparkops.cluster.plugins.action.cluster_facts", "warm_caches"),)
+
 
 def preload() -> list:
     """Import every module of PACKAGES and OTHER_FILTERS; return what could not be imported.
@@ -57,6 +62,11 @@ def preload() -> list:
                 importlib.import_module(name)
             except Exception as exc:  # noqa: BLE001 - preloading must never stop a run
                 missed.append(f"{name}: {exc}")
+    for name, warm in WARM:
+        try:
+            getattr(importlib.import_module(name), warm)()
+        except Exception as exc:  # noqa: BLE001 - preloading must never stop a run
+            missed.append(f"{name}.{warm}: {exc}")
     for name in OTHER_FILTERS:
         try:
             filter_loader.get(name)

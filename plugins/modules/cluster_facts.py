@@ -30,9 +30,28 @@ options:
         so that a later C(run_once) task can refuse them once for the whole play (the cluster_facts role does).
     type: bool
     default: true
+  require_image:
+    description:
+      - Refuse (as a problem, see O(fail_on_problems)) when the serving plan cannot name the image without a build
+        (a branch or tag ref and no lock file recording its commit) and no earlier play of the run set
+        C(sparkops_image). The stages that run the image but do not build it set it.
+    type: bool
+    default: false
+  make_state_dirs:
+    description:
+      - Make the controller's missing state folders (the state folder, the reports' folder and the lock file's
+        folder) with mode 0700, on the control node, once per play (by its first host). Not in check mode.
+    type: bool
+    default: false
 extends_documentation_fragment:
   - sparkops.cluster.attributes
-  - sparkops.cluster.attributes.read_only
+attributes:
+  check_mode:
+    support: full
+    details: Computes the model in check mode too; it moves and makes no folder there.
+  diff_mode:
+    support: none
+    details: Changes no file's content; it lists the folders it moves (warnings) and makes (RV(state_dirs_made)).
 """
 
 EXAMPLES = r"""
@@ -70,6 +89,15 @@ problems:
   returned: always
   type: list
   elements: str
+state_dirs_made:
+  description: The controller's state folders this task made (with O(make_state_dirs), on the play's first host).
+  returned: when O(make_state_dirs) is set, on the play's first host, not in check mode
+  type: list
+  elements: str
+headline:
+  description: One line that says what is wrong, without the list (for the task that stops the play).
+  returned: when there are problems
+  type: str
 msg:
   description: The problems as one numbered block.
   returned: when there are problems
@@ -81,7 +109,12 @@ from ansible.module_utils.basic import AnsibleModule
 
 def main():
     module = AnsibleModule(
-        argument_spec={"fail_on_problems": {"type": "bool", "default": True}}, supports_check_mode=True
+        argument_spec={
+            "fail_on_problems": {"type": "bool", "default": True},
+            "require_image": {"type": "bool", "default": False},
+            "make_state_dirs": {"type": "bool", "default": False},
+        },
+        supports_check_mode=True,
     )
     module.fail_json(msg="cluster_facts runs on the controller as an action plugin; it is never sent to a host.")
 

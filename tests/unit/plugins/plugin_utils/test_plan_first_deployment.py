@@ -166,3 +166,29 @@ def test_wrong_types_and_choices_are_listed_once_without_the_spec(tmp_path):
     assert "The inventory describes no valid sparkops cluster (2 problems)" in flat
     # Ansible's own check would print the whole spec with the error (about 830 lines).
     assert "argument_spec_data" not in out and len(out.splitlines()) < 120, len(out.splitlines())
+
+
+def test_the_state_folders_are_made_private_once_and_a_stage_that_needs_the_image_is_refused_before_it(tmp_path):
+    inv = _copy(tmp_path)
+    state = tmp_path / "sparks-state"
+    # A stage that runs the image without building it (serve, weights, watchdog), on a branch no lock has pinned:
+    # refused, once, before anything is made.
+    rc, out = _plan(inv, "-e", "spark_vllm_image_ref=main", "-e", "cluster_facts_require_image=true")
+    assert rc != 0
+    flat = " ".join(out.split())
+    assert flat.count("spark_vllm_image_ref (main) is a branch or tag, and no lock file records the commit") == 1, out
+    assert "run site.yml (or playbooks/image.yml) first" in flat and out.count("fatal: ") == 1, out[-3000:]
+    assert not state.exists()
+    rc, out = _plan(inv, "-e", "spark_vllm_image_ref=main")
+    assert rc == 0, out[-3000:]
+    assert (state.stat().st_mode & 0o777, (state / "reports").stat().st_mode & 0o777) == (0o700, 0o700)
+    assert "changed: [spark-1]" in _task_output(out, "Build the cluster model"), out[-3000:]
+    rc, out = _plan(inv, "-e", "spark_vllm_image_ref=main")
+    assert rc == 0 and "changed: " not in _task_output(out, "Build the cluster model"), out[-3000:]
+
+
+def _task_output(out: str, task: str) -> str:
+    """What a run printed for one task: from its TASK line to the next one."""
+    start = out.index(f"{task}")
+    end = out.find("\nTASK [", start)
+    return out[start : end if end != -1 else len(out)]
