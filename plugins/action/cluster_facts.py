@@ -108,15 +108,24 @@ class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     _requires_connection = False
     _VALID_ARGS = frozenset(("fail_on_problems", "require_image", "make_state_dirs"))
+    # This task's variables and what _value templated of them (set by run).
+    _task_vars_seen: dict | None = None
+    _templated: dict | None = None
 
     def _value(self, source, name):
-        """A variable, templated; None when it is not defined (the model applies its defaults)."""
+        """A variable, templated; None when it is not defined (the model applies its defaults). This host's
+        variables are templated once per task: the checks and the plan read some of them several times, and a
+        profile table is large."""
+        memo = source is self._task_vars_seen
+        if memo and name in self._templated:
+            return self._templated[name]
         try:
-            if name not in source:
-                return None
-            return self._templar.template(source[name])
+            value = self._templar.template(source[name]) if name in source else None
         except AnsibleUndefinedVariable:
-            return None
+            value = None
+        if memo:
+            self._templated[name] = value
+        return value
 
     def _serving_inputs(self, task_vars: dict, model: dict, pending: dict | None = None) -> dict:
         """The plan's inputs: settings, the image pins, the lock file's content (read here, on the
@@ -145,6 +154,7 @@ class ActionModule(ActionBase):
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         task_vars = task_vars or {}
+        self._task_vars_seen, self._templated = task_vars, {}
         groups = task_vars.get("groups", {})
         hostvars = task_vars.get("hostvars", {})
         members = list(groups.get("spark_cluster", []))
