@@ -23,6 +23,13 @@ description:
     (C(~/.ansible/tmp/sparkops-ansiballz-*) by default) after such an edit.
   - The newest four folders are kept; older ones are removed when a run starts. Anything that fails
     here leaves Ansible's own per-run cache in place, so a run never depends on this callback.
+  - It also puts compiled bytecode next to every Python file of a packed module (an unchecked hash-based
+    C(.pyc), compiled by the controller's Python). A node imports the packed files from the zip (zipimport), which
+    keeps no bytecode, so without it every task compiles C(ansible.module_utils.basic) and the rest again on the
+    node, about half of a module's CPU time there (measured on 2 cores, C(benchmarks/module_bytecode.py)). A node
+    whose Python is another minor version than the controller's ignores the bytecode (its magic number differs)
+    and compiles the source as before. The packed modules are compiled as they appear in the cache, before the
+    next task starts.
   - Enable it with C(callbacks_enabled = sparkops.cluster.module_cache) in C(ansible.cfg) (the
     checkout's ansible.cfg does).
 version_added: "0.1.0"
@@ -32,11 +39,19 @@ requirements:
   - enable in C(callbacks_enabled)
 """
 
+import base64
+import binascii
+import dataclasses
 import glob
 import hashlib
+import importlib.util
+import io
+import marshal
 import os
+import pickle
 import shutil
 import sys
+import zipfile
 
 from ansible.plugins.callback import CallbackBase
 
@@ -120,6 +135,63 @@ def attach(local_tmp: str, key: str) -> str | None:
     return kept
 
 
+def with_bytecode(payload: bytes) -> bytes | None:
+    """The zip `payload` with each .py file's bytecode beside it (name.pyc), or None when it holds bytecode already.
+
+    zipimport prefers name.pyc to name.py when the .pyc's magic number is its own Python's; the .pyc is hash-based
+    and unchecked, so the zip entries' times do not matter. The source stays: another Python uses it as before.
+    """
+    src = zipfile.ZipFile(io.BytesIO(payload))
+    infos = src.infolist()
+    names = {info.filename for info in infos}
+    if any(name.endswith(".pyc") for name in names):
+        return None
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED) as dst:
+        for info in infos:
+            data = src.read(info)
+            dst.writestr(info, data)
+            if not info.filename.endswith(".py") or info.filename + "c" in names:
+                continue
+            code = compile(data, info.filename, "exec", dont_inherit=True, optimize=0)
+            flags = (0b01).to_bytes(4, "little")  # hash-based, source not checked (PEP 552)
+            pyc = zipfile.ZipInfo(info.filename + "c", date_time=info.date_time)
+            pyc.compress_type = zipfile.ZIP_DEFLATED
+            header = importlib.util.MAGIC_NUMBER + flags + importlib.util.source_hash(data)
+            dst.writestr(pyc, header + marshal.dumps(code))
+    return out.getvalue()
+
+
+def add_bytecode(path: str) -> bool:
+    """Rewrite one cached packed module with bytecode; True when it changed.
+
+    ansible-core 2.19 keeps a pickled record whose zip_data is the base64 payload; 2.17 and 2.18 keep the base64
+    payload alone. The file is replaced in one rename, as Ansible writes it, so a worker reads either version.
+    """
+    with open(path, "rb") as handle:
+        data = handle.read()
+    record = None
+    if data[:1] == b"\x80":  # a pickle (protocol 2 or newer)
+        record = pickle.loads(data)  # noqa: S301 - Ansible's own cache file, in a folder only this user can read
+        encoded = record.zip_data
+    else:
+        encoded = data
+    try:
+        payload = base64.b64decode(encoded, validate=True)
+    except (binascii.Error, TypeError):
+        return False
+    compiled = with_bytecode(payload)
+    if compiled is None:
+        return False
+    encoded = base64.b64encode(compiled)
+    data = pickle.dumps(dataclasses.replace(record, zip_data=encoded)) if record is not None else encoded
+    part = path + ".sparkops-part"
+    with open(part, "wb") as handle:
+        handle.write(data)
+    os.replace(part, path)
+    return True
+
+
 def legacy_folders(playbook_base: str, module_paths, module_utils_paths, roles_paths) -> list[str]:
     folders = [os.path.expanduser(p) for p in list(module_paths) + list(module_utils_paths)]
     for base in [playbook_base] + [os.path.expanduser(p) for p in roles_paths] + [os.path.join(playbook_base, "roles")]:
@@ -152,5 +224,41 @@ class CallbackModule(CallbackBase):
             if kept:
                 prune(os.path.dirname(kept))
                 self._display.vvv(f"module_cache: packed modules kept in {kept}")
+            self._cache_dir = os.path.join(C.DEFAULT_LOCAL_TMP, CACHE_NAME)
         except Exception as exc:  # noqa: BLE001 - a cache must never stop a run
             self._display.vvv(f"module_cache: not used ({exc})")
+        self._compile_new()
+
+    def v2_playbook_on_task_start(self, task, is_conditional):
+        self._compile_new()
+
+    def v2_playbook_on_handler_task_start(self, task):
+        self._compile_new()
+
+    def _compile_new(self) -> None:
+        """Give bytecode to the packed modules that appeared (or changed) since the last look: a module packed by
+        one task's workers is compiled before the next task's start."""
+        folder = getattr(self, "_cache_dir", None)
+        if not folder:
+            return
+        seen = self.__dict__.setdefault("_compiled", {})
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            return
+        for entry in entries:
+            if entry.name.endswith((".lock", "-part")) or not entry.is_file():
+                continue
+            try:
+                mtime = entry.stat().st_mtime_ns
+            except OSError:
+                continue
+            if seen.get(entry.name) == mtime:
+                continue
+            seen[entry.name] = mtime  # tried once per version of the file, whatever comes of it
+            try:
+                if add_bytecode(entry.path):
+                    seen[entry.name] = os.stat(entry.path).st_mtime_ns
+                    self._display.vvv(f"module_cache: bytecode added to {entry.name}")
+            except Exception as exc:  # noqa: BLE001 - bytecode is an optimisation: the source stays usable
+                self._display.vvv(f"module_cache: {entry.name} left as packed ({exc})")

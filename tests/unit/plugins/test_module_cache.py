@@ -7,12 +7,16 @@ the fingerprint, the link Ansible's cleanup removes without following, and the p
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import os
+import pickle
 import shutil
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -20,6 +24,64 @@ from ansible_collections.sparkops.cluster.plugins.callback import module_cache
 
 ROOT = Path(__file__).resolve().parents[3]
 PLAYBOOK_BIN = Path(sys.executable).with_name("ansible-playbook")
+
+
+def _zip(files: dict) -> bytes:
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        for name, text in files.items():
+            zf.writestr(name, text)
+    return out.getvalue()
+
+
+def _replace(payload: bytes, name: str, data: bytes) -> bytes:
+    src = zipfile.ZipFile(io.BytesIO(payload))
+    return _zip({i.filename: (data if i.filename == name else src.read(i)) for i in src.infolist()})
+
+
+def _import_x(tmp_path: Path, payload: bytes) -> str:
+    """What `pkg.mod.X` is when this Python imports it from the zip, as a node imports a packed module."""
+    path = tmp_path / "payload.zip"
+    path.write_bytes(payload)
+    code = "import sys; sys.path.insert(0, sys.argv[1]); import pkg.mod; print(pkg.mod.X)"
+    res = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, check=True)
+    return res.stdout.strip()
+
+
+def test_the_node_imports_the_bytecode_and_another_python_the_source(tmp_path):
+    plain = _zip({"pkg/__init__.py": "", "pkg/mod.py": "from __future__ import annotations\nX = 1\n"})
+    compiled = module_cache.with_bytecode(plain)
+    names = zipfile.ZipFile(io.BytesIO(compiled)).namelist()
+    assert sorted(names) == ["pkg/__init__.py", "pkg/__init__.pyc", "pkg/mod.py", "pkg/mod.pyc"]
+    assert module_cache.with_bytecode(compiled) is None  # done once
+    # The source changed under the bytecode: the import still gives the compiled X, so the .pyc is what ran.
+    assert _import_x(tmp_path, _replace(compiled, "pkg/mod.py", b"X = 2\n")) == "1"
+    # Bytecode of another Python (another magic number) is ignored: the source runs, as without this callback.
+    pyc = zipfile.ZipFile(io.BytesIO(compiled)).read("pkg/mod.pyc")
+    foreign = _replace(_replace(compiled, "pkg/mod.py", b"X = 2\n"), "pkg/mod.pyc", b"\x00\x00\r\n" + pyc[4:])
+    assert _import_x(tmp_path, foreign) == "2"
+
+
+def test_a_cached_module_of_either_format_is_rewritten_once(tmp_path):
+    from ansible.executor.module_common import _CachedModule  # noqa: PLC0415 - ansible-core 2.19's record
+
+    payload = _zip({"pkg/__init__.py": "", "pkg/mod.py": "X = 1\n"})
+    record = tmp_path / "ansible.modules.mine-ZIP_DEFLATED-none"
+    metadata = {"kept": "as it was"}
+    record.write_bytes(
+        pickle.dumps(_CachedModule(zip_data=base64.b64encode(payload), metadata=metadata, source_mapping={}))
+    )
+    assert module_cache.add_bytecode(str(record)) is True
+    loaded = _CachedModule.load(str(record))
+    assert loaded.metadata == metadata
+    assert "pkg/mod.pyc" in zipfile.ZipFile(io.BytesIO(base64.b64decode(loaded.zip_data))).namelist()
+    assert module_cache.add_bytecode(str(record)) is False
+    # ansible-core 2.17 and 2.18 keep the base64 payload alone.
+    older = tmp_path / "ansible.modules.mine-ZIP_DEFLATED"
+    older.write_bytes(base64.b64encode(payload))
+    assert module_cache.add_bytecode(str(older)) is True
+    assert "pkg/mod.pyc" in zipfile.ZipFile(io.BytesIO(base64.b64decode(older.read_bytes()))).namelist()
+    assert not list(tmp_path.glob("*-part"))
 
 
 def _collection(root: Path, ns: str, name: str, manifest: bool) -> Path:
@@ -119,8 +181,9 @@ def test_a_module_changed_between_two_runs_runs_its_new_code(tmp_path):
         "ANSIBLE_CALLBACKS_ENABLED": "sparkops.cluster.module_cache",
     }
 
-    def run(answer: int) -> str:
-        (tmp_path / "library" / "mine.py").write_text(MODULE % answer)
+    def run(answer: int, write: bool = True) -> str:
+        if write:
+            (tmp_path / "library" / "mine.py").write_text(MODULE % answer)
         res = subprocess.run(
             [
                 str(PLAYBOOK_BIN),
@@ -144,8 +207,14 @@ def test_a_module_changed_between_two_runs_runs_its_new_code(tmp_path):
         assert "module_cache: packed modules kept in" in res.stdout, res.stdout[-3000:]
         return res.stdout
 
-    assert "ANSWER=1" in run(1)
+    first = run(1)
+    assert "ANSWER=1" in first
+    # The module packed by the first task had bytecode before the next task started.
+    assert "module_cache: bytecode added to ansible.legacy.mine-" in first, first[-3000:]
     kept = sorted((tmp_path / "ltmp").glob("sparkops-ansiballz-*"))
     assert len(kept) == 1 and any(kept[0].iterdir())  # the packed modules outlived the run
+    # The same module again: it runs from the cached payload, bytecode and all, and adds nothing.
+    again = run(1, write=False)
+    assert "ANSWER=1" in again and "bytecode added" not in again, again[-3000:]
     assert "ANSWER=2" in run(2)
     assert len(sorted((tmp_path / "ltmp").glob("sparkops-ansiballz-*"))) == 2
