@@ -88,9 +88,40 @@ def test_silent_urls_are_waited_for_at_the_same_time(silent):
     assert took < 4.0, took
 
 
+@pytest.fixture
+def drops_syns():
+    """A port whose SYNs go unanswered, as behind a firewall that drops them: a listener with a backlog of 0 and
+    its one queued connection never accepted (Linux drops the SYNs that do not fit)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(0)
+    port = sock.getsockname()[1]
+    queued = []
+    for _ in range(2):  # fills the accept queue
+        c = socket.socket()
+        c.setblocking(False)
+        c.connect_ex(("127.0.0.1", port))
+        queued.append(c)
+    time.sleep(0.2)
+    yield port
+    for c in queued:
+        c.close()
+    sock.close()
+
+
+def test_a_dropped_connection_is_given_up_after_the_connect_timeout_not_the_whole_timeout(drops_syns):
+    url = f"http://127.0.0.1:{drops_syns}/tokenize"
+    start = time.monotonic()
+    (got,) = mod.probe_all([url], "POST", {"prompt": "doctor"}, timeout_s=6, connect_timeout_s=0.5)
+    took = time.monotonic() - start
+    assert got["connected"] is False and got["status"] == -1, got
+    assert took < 3.0, took  # the connect timeout, not the 6 s timeout
+
+
 def test_a_url_that_is_not_http_or_a_bad_timeout_fails_and_says_what_to_give():
     res = run_module(mod, {"urls": ["file:///etc/passwd", "http://"], "timeout_s": 0})
     assert res["failed"]
     assert "'file:///etc/passwd' is not an http:// or https:// URL" in res["msg"]
     assert "'http://' is not" in res["msg"]
     assert "timeout_s must be more than 0" in res["msg"]
+    assert "connect_timeout_s" in run_module(mod, {"urls": ["http://127.0.0.1:1/"], "connect_timeout_s": 0})["msg"]
