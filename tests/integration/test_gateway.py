@@ -28,7 +28,7 @@ import yaml
 from conftest import HEAD_FAST, NODES, ROOT, SIM_STATE, WORKER_FAST, failure, node_sh, recap, run_playbook
 from gateway_routes import ROUTES, SWEEP, client_paths, operations
 from test_deployments import CHAT as CHAT_DEPLOYMENT
-from test_deployments import CODE, EXTRA, completion
+from test_deployments import CODE, EXTRA, completion, started_at
 from test_faults_and_day2 import locked_copy, served_release
 from test_monitoring import query, targets_by_job, wait_for
 
@@ -120,8 +120,8 @@ REPLICAS_WRONG = {
 
 @pytest.fixture(scope="module")
 def gateway():
-    """The gateway's step of the transition chain (conftest.CHAIN): from the previous step's end (chat alone
-    on the head) to two deployments behind the gateway in one site.yml. The chain's last step
+    """The gateway's step of the transition chain (conftest.CHAIN): from the previous step's end (chat on the head,
+    code on the worker) to the same two deployments behind the gateway in one site.yml. The chain's last step
     (test_transitions.py) takes the pair back to the reference and checks the gateway is gone."""
     index_log = SIM_STATE / "pypi" / "pypi.log"
     if not (SIM_STATE / "pypi" / "simple" / "litellm" / "index.html").exists() or not index_log.exists():
@@ -134,7 +134,7 @@ def gateway():
     t0 = time.monotonic()
     first = run_playbook("site.yml", extra_vars=TWO, timeout=1800)
     assert first.returncode == 0, failure(first)
-    print(f"\n[chain] chat alone -> chat + code behind the gateway: {time.monotonic() - t0:.0f} s")
+    print(f"\n[chain] chat + code -> chat + code behind the gateway: {time.monotonic() - t0:.0f} s")
     with index_log.open() as f:
         f.seek(logged)
         fetched = [line for line in f if line.startswith(f"{HEAD_MGMT} ") and '"GET ' in line]
@@ -581,13 +581,19 @@ def test_two_deployments_answer_through_one_endpoint_with_a_client_key(gateway):
 
 def test_a_killed_replica_is_ejected_and_the_other_serves(gateway):
     """chat on both nodes: two replicas behind the gateway (the chain's step from two deployments to two
-    replicas of one model, one site.yml). The worker's vLLM killed, every request of a client that never
-    retries still gets its answer: the gateway cools the dead replica down and sends to the other."""
+    replicas of one model, one site.yml). The code deployment it removes leaves chat's replica on the head serving,
+    not restarted. The worker's vLLM killed, every request of a client that never retries still gets its answer:
+    the gateway cools the dead replica down and sends to the other."""
+    chat_started = started_at(NODES[0])
     t0 = time.monotonic()
     res = run_playbook("site.yml", extra_vars=REPLICAS, timeout=1800)
     assert res.returncode == 0, failure(res)
     print(f"\n[chain] chat + code -> two replicas of chat: {time.monotonic() - t0:.0f} s")
     assert vllm_cmd(NODES[1]) and vllm_cmd(NODES[0]), "chat should run on both nodes"
+    labels = json.loads(node_sh(NODES[1], "docker inspect --format '{{json .Config.Labels}}' sparkops-vllm").stdout)
+    assert labels["io.sparkops.deployment"] == "chat", "the removed code deployment's vLLM is still on the worker"
+    assert started_at(NODES[0]) == chat_started, "removing code restarted chat's replica on the head"
+    assert completion(HEAD_FAST, "sim-chat") == 200
     path = client_key()
     node_sh(NODES[1], "docker stop -t 1 sparkops-watchdog; docker kill sparkops-vllm")
     try:
