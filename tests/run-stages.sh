@@ -23,7 +23,7 @@ what=${1:-all}
 # test result).
 TOTAL_BUDGET_S=2700
 declare -A budget=(
-    [ruff]=30 [yamllint]=30 [ansible-lint]=240 [syntax-check]=150 [changelog-lint]=20
+    [host-packages]=120 [ruff]=30 [yamllint]=30 [ansible-lint]=240 [syntax-check]=150 [changelog-lint]=20
     [integration-untimed]=420 [wait-checks-tests]=60 [pytest-unit]=300 [promtool]=10 [hub-clients]=60 [pytest-system]=240
     [collection-install]=60 [collection-syntax]=150 [collection-docs]=60 [sanity]=420 [ansible-test-units]=300
     [sim-bringup]=400 [integration]=1320 [integration-ring]=480 [sim-down]=20
@@ -284,6 +284,10 @@ case "$what" in
     collection) collection ;;
     sim) sim ;;
     all)
+        # What this machine needs first (on a fresh one: Docker, debootstrap, OpenSSH's server, ...): before the
+        # lanes split, so that the checks lane's system tests never start an sshd whose package is still being
+        # installed by the cluster's bring-up ("Privilege separation user sshd does not exist").
+        stage host-packages python3 sim/simctl.py ensure-host || { echo "the test bed's packages could not be installed"; exit 1; }
         # Two lanes side by side. The simulated cluster's (bring-up, integration, the ring) is the long one and
         # runs in front; the checks that need no host run beside it in the background (checks_lane).
         lane_bg checks checks_lane
