@@ -84,7 +84,7 @@ def main() -> None:
         paths["source only"].write_bytes(plain)
         paths["with bytecode"].write_bytes(compiled)
         got: dict[str, list[float]] = {name: [] for name in paths}
-        for _ in range(args.rounds):
+        for _round in range(args.rounds):
             for name, path in paths.items():
                 got[name].append(cpu_seconds(args.python, path))
     med = {name: statistics.median(values) for name, values in got.items()}

@@ -97,7 +97,7 @@ def drops_syns():
     sock.listen(0)
     port = sock.getsockname()[1]
     queued = []
-    for _ in range(2):  # fills the accept queue
+    for _attempt in range(2):  # fills the accept queue
         c = socket.socket()
         c.setblocking(False)
         c.connect_ex(("127.0.0.1", port))
