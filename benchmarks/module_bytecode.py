@@ -15,10 +15,8 @@ the simulated cluster, the same cores as everything else).
 from __future__ import annotations
 
 import argparse
-import base64
 import io
 import os
-import pickle
 import resource
 import statistics
 import subprocess
@@ -29,7 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "collections"))
-from ansible_collections.sparkops.cluster.plugins.callback.module_cache import with_bytecode  # noqa: E402
+from ansible_collections.sparkops.cluster.plugins.callback.module_cache import read_cached, with_bytecode  # noqa: E402
 
 PLAYBOOK = "- hosts: localhost\n  gather_facts: false\n  tasks:\n    - ansible.builtin.command: 'true'\n"
 IMPORT = "import sys; sys.path.insert(0, sys.argv[1]); import ansible.module_utils.basic, ansible.modules.command"
@@ -53,9 +51,8 @@ def packed_command(workdir: Path) -> bytes:
     (cached,) = [
         p for p in (workdir / "ltmp").glob("sparkops-ansiballz-*/ansible.modules.command-*") if p.suffix != ".lock"
     ]
-    data = cached.read_bytes()
-    encoded = pickle.loads(data).zip_data if data[:1] == b"\x80" else data  # noqa: S301 - the file this run wrote
-    src = zipfile.ZipFile(io.BytesIO(base64.b64decode(encoded)))
+    _record, payload = read_cached(str(cached))
+    src = zipfile.ZipFile(io.BytesIO(payload))
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED) as dst:
         for info in src.infolist():

@@ -16,7 +16,11 @@ from ansible.errors import AnsibleError, AnsibleUndefinedVariable
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.plugins.action import ActionBase
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.cluster import ClusterError, build_cluster
-from ansible_collections.sparkops.cluster.plugins.plugin_utils.controller_state import legacy_moves, move
+from ansible_collections.sparkops.cluster.plugins.plugin_utils.controller_state import (
+    legacy_moves,
+    make_private_dirs,
+    move,
+)
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.lockfile import LockError, parse_lock
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.plan_checks import (
     clients,
@@ -80,28 +84,6 @@ def warm_caches() -> None:
     instead of reading every role's files again in every play (about 0.2 s each time on 2 cores)."""
     declared_variables(COLLECTION)
     settings_spec(COLLECTION, HOST_VARS)
-
-
-def make_private_dirs(paths: list) -> list:
-    """Each missing folder of `paths` (and its missing parents) made with mode 0700; the ones made, in order."""
-    made = []
-    for path in dict.fromkeys(p for p in paths if p):
-        missing = []
-        at = os.path.abspath(path)
-        while not os.path.isdir(at):
-            missing.append(at)
-            parent = os.path.dirname(at)
-            if parent == at:
-                break
-            at = parent
-        for folder in reversed(missing):
-            try:
-                os.mkdir(folder, 0o700)
-            except FileExistsError:
-                continue  # made meanwhile by another run
-            os.chmod(folder, 0o700)  # whatever the umask
-            made.append(folder)
-    return made
 
 
 class ActionModule(ActionBase):
@@ -191,8 +173,7 @@ class ActionModule(ActionBase):
             if problems:
                 raise ClusterError(problems)
         except ClusterError as err:
-            n = len(err.problems)
-            headline = f"The inventory describes no valid sparkops cluster: {n} problem{'s' if n != 1 else ''}"
+            headline = f"{err.HEADLINE}: {err.count()}"
             result.update(failed=fail, msg=str(err), headline=headline, problems=err.problems, changed=False)
             return result
         except (TypeError, ValueError, KeyError) as err:  # a bug, not the user's inventory

@@ -151,7 +151,7 @@ def with_bytecode(payload: bytes) -> bytes | None:
         for info in infos:
             data = src.read(info)
             dst.writestr(info, data)
-            if not info.filename.endswith(".py") or info.filename + "c" in names:
+            if not info.filename.endswith(".py"):
                 continue
             code = compile(data, info.filename, "exec", dont_inherit=True, optimize=0)
             flags = (0b01).to_bytes(4, "little")  # hash-based, source not checked (PEP 552)
@@ -162,23 +162,28 @@ def with_bytecode(payload: bytes) -> bytes | None:
     return out.getvalue()
 
 
-def add_bytecode(path: str) -> bool:
-    """Rewrite one cached packed module with bytecode; True when it changed.
-
-    ansible-core 2.19 keeps a pickled record whose zip_data is the base64 payload; 2.17 and 2.18 keep the base64
-    payload alone. The file is replaced in one rename, as Ansible writes it, so a worker reads either version.
-    """
+def read_cached(path: str):
+    """(record, payload) of one cached packed module: ansible-core 2.19 keeps a pickled record whose zip_data is the
+    base64 payload (record returned), 2.17 and 2.18 the base64 payload alone (record None). ValueError when the
+    file holds neither."""
     with open(path, "rb") as handle:
         data = handle.read()
     record = None
     if data[:1] == b"\x80":  # a pickle (protocol 2 or newer)
         record = pickle.loads(data)  # noqa: S301 - Ansible's own cache file, in a folder only this user can read
-        encoded = record.zip_data
-    else:
-        encoded = data
+        data = record.zip_data
     try:
-        payload = base64.b64decode(encoded, validate=True)
-    except (binascii.Error, TypeError):
+        return record, base64.b64decode(data, validate=True)
+    except (binascii.Error, TypeError) as exc:
+        raise ValueError(f"{path} holds no packed module") from exc
+
+
+def add_bytecode(path: str) -> bool:
+    """Rewrite one cached packed module with bytecode; True when it changed. The file is replaced in one rename,
+    as Ansible writes it, so a worker reads either version."""
+    try:
+        record, payload = read_cached(path)
+    except ValueError:
         return False
     compiled = with_bytecode(payload)
     if compiled is None:
@@ -206,6 +211,10 @@ class CallbackModule(CallbackBase):
     CALLBACK_TYPE = "aggregate"
     CALLBACK_NAME = "sparkops.cluster.module_cache"
     CALLBACK_NEEDS_ENABLED = True
+    # Ansible's cache folder for this run (set when the playbook starts), and each packed module's mtime when it
+    # was last given bytecode (or found to need none).
+    _cache_dir: str | None = None
+    _compiled: dict | None = None
 
     def v2_playbook_on_start(self, playbook):
         try:
@@ -224,7 +233,7 @@ class CallbackModule(CallbackBase):
             if kept:
                 prune(os.path.dirname(kept))
                 self._display.vvv(f"module_cache: packed modules kept in {kept}")
-            self._cache_dir = os.path.join(C.DEFAULT_LOCAL_TMP, CACHE_NAME)
+            self._cache_dir, self._compiled = os.path.join(C.DEFAULT_LOCAL_TMP, CACHE_NAME), {}
         except Exception as exc:  # noqa: BLE001 - a cache must never stop a run
             self._display.vvv(f"module_cache: not used ({exc})")
         self._compile_new()
@@ -238,10 +247,9 @@ class CallbackModule(CallbackBase):
     def _compile_new(self) -> None:
         """Give bytecode to the packed modules that appeared (or changed) since the last look: a module packed by
         one task's workers is compiled before the next task's start."""
-        folder = getattr(self, "_cache_dir", None)
-        if not folder:
+        folder, seen = self._cache_dir, self._compiled
+        if folder is None or seen is None:
             return
-        seen = self.__dict__.setdefault("_compiled", {})
         try:
             entries = list(os.scandir(folder))
         except OSError:

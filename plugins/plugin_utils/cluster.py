@@ -61,13 +61,18 @@ WILDCARDS = ("0.0.0.0", "::")  # noqa: S104 - values compared, not bound
 class ClusterError(ValueError):
     """Every problem of an inventory at once (``problems``: one sentence each)."""
 
+    HEADLINE = "The inventory describes no valid sparkops cluster"
+
     def __init__(self, problems):
         self.problems = list(problems)
         super().__init__(self.render())
 
-    def render(self) -> str:
+    def count(self) -> str:
         n = len(self.problems)
-        head = f"The inventory describes no valid sparkops cluster ({n} problem{'s' if n != 1 else ''}):"
+        return f"{n} problem{'s' if n != 1 else ''}"
+
+    def render(self) -> str:
+        head = f"{self.HEADLINE} ({self.count()}):"
         return "\n".join([head] + [f"  {i}. {p}" for i, p in enumerate(self.problems, 1)])
 
 

@@ -86,3 +86,25 @@ def move(moves: list, *, check_mode: bool = False) -> tuple:
             "(sparkops_controller_state_dir)"
         )
     return messages, pending
+
+
+def make_private_dirs(paths: list) -> list:
+    """Each missing folder of `paths` (and its missing parents) made with mode 0700; the ones made, in order."""
+    made = []
+    for path in dict.fromkeys(p for p in paths if p):
+        missing = []
+        at = os.path.abspath(path)
+        while not os.path.isdir(at):
+            missing.append(at)
+            parent = os.path.dirname(at)
+            if parent == at:
+                break
+            at = parent
+        for folder in reversed(missing):
+            try:
+                os.mkdir(folder, 0o700)
+            except FileExistsError:
+                continue  # made meanwhile by another run
+            os.chmod(folder, 0o700)  # whatever the umask
+            made.append(folder)
+    return made
