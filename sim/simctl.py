@@ -35,6 +35,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -605,7 +606,7 @@ def build_apt_repo() -> None:
     log(f"dummy NVIDIA apt repository at {out}")
 
 
-def build_all() -> None:
+def build_all(gateway_wheels: bool = True) -> None:
     STATE.mkdir(parents=True, exist_ok=True)
     build_images()
     wheels = build_wheels()
@@ -615,7 +616,8 @@ def build_all() -> None:
     if link.is_symlink() or link.exists():
         link.unlink()
     link.symlink_to(wheels)
-    build_gateway_wheels()
+    if gateway_wheels:
+        build_gateway_wheels()
     build_standin_repo()
     build_apt_repo()
 
@@ -1181,10 +1183,34 @@ def write_inventory_facts(key: Path) -> None:
     (STATE / "cluster.json").write_text(json.dumps(facts, indent=2) + "\n")
 
 
+class Beside:
+    """fn() in a thread beside what follows; join() waits for it and raises what it raised."""
+
+    def __init__(self, fn) -> None:
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
+        self.thread.start()
+
+    def _run(self, fn) -> None:
+        try:
+            fn()
+        except BaseException as err:  # noqa: BLE001 - handed to join(), which raises it in the caller
+            self.error = err
+
+    def join(self) -> None:
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+
+
 def up(args: argparse.Namespace) -> None:
     configure(args.nodes, args.topology)
     ensure_host()
-    build_all()
+    STATE.mkdir(parents=True, exist_ok=True)
+    # The gateway's wheels (pip, about 170 MB; 25 s on 2 cores even from pip's cache) are read by the package
+    # index only, the last step: fetched beside the nodes' start and the registry's stand-in images.
+    gateway_wheels = Beside(build_gateway_wheels)
+    build_all(gateway_wheels=False)
     key = ssh_key()
     remove_other_nodes()
     ensure_networks()
@@ -1197,6 +1223,7 @@ def up(args: argparse.Namespace) -> None:
     configure_node_registries()
     push_stack_images()
     ensure_hub(args.model, args.revision, args.shards, args.shard_mib)
+    gateway_wheels.join()
     ensure_pypi()
     write_inventory_facts(key)
     write_inventory_state()

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ansible.errors import AnsibleError, AnsibleUndefinedVariable
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.action import ActionBase
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.cluster import ClusterError, build_cluster
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.controller_state import (
@@ -151,10 +152,21 @@ class ActionModule(ActionBase):
             hv = hostvars[host]
             inputs["hostvars"][host] = {name: self._value(hv, name) for name in HOST_VARS}
         task_args = self._task.args or {}
-        fail, require_image, make_dirs = (
-            str(task_args.get(name, default)).lower() in ("true", "yes", "1")
-            for name, default in (("fail_on_problems", True), ("require_image", False), ("make_state_dirs", False))
-        )
+        flags = {}
+        for name, default in (("fail_on_problems", True), ("require_image", False), ("make_state_dirs", False)):
+            value = task_args.get(name, default)
+            try:
+                flags[name] = boolean(value, strict=True)
+            except TypeError:
+                # The role passes its option cluster_facts_require_image here as given: checked by the action, not by
+                # an argument spec entry point `main`, which would cost every play a task of its own.
+                result.update(
+                    failed=True,
+                    msg=f"cluster_facts: {name} is {value!r}, not a boolean; give true or false"
+                    + (" (cluster_facts_require_image)" if name == "require_image" else ""),
+                )
+                return result
+        fail, require_image, make_dirs = flags["fail_on_problems"], flags["require_image"], flags["make_state_dirs"]
         warnings = []
         try:
             # The settings' types and choices first: a wrong type would only bring follow-ons below.

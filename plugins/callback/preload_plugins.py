@@ -13,9 +13,10 @@ description:
     with the worker, so the next task pays it again (measured about 0.3 s per worker on 2 cores).
   - This callback imports them once in the main process when the playbook starts. Every worker is
     a fork of it and finds them already imported. It changes no result, only the time a run takes
-    (a no-op C(site.yml) asks for about 270 tasks).
+    (a no-op C(site.yml) asks for about 230 tasks).
   - It also reads once what the cluster model's checks read from the roles' files (the variables every role
-    declares, the settings' spec), which a worker would otherwise read again in every play.
+    declares, the settings' spec) and the recorded vLLM contracts it checks every profile against, which a worker
+    would otherwise read again in every play.
   - Enable it with C(callbacks_enabled = sparkops.cluster.preload_plugins) in C(ansible.cfg) (the
     checkout's ansible.cfg does). Without it everything works the same, only slower.
 version_added: "0.1.0"
@@ -39,7 +40,10 @@ PACKAGES = (
 )
 
 # What a worker would otherwise read from files in every play: read once here, inherited by every fork.
-WARM = (("ansible_collections.sparkops.cluster.plugins.action.cluster_facts", "warm_caches"),)
+WARM = (
+    ("ansible_collections.sparkops.cluster.plugins.action.cluster_facts", "warm_caches"),
+    ("ansible_collections.sparkops.cluster.plugins.plugin_utils.vllm_contract", "warm_contracts"),
+)
 
 
 def preload() -> list:

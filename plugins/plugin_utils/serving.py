@@ -72,7 +72,7 @@ from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving_profile i
     vllm_serve_args,
 )
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.stacks import served_by_hint, stack_plan
-from ansible_collections.sparkops.cluster.plugins.plugin_utils.vllm_contract import load_contract
+from ansible_collections.sparkops.cluster.plugins.plugin_utils.vllm_contract import shared_contract
 
 EXECUTORS = ("ray", "mp")
 DEPLOYMENT = "main"
@@ -342,7 +342,7 @@ def _contract_problems(inputs: dict, profiles: dict, sizes: dict) -> tuple:
     stack = found["stack"]
     if stack is None:
         return None, found["problems"], None
-    return load_contract(stack["contract"]), found["problems"], stack
+    return shared_contract(stack["contract"]), found["problems"], stack
 
 
 def _profile_problems(inputs: dict, profiles: dict, name, gpus_total: int, sizes: dict, **ctx) -> tuple:

@@ -34,7 +34,7 @@ from ansible_collections.sparkops.cluster.plugins.plugin_utils.serving_profile i
     contract_violations,
     min_version_problems,
 )
-from ansible_collections.sparkops.cluster.plugins.plugin_utils.vllm_contract import load_contract, recorded_versions
+from ansible_collections.sparkops.cluster.plugins.plugin_utils.vllm_contract import recorded_versions, shared_contract
 
 DEFAULT_STACK = "vllm-0.19.0"
 STACK_KEYS = ("vllm_version", "vllm_commit", "contract", "ray", "pins", "image", "notes")
@@ -127,7 +127,7 @@ def _check_image(where: str, image) -> list[str]:
 
 def stack_contract(spec: dict) -> dict:
     """The recorded `vllm serve` contract of a stack (ValueError naming the recorded ones when none)."""
-    return load_contract(str(spec.get("contract") or spec.get("vllm_version")))
+    return shared_contract(str(spec.get("contract") or spec.get("vllm_version")))
 
 
 def profile_problems_on(profile, contract: dict, gpus_per_node: int = 1, allow_rules=None) -> list[str]:

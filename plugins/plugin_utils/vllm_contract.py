@@ -16,6 +16,7 @@ provenance in vllm_contracts/README.md):
 
 API:
     load_contract(version)               the recorded fixture; ValueError naming the recorded ones
+    shared_contract(version)             the same, parsed once per process (for readers that never change it)
     recorded_versions()                  versions with a fixture
     contract_from_help(text, version)    a contract parsed from `vllm serve --help=all` output (the
                                          image's own vLLM, on real hardware)
@@ -69,6 +70,33 @@ def load_contract(version) -> dict:
 
 
 _RECORDED_CACHE: dict[str, dict] = {}
+_SHARED: dict[str, tuple] = {}
+
+
+def shared_contract(version) -> dict:
+    """load_contract(version), parsed once per process and the same object each time: for readers that never
+    change it (the plan's checks). The cluster model checks every profile against its stack's contract in every
+    play (the recorded files are 120-200 KB of JSON); the preload_plugins callback reads them in the main process
+    (warm_contracts), so that every task's worker finds them parsed. A file changed since is read again."""
+    version = str(version).strip()
+    path = CONTRACTS_DIR / f"vllm-{version}.json"
+    try:
+        stamp = path.stat().st_mtime_ns if _VERSION_RE.match(version) else None
+    except OSError:
+        stamp = None
+    cached = _SHARED.get(version)
+    if cached is None or stamp is None or cached[0] != stamp:
+        contract = load_contract(version)  # raises as load_contract does
+        if stamp is None:
+            return contract
+        _SHARED[version] = cached = (stamp, contract)
+    return cached[1]
+
+
+def warm_contracts() -> None:
+    """Parse every recorded contract into shared_contract's cache (see there)."""
+    for version in recorded_versions():
+        shared_contract(version)
 
 
 def _recorded(version: str) -> dict | None:

@@ -179,6 +179,13 @@ def test_the_state_folders_are_made_private_once_and_a_stage_that_needs_the_imag
     assert flat.count("spark_vllm_image_ref (main) is a branch or tag, and no lock file records the commit") == 1, out
     assert "run site.yml (or playbooks/image.yml) first" in flat and out.count("fatal: ") == 1, out[-3000:]
     assert not state.exists()
+    # The role's option is checked by its action (no argument spec task in every play): a wrong value is named.
+    rc, out = _plan(inv, "-e", "cluster_facts_require_image=maybe")
+    assert rc != 0
+    assert "require_image is 'maybe', not a boolean; give true or false (cluster_facts_require_image)" in " ".join(
+        out.split()
+    ), out[-3000:]
+    assert not state.exists()
     rc, out = _plan(inv, "-e", "spark_vllm_image_ref=main")
     assert rc == 0, out[-3000:]
     assert (state.stat().st_mode & 0o777, (state / "reports").stat().st_mode & 0o777) == (0o700, 0o700)

@@ -4,15 +4,18 @@ text of 0.19.0, and check_serve_args on what real vLLM 0.19.0 accepts and refuse
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import pytest
+from ansible_collections.sparkops.cluster.plugins.plugin_utils import vllm_contract
 from ansible_collections.sparkops.cluster.plugins.plugin_utils.vllm_contract import (
     CONTRACTS_DIR,
     check_serve_args,
     contract_from_help,
     load_contract,
     recorded_versions,
+    shared_contract,
 )
 from conftest import ROOT
 
@@ -204,3 +207,22 @@ def test_standin_copy_is_the_pinned_fixture():
     help_all = copy.pop("help_all")
     assert copy == load_contract(copy["vllm_version"])
     assert help_all == (CONTRACTS_DIR / f"vllm-{copy['vllm_version']}.help.txt").read_text()
+
+
+def test_the_shared_contract_is_parsed_once_read_again_when_its_file_changes_and_refuses_as_load_contract(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(vllm_contract, "CONTRACTS_DIR", tmp_path)
+    monkeypatch.setattr(vllm_contract, "_SHARED", {})
+    path = tmp_path / "vllm-0.19.0.json"
+    path.write_text((CONTRACTS_DIR / "vllm-0.19.0.json").read_text())
+    first = shared_contract("0.19.0")
+    assert first == load_contract("0.19.0") and shared_contract(" 0.19.0 ") is first  # one parse per process
+    changed = json.loads(path.read_text())
+    changed["env_vars"] = ["VLLM_ONLY_IN_THE_NEW_FILE"]
+    path.write_text(json.dumps(changed))
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 1_000_000))
+    assert shared_contract("0.19.0")["env_vars"] == ["VLLM_ONLY_IN_THE_NEW_FILE"]
+    for bad in ("0.12.0", "../../etc/passwd"):
+        with pytest.raises(ValueError, match="no recorded vLLM contract|must look like"):
+            shared_contract(bad)
