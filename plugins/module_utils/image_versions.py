@@ -286,6 +286,25 @@ def lock_record(found: dict) -> dict:
     return record
 
 
+# setuptools-scm's date label (".d20260410") is the day a dirty tree was BUILT (vcs_versioning
+# _version_schemes/_standard.py get_local_node_and_date: the build time, not the commit's), so the same
+# commit built again on another day carries another one. It says nothing about the code: the lock compares
+# vLLM's version without it (the commit label and the CUDA label stay compared exactly).
+_BUILD_DATE_RE = re.compile(r"^d[0-9]{8}$")
+
+
+def lock_identity(component: str, value) -> str | None:
+    """What the lock compares of a recorded value: the exact string, except vLLM's build-date label."""
+    if value in (None, ""):
+        return None
+    text = str(value).strip()
+    if component != "vllm" or "+" not in text:
+        return text
+    public, _, label = text.partition("+")
+    kept = [part for part in label.split(".") if not _BUILD_DATE_RE.match(part)]
+    return f"{public}+{'.'.join(kept)}" if kept else public
+
+
 def compare_versions(found: dict, pins: dict, locked: dict | None = None) -> list[str]:
     """Problems (empty when the image is what was asked for), every component's, each naming both versions.
 
@@ -322,7 +341,7 @@ def compare_versions(found: dict, pins: dict, locked: dict | None = None) -> lis
             problems.append(problem)
             continue  # the lock is not also named for a component the pin already refuses
         lock = locked.get(comp)
-        if lock not in (None, "") and str(lock) != str(have):
+        if lock not in (None, "") and lock_identity(comp, lock) != lock_identity(comp, have):
             problems.append(
                 f"{comp}: the image carries {have if have is not None else 'none'}, the lock file recorded {lock}"
             )

@@ -205,11 +205,23 @@ def test_lock_records_the_exact_dirty_string_and_the_commit():
     assert record["vllm_commit"] == "2a69949bd"
     assert record["flashinfer_cutlass"] == OWN_CUTLASS
     assert set(record) == set(iv.LOCK_KEYS)
-    # the next build of the same commit on another day is refused by the lock (it is a record, not a range)
+    # the same commit built again on another day differs only in setuptools-scm's build-date label: accepted
     rebuilt = {**found, "vllm": "0.19.1.dev0+g2a69949bd.d20260501.cu132"}
-    assert iv.compare_versions(rebuilt, COMMIT_PINS, record) == [
-        f"vllm: the image carries 0.19.1.dev0+g2a69949bd.d20260501.cu132, the lock file recorded {EUGR_V0190}"
-    ]
+    assert iv.compare_versions(rebuilt, COMMIT_PINS, record) == []
+    # anything else in the string is still compared exactly: another CUDA label, another dev number
+    for other in ("0.19.1.dev0+g2a69949bd.d20260501.cu131", "0.19.1.dev1+g2a69949bd.d20260410.cu132"):
+        assert iv.compare_versions({**found, "vllm": other}, COMMIT_PINS, record) == [
+            f"vllm: the image carries {other}, the lock file recorded {EUGR_V0190}"
+        ]
+
+
+def test_lock_identity_drops_only_the_build_date_of_vllm():
+    assert iv.lock_identity("vllm", EUGR_V0190) == "0.19.1.dev0+g2a69949bd.cu132"
+    assert iv.lock_identity("vllm", "0.19.0+d20260410") == "0.19.0"
+    assert iv.lock_identity("vllm", "0.19.0") == "0.19.0"
+    # a date-like label elsewhere is the component's own: torch's nightly date is its version
+    assert iv.lock_identity("torch", "2.12.0.dev20260410+cu130") == "2.12.0.dev20260410+cu130"
+    assert iv.lock_identity("vllm", None) is None
 
 
 def test_flashinfer_cutlass_other_than_the_locked_one_is_refused():
