@@ -42,6 +42,14 @@ class LoopbackSshd:
             "KbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\nStrictModes no\n"
             f"PidFile {d / 'sshd.pid'}\nUsePAM no\nMaxStartups 50\nMaxSessions 50\n"
         )
+        self.listen()
+        host_pub = (d / "host_key.pub").read_text().split()
+        self.known_hosts.write_text(f"[{self.address}]:{self.port} {host_pub[0]} {host_pub[1]}\n")
+        return self
+
+    def listen(self) -> None:
+        """Start sshd on the configuration start() wrote (again, after a test killed it: the same keys and port)."""
+        d = self.dir
         sshd = shutil.which("sshd") or "/usr/sbin/sshd"
         self.proc = subprocess.Popen(
             [sshd, "-D", "-e", "-f", str(d / "sshd_config")], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
@@ -53,9 +61,6 @@ class LoopbackSshd:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"sshd did not start: {self.proc.stderr.read().decode()}")
             time.sleep(0.1)
-        host_pub = (d / "host_key.pub").read_text().split()
-        self.known_hosts.write_text(f"[{self.address}]:{self.port} {host_pub[0]} {host_pub[1]}\n")
-        return self
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:

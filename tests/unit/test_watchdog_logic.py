@@ -430,3 +430,14 @@ def test_a_completion_that_answers_while_given_up_ends_it(tmp_path, monkeypatch)
     dog.probe = "ok"
     assert dog.round(last) == "watching"
     assert not set(wd.GAVE_UP_FIELDS) & set(json.loads((tmp_path / "state.json").read_text()))
+
+
+def test_a_state_folder_too_deep_for_a_socket_connects_anew_instead_of_failing():
+    deep = "/var/lib/" + "/".join(["sparkops-state-folder"] * 4)
+    cfg = {"interval_s": 2, "state_file": f"{deep}/watchdog-state.json", "ssh_user": "root", "ssh_args": ["-i", "k"]}
+    assert not wd.ssh_control_path_fits(cfg)
+    assert wd.ssh_argv(cfg, "10.0.0.2", "true") == ["ssh", "-i", "k", "root@10.0.0.2", "true"]
+    cfg["state_file"] = "/var/lib/sparkops/watchdog-state.json"
+    argv = wd.ssh_argv(cfg, "10.0.0.2", "true")
+    assert "ControlPath=/var/lib/sparkops/ssh/%C" in argv and "ControlPersist=30s" in argv
+    assert argv[-2:] == ["root@10.0.0.2", "true"]
