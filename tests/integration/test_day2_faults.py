@@ -260,6 +260,10 @@ def test_memory_floor_acts_before_sshd_stops(serving_start):
             timeout=20,
             check=False,
         )
+        # The floor says it crossed, then stops the container (SIGTERM, the grace period), then says it acted: the
+        # container's state is read after that, not while `docker stop` may still run.
+        acted = wait_event("floor_acted", t0, timeout=60, node=WORKER, path="/var/lib/sparkops/memory-floor.jsonl")
+        assert acted["rc"] == 0, acted
         state = node_sh(WORKER, "docker inspect -f '{{.State.Status}}' sparkops-ray").stdout.strip()
         print(
             f"\n[day2] memory floor crossed after {crossed['epoch'] - t0:.1f} s "
