@@ -69,7 +69,6 @@ def load_contract(version) -> dict:
     return contract
 
 
-_RECORDED_CACHE: dict[str, dict] = {}
 _SHARED: dict[str, tuple] = {}
 
 
@@ -100,13 +99,11 @@ def warm_contracts() -> None:
 
 
 def _recorded(version: str) -> dict | None:
-    """The recorded contract of `version`, read once per process; None when it cannot be read."""
-    if version not in _RECORDED_CACHE:
-        try:
-            _RECORDED_CACHE[version] = load_contract(version)
-        except (ValueError, OSError):
-            return None
-    return _RECORDED_CACHE[version]
+    """The recorded contract of `version` (shared_contract's, parsed once per process); None when it cannot be read."""
+    try:
+        return shared_contract(version)
+    except (ValueError, OSError):
+        return None
 
 
 def _version_key(version: str) -> list:

@@ -271,7 +271,8 @@ def test_a_renamed_flag_is_refused_with_its_new_name(monkeypatch):
     spec = new["serve_options"].pop("--max-model-len")
     new["serve_options"]["--max-context-len"] = dict(spec, aliases=[])
     monkeypatch.setattr(vllm_contract, "recorded_versions", lambda: ["0.90.0", "0.91.0"])
-    monkeypatch.setattr(vllm_contract, "_RECORDED_CACHE", {"0.90.0": old, "0.91.0": new})
+    releases = {"0.90.0": old, "0.91.0": new}
+    monkeypatch.setattr(vllm_contract, "load_contract", lambda version: releases[str(version)])
     assert option_history("--max-model-len", new) == "vLLM 0.90.0 took it; 0.91.0 renamed it to --max-context-len"
     found = check_serve_args(["m", "--max-model-len", "4096"], {}, new)
     assert found == [
