@@ -300,7 +300,7 @@ def lock_identity(component: str, value) -> str | None:
     text = str(value).strip()
     if component != "vllm" or "+" not in text:
         return text
-    public, _, label = text.partition("+")
+    public, _plus, label = text.partition("+")
     kept = [part for part in label.split(".") if not _BUILD_DATE_RE.match(part)]
     return f"{public}+{'.'.join(kept)}" if kept else public
 
