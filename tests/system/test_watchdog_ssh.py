@@ -48,11 +48,15 @@ def config(state_dir: str, sshd) -> dict:
 
 
 @pytest.fixture
-def state_dir():
-    """A state folder whose control sockets fit a unix socket's path (as /var/lib/sparkops does)."""
-    path = tempfile.mkdtemp(prefix="wd-", dir="/tmp")
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+def cfg(sshd):
+    """The watchdog's config for the loopback sshd, its state folder short enough for the control sockets (as
+    /var/lib/sparkops is); the kept master is closed and the folder removed afterwards."""
+    state_dir = tempfile.mkdtemp(prefix="wd-", dir="/tmp")
+    cfg = config(state_dir, sshd)
+    wd.make_ssh_control_dir(cfg)
+    yield cfg
+    subprocess.run([*wd.ssh_argv(cfg, sshd.address, "")[:-1], "-O", "exit"], capture_output=True, check=False)
+    shutil.rmtree(state_dir, ignore_errors=True)
 
 
 def look(cfg: dict, address: str) -> subprocess.CompletedProcess:
@@ -77,32 +81,22 @@ def client_port(res: subprocess.CompletedProcess) -> str:
     return res.stdout.split()[1]
 
 
-def test_two_looks_share_one_connection_and_the_sockets_are_root_only(state_dir, sshd):
-    cfg = config(state_dir, sshd)
-    wd.make_ssh_control_dir(cfg)
-    try:
-        first, second = look(cfg, sshd.address), look(cfg, sshd.address)
-        assert client_port(first) == client_port(second), "the second look opened a connection of its own"
-        mode = os.stat(wd.ssh_control_dir(cfg)).st_mode
-        assert stat.S_IMODE(mode) == 0o700
-        sockets = list(Path(wd.ssh_control_dir(cfg)).iterdir())
-        assert len(sockets) == 1 and stat.S_ISSOCK(sockets[0].stat().st_mode)
-    finally:
-        subprocess.run([*wd.ssh_argv(cfg, sshd.address, "")[:-1], "-O", "exit"], capture_output=True, check=False)
+def test_two_looks_share_one_connection_and_the_sockets_are_root_only(cfg, sshd):
+    first, second = look(cfg, sshd.address), look(cfg, sshd.address)
+    assert client_port(first) == client_port(second), "the second look opened a connection of its own"
+    mode = os.stat(wd.ssh_control_dir(cfg)).st_mode
+    assert stat.S_IMODE(mode) == 0o700
+    sockets = list(Path(wd.ssh_control_dir(cfg)).iterdir())
+    assert len(sockets) == 1 and stat.S_ISSOCK(sockets[0].stat().st_mode)
 
 
-def test_a_worker_whose_sshd_came_back_is_reached_by_a_new_connection(state_dir, sshd):
-    cfg = config(state_dir, sshd)
-    wd.make_ssh_control_dir(cfg)
-    try:
-        before = client_port(look(cfg, sshd.address))
-        # The worker goes away (its sshd and every session of it) and comes back on the same address.
-        kill_tree(sshd.proc.pid)
-        sshd.proc.wait(timeout=10)
-        gone = look(cfg, sshd.address)
-        assert gone.returncode != 0, "a look at a worker without sshd succeeded"
-        sshd.listen()
-        after = client_port(look(cfg, sshd.address))
-        assert after != before
-    finally:
-        subprocess.run([*wd.ssh_argv(cfg, sshd.address, "")[:-1], "-O", "exit"], capture_output=True, check=False)
+def test_a_worker_whose_sshd_came_back_is_reached_by_a_new_connection(cfg, sshd):
+    before = client_port(look(cfg, sshd.address))
+    # The worker goes away (its sshd and every session of it) and comes back on the same address.
+    kill_tree(sshd.proc.pid)
+    sshd.proc.wait(timeout=10)
+    gone = look(cfg, sshd.address)
+    assert gone.returncode != 0, "a look at a worker without sshd succeeded"
+    sshd.listen()
+    after = client_port(look(cfg, sshd.address))
+    assert after != before
